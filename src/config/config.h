@@ -1,0 +1,213 @@
+// The run configuration: plain structs mirroring the YAML sections.
+//
+// Every field has a default. Each struct lists its fields once, in `visit`, which is what the
+// loader, the emitter, `--set` and the "did you mean" suggestions walk. This header and the
+// config library never include torch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trainer::config {
+
+struct RunConfig {
+  std::string dir;                // run directory; empty = runs/<config file stem>
+  int64_t log_every = 10;         // optimizer steps between train metric lines
+  int64_t eval_every = 0;         // optimizer steps between evaluations; 0 = end of each epoch
+  int64_t checkpoint_every = 0;   // optimizer steps between checkpoints; 0 = end of each epoch
+  int64_t keep_last = 3;          // training checkpoints kept
+  int64_t threads = 0;            // intra-op CPU threads; 0 = LibTorch's default
+  std::string progress = "auto";  // progress bar: auto (when stderr is a terminal)|always|never
+
+  template <class V>
+  void visit(V& v) {
+    v("dir", dir);
+    v("log_every", log_every);
+    v("eval_every", eval_every);
+    v("checkpoint_every", checkpoint_every);
+    v("keep_last", keep_last);
+    v("threads", threads);
+    v("progress", progress);
+  }
+};
+
+struct ModelConfig {
+  std::string name = "mlp";                 // model registry name
+  int64_t num_classes = 0;                  // output classes; 0 = the dataset's class count
+  std::string checkpointing = "none";       // activation checkpointing: none|blocks|every:N
+  std::string pretrained;                   // safetensors file to initialise from; empty = none
+  std::vector<int64_t> hidden = {256, 128}; // mlp: hidden layer widths
+  std::vector<int64_t> channels = {32, 64}; // lenet: output channels of the two conv layers
+  int64_t kernel_size = 5;                  // lenet: conv kernel size (odd; padded to keep size)
+  int64_t fc_hidden = 128;                  // lenet: width of the hidden fully connected layer
+  double dropout = 0.0;                     // dropout before each hidden-to-output projection
+  std::string activation = "relu";          // hidden activation: relu|gelu|tanh
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name);
+    v("num_classes", num_classes);
+    v("checkpointing", checkpointing);
+    v("pretrained", pretrained);
+    v("hidden", hidden);
+    v("channels", channels);
+    v("kernel_size", kernel_size);
+    v("fc_hidden", fc_hidden);
+    v("dropout", dropout);
+    v("activation", activation);
+  }
+};
+
+struct DataConfig {
+  std::string name = "synthetic";               // dataset registry name
+  std::string root;                             // dataset location; empty = the dataset's default
+  int64_t batch_size = 128;                     // samples per step and process
+  int64_t eval_batch_size = 0;                  // samples per evaluation batch; 0 = batch_size
+  int64_t workers = 2;                          // loader threads preparing batches ahead
+  int64_t prefetch = 2;                         // batches each worker prepares ahead
+  bool shuffle = true;                          // reshuffle the training set every epoch
+  bool drop_last = true;                        // drop the last incomplete training batch
+  bool normalize = true;                        // scale inputs to zero mean and unit variance
+  std::vector<int64_t> shape = {1, 28, 28};     // synthetic: sample shape (C, H, W) or (D)
+  int64_t num_classes = 10;                     // synthetic: number of classes
+  int64_t train_samples = 2048;                 // synthetic: training set length
+  int64_t val_samples = 512;                    // synthetic: validation set length
+  double noise = 0.5;                           // synthetic: noise added to the class patterns
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name);
+    v("root", root);
+    v("batch_size", batch_size);
+    v("eval_batch_size", eval_batch_size);
+    v("workers", workers);
+    v("prefetch", prefetch);
+    v("shuffle", shuffle);
+    v("drop_last", drop_last);
+    v("normalize", normalize);
+    v("shape", shape);
+    v("num_classes", num_classes);
+    v("train_samples", train_samples);
+    v("val_samples", val_samples);
+    v("noise", noise);
+  }
+};
+
+struct TrainConfig {
+  int64_t epochs = 1;                // passes over the training set
+  int64_t max_steps = 0;             // >0: stop after this many optimizer steps (overrides epochs)
+  int64_t grad_accum_steps = 1;      // micro-batches per optimizer step
+  double clip_grad_norm = 0.0;       // clip gradients to this global L2 norm; 0 = off
+  double label_smoothing = 0.0;      // label smoothing of the classification loss
+  std::string loss = "cross_entropy";// loss registry name
+  bool eval_at_end = true;           // evaluate after the last step when it was not just done
+
+  template <class V>
+  void visit(V& v) {
+    v("epochs", epochs);
+    v("max_steps", max_steps);
+    v("grad_accum_steps", grad_accum_steps);
+    v("clip_grad_norm", clip_grad_norm);
+    v("label_smoothing", label_smoothing);
+    v("loss", loss);
+    v("eval_at_end", eval_at_end);
+  }
+};
+
+struct OptimConfig {
+  std::string name = "sgd";                  // optimizer registry name: sgd|adam|adamw
+  double lr = 0.1;                           // peak learning rate
+  double momentum = 0.9;                     // sgd: momentum
+  bool nesterov = false;                     // sgd: Nesterov momentum
+  double weight_decay = 0.0;                 // L2 (sgd, adam) or decoupled (adamw) weight decay
+  bool decay_bias_and_norm = false;          // also decay biases and norm weights (1-D parameters)
+  std::vector<double> betas = {0.9, 0.999};  // adam, adamw: moment decay rates
+  double eps = 1e-8;                         // adam, adamw: denominator epsilon
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name);
+    v("lr", lr);
+    v("momentum", momentum);
+    v("nesterov", nesterov);
+    v("weight_decay", weight_decay);
+    v("decay_bias_and_norm", decay_bias_and_norm);
+    v("betas", betas);
+    v("eps", eps);
+  }
+};
+
+struct SchedConfig {
+  std::string name = "constant";      // scheduler registry name: constant|step|multistep|cosine|linear
+  int64_t warmup_steps = 0;           // linear warmup length in optimizer steps
+  double warmup_start_factor = 0.0;   // warmup starts at lr * this factor
+  int64_t step_size = 1000;           // step: steps after warmup between decays
+  std::vector<int64_t> milestones;    // multistep: steps after warmup at which lr decays
+  double gamma = 0.1;                 // step, multistep: decay factor
+  double min_lr = 0.0;                // cosine, linear: final learning rate
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name);
+    v("warmup_steps", warmup_steps);
+    v("warmup_start_factor", warmup_start_factor);
+    v("step_size", step_size);
+    v("milestones", milestones);
+    v("gamma", gamma);
+    v("min_lr", min_lr);
+  }
+};
+
+struct AmpConfig {
+  bool enabled = false;            // mixed precision (autocast + gradient scaling)
+  std::string dtype = "bfloat16";  // float16|bfloat16
+
+  template <class V>
+  void visit(V& v) {
+    v("enabled", enabled);
+    v("dtype", dtype);
+  }
+};
+
+struct DistConfig {
+  std::string backend = "auto";  // auto|nccl|gloo
+  double bucket_cap_mb = 25.0;   // gradient bucket size in MiB
+
+  template <class V>
+  void visit(V& v) {
+    v("backend", backend);
+    v("bucket_cap_mb", bucket_cap_mb);
+  }
+};
+
+struct Config {
+  int64_t seed = 0;              // fixes initialisation, data order and augmentation
+  bool deterministic = false;    // bitwise-reproducible runs where the backend allows
+  std::string device = "auto";   // auto|cpu|cuda|cuda:N
+  RunConfig run;                 // run directory, logging, evaluation and checkpoint cadence
+  ModelConfig model;             // the network
+  DataConfig data;               // dataset and loader
+  TrainConfig train;             // loop length, accumulation, clipping, loss
+  OptimConfig optim;             // optimizer
+  SchedConfig sched;             // learning-rate schedule
+  AmpConfig amp;                 // mixed precision
+  DistConfig dist;               // distributed data parallel
+
+  template <class V>
+  void visit(V& v) {
+    v("seed", seed);
+    v("deterministic", deterministic);
+    v("device", device);
+    v("run", run);
+    v("model", model);
+    v("data", data);
+    v("train", train);
+    v("optim", optim);
+    v("sched", sched);
+    v("amp", amp);
+    v("dist", dist);
+  }
+};
+
+}  // namespace trainer::config

@@ -1,0 +1,59 @@
+// A name -> factory table, one per extensible kind (models, datasets, optimizers, ...), keyed by
+// the YAML `name`. Built once at start-up and read-only afterwards.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainer {
+
+// Thrown by Registry::get for a name nobody registered.
+class UnknownName : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+template <class Factory>
+class Registry {
+ public:
+  // `kind` names the registered things in messages, e.g. "model".
+  explicit Registry(std::string kind) : kind_(std::move(kind)) {}
+
+  // Registers `factory` under `name`; a name can be registered once.
+  void add(const std::string& name, Factory factory) {
+    if (!entries_.emplace(name, std::move(factory)).second) {
+      throw std::logic_error(kind_ + " '" + name + "' is registered twice");
+    }
+  }
+
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+
+  // The factory for `name`; throws UnknownName listing the registered names.
+  const Factory& get(const std::string& name) const {
+    auto it = entries_.find(name);
+    if (it == entries_.end()) {
+      std::string known;
+      for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+      throw UnknownName("unknown " + kind_ + " '" + name + "'; registered: " + known);
+    }
+    return it->second;
+  }
+
+  // Registered names, sorted.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [name, factory] : entries_) out.push_back(name);
+    return out;
+  }
+
+  const std::string& kind() const { return kind_; }
+
+ private:
+  std::string kind_;
+  std::map<std::string, Factory> entries_;
+};
+
+}  // namespace trainer
