@@ -1,1 +1,740 @@
-// placeholder
+// Tests of the configuration loader: parsing, errors, base: inheritance, --set overrides,
+// validation and printing.
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "config/loader.h"
+
+namespace fs = std::filesystem;
+using namespace trainer::config;
+
+namespace {
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> counter{0};
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ =
+        fs::temp_directory_path() / ("trainer_config_" + std::string(info->name()) + "_" +
+                                     std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // Writes `text` to dir_/name and returns the path.
+  std::string write(const std::string& name, const std::string& text) {
+    fs::path p = dir_ / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << text;
+    return p.string();
+  }
+
+  // Loads and expects failure; returns the issues.
+  std::vector<Issue> fail(const std::string& path, const std::vector<std::string>& overrides = {}) {
+    try {
+      load(path, overrides);
+    } catch (const ConfigError& e) {
+      EXPECT_FALSE(e.issues().empty());
+      return e.issues();
+    }
+    ADD_FAILURE() << "expected ConfigError for " << path;
+    return {};
+  }
+
+  // The single issue of a failing load.
+  Issue one(const std::string& path, const std::vector<std::string>& overrides = {}) {
+    auto issues = fail(path, overrides);
+    EXPECT_EQ(issues.size(), 1u);
+    if (issues.size() != 1u)
+      for (const auto& i : issues) std::cerr << "  issue: " << i.str() << "\n";
+    return issues.empty() ? Issue{} : issues.front();
+  }
+
+  fs::path dir_;
+};
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+#define EXPECT_HAS(s, part) EXPECT_TRUE(contains((s), (part))) << "in: " << (s)
+
+// ------------------------------------------------------------------------------------------------
+// Location and Issue
+
+TEST(LocationTest, Formats) {
+  EXPECT_EQ((Location{"a.yaml", 3, 5}).str(), "a.yaml:3:5");
+  EXPECT_EQ((Location{"--set x=1", 0, 0}).str(), "--set x=1");
+  Issue i{{"a.yaml", 2, 1}, "optim.lr", "must be > 0, got 0"};
+  EXPECT_EQ(i.str(), "a.yaml:2:1: optim.lr: must be > 0, got 0");
+  Issue j{{"a.yaml", 0, 0}, "", "the file is empty"};
+  EXPECT_EQ(j.str(), "a.yaml: the file is empty");
+  ConfigError e({i, j});
+  EXPECT_EQ(std::string(e.what()), i.str() + "\n" + j.str());
+  EXPECT_EQ(e.issues().size(), 2u);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Parsing
+
+TEST_F(ConfigTest, DefaultsWhenOneKeySet) {
+  auto path = write("one.yaml", "seed: 42\n");
+  auto l = load(path, {});
+  Config d;
+  EXPECT_EQ(l.cfg.seed, 42);
+  EXPECT_EQ(l.cfg.optim.lr, d.optim.lr);
+  EXPECT_EQ(l.cfg.model.hidden, d.model.hidden);
+  EXPECT_EQ(l.cfg.data.batch_size, d.data.batch_size);
+  EXPECT_EQ(l.cfg.device, "auto");
+  EXPECT_EQ(l.source, path);
+  EXPECT_EQ(l.where("seed").str(), path + ":1:1");
+  EXPECT_EQ(l.where("optim.lr").str(), path);  // default: no position
+  EXPECT_EQ(l.origins.count("optim.lr"), 0u);
+}
+
+TEST_F(ConfigTest, NestedValuesParsed) {
+  auto path = write("n.yaml",
+                    "# a comment\n"
+                    "device: cuda:1\n"
+                    "model:\n"
+                    "  name: lenet\n"
+                    "  hidden: [64, 32, 16]\n"
+                    "  channels:\n"
+                    "    - 8\n"
+                    "    - 16\n"
+                    "  dropout: 0.25\n"
+                    "data:\n"
+                    "  shuffle: false\n"
+                    "  noise: 1\n"
+                    "optim:\n"
+                    "  lr: 1e-3\n"
+                    "  betas: [0.8, 0.99]\n"
+                    "sched:\n"
+                    "  milestones: [10, 20]\n"
+                    "  warmup_steps: -1\n"
+                    "amp:\n"
+                    "  dtype: \"float16\"\n");
+  auto c = load(path, {}).cfg;
+  EXPECT_EQ(c.device, "cuda:1");
+  EXPECT_EQ(c.model.name, "lenet");
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{64, 32, 16}));
+  EXPECT_EQ(c.model.channels, (std::vector<int64_t>{8, 16}));
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0.25);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_DOUBLE_EQ(c.data.noise, 1.0);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
+  EXPECT_EQ(c.optim.betas, (std::vector<double>{0.8, 0.99}));
+  EXPECT_EQ(c.sched.milestones, (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(c.sched.warmup_steps, -1);
+  EXPECT_EQ(c.amp.dtype, "float16");
+}
+
+TEST_F(ConfigTest, CrlfAndInlineTabs) {
+  auto c = load(write("crlf.yaml", "seed:\t5\r\noptim:\r\n  lr: 0.5  # peak\r\n"), {}).cfg;
+  EXPECT_EQ(c.seed, 5);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
+}
+
+TEST_F(ConfigTest, IntegerOutOfRange) {
+  auto i = one(write("big.yaml", "seed: 99999999999999999999\n"));
+  EXPECT_HAS(i.message, "expected an integer, got '99999999999999999999' (out of range");
+}
+
+TEST_F(ConfigTest, EmptySectionKeepsDefaults) {
+  auto path = write("s.yaml", "optim:\n  # lr: 0.5\nseed: 1\n");
+  auto c = load(path, {}).cfg;
+  EXPECT_DOUBLE_EQ(c.optim.lr, Config{}.optim.lr);
+}
+
+// ------------------------------------------------------------------------------------------------
+// File and YAML errors
+
+TEST_F(ConfigTest, TabIndentation) {
+  auto path = write("tab.yaml", "optim:\n  lr: 0.1\n\tmomentum: 0.5\n");
+  auto i = one(path);
+  EXPECT_EQ(i.where.file, path);
+  EXPECT_EQ(i.where.line, 3);
+  EXPECT_EQ(i.where.column, 1);
+  EXPECT_HAS(i.message, "tabs are not allowed for indentation");
+  EXPECT_HAS(i.str(), path + ":3:1");
+}
+
+TEST_F(ConfigTest, DuplicateKey) {
+  auto path = write("dup.yaml", "seed: 1\noptim:\n  lr: 0.1\n  momentum: 0.5\n  lr: 0.2\n");
+  auto i = one(path);
+  EXPECT_EQ(i.where.line, 5);
+  EXPECT_EQ(i.where.column, 3);
+  EXPECT_EQ(i.key, "optim.lr");
+  EXPECT_HAS(i.message, "duplicate key 'lr' (first at line 3)");
+}
+
+TEST_F(ConfigTest, DuplicateTopLevelKey) {
+  auto path = write("dup2.yaml", "seed: 1\nseed: 2\n");
+  auto i = one(path);
+  EXPECT_EQ(i.where.line, 2);
+  EXPECT_HAS(i.message, "duplicate key 'seed'");
+}
+
+TEST_F(ConfigTest, BadIndentation) {
+  auto path = write("indent.yaml", "optim:\n  lr: 0.1\n momentum: 0.5\n");
+  auto i = one(path);
+  EXPECT_EQ(i.where.file, path);
+  EXPECT_EQ(i.where.line, 3);
+  EXPECT_GT(i.where.column, 0);
+  EXPECT_HAS(i.message, "indentation");
+
+  auto path2 = write("indent2.yaml", "seed: 1\n  deterministic: true\n");
+  auto j = one(path2);
+  EXPECT_EQ(j.where.line, 2);
+  EXPECT_HAS(j.message, "indentation");
+}
+
+TEST_F(ConfigTest, UnclosedFlowList) {
+  auto i = one(write("flow.yaml", "model:\n  hidden: [1, 2\n"));
+  EXPECT_GT(i.where.line, 0);
+  EXPECT_HAS(i.message, "not closed");
+}
+
+TEST_F(ConfigTest, EmptyFile) {
+  auto path = write("empty.yaml", "");
+  auto i = one(path);
+  EXPECT_EQ(i.where.file, path);
+  EXPECT_EQ(i.where.line, 0);
+  EXPECT_HAS(i.message, "the file is empty; expected a mapping of config keys");
+  EXPECT_HAS(i.str(), path + ": the file is empty");
+}
+
+TEST_F(ConfigTest, CommentOnlyFile) {
+  auto i = one(write("comments.yaml", "# nothing here\n\n   # still nothing\n"));
+  EXPECT_HAS(i.message, "the file is empty");
+}
+
+TEST_F(ConfigTest, BinaryFile) {
+  auto i = one(write("bin.yaml", std::string("seed: 1\n\x00\x01\x02garbage", 18)));
+  EXPECT_HAS(i.message, "not a text YAML file");
+  auto j = one(write("latin1.yaml", "seed: 1\nrun:\n  dir: caf\xe9\n"));
+  EXPECT_HAS(j.message, "not a text YAML file");
+  EXPECT_EQ(j.where.line, 3);
+}
+
+TEST_F(ConfigTest, Utf8TextIsFine) {
+  auto c = load(write("utf8.yaml", "run:\n  dir: runs/caf\xc3\xa9\n"), {}).cfg;
+  EXPECT_EQ(c.run.dir, "runs/caf\xc3\xa9");
+}
+
+TEST_F(ConfigTest, Directory) {
+  fs::create_directories(dir_ / "sub.yaml");
+  auto path = (dir_ / "sub.yaml").string();
+  auto i = one(path);
+  EXPECT_EQ(i.where.file, path);
+  EXPECT_HAS(i.message, "directory");
+}
+
+TEST_F(ConfigTest, MissingFile) {
+  auto path = (dir_ / "nope.yaml").string();
+  auto i = one(path);
+  EXPECT_EQ(i.where.file, path);
+  EXPECT_HAS(i.message, "no such file");
+}
+
+TEST_F(ConfigTest, TopLevelList) {
+  auto path = write("list.yaml", "- seed\n- 1\n");
+  auto i = one(path);
+  EXPECT_EQ(i.where.file, path);
+  EXPECT_HAS(i.message, "expected a mapping of config keys at the top level, got a list");
+}
+
+TEST_F(ConfigTest, TopLevelScalar) {
+  auto i = one(write("scalar.yaml", "hello\n"));
+  EXPECT_HAS(i.message, "expected a mapping");
+}
+
+TEST_F(ConfigTest, MissingBaseFile) {
+  auto path = write("child.yaml", "seed: 1\nbase: missing.yaml\n");
+  auto i = one(path);
+  EXPECT_EQ(i.where.file, path);
+  EXPECT_EQ(i.where.line, 2);
+  EXPECT_EQ(i.where.column, 1);
+  EXPECT_EQ(i.key, "base");
+  EXPECT_HAS(i.message, (dir_ / "missing.yaml").string());
+  EXPECT_HAS(i.message, "not found");
+}
+
+TEST_F(ConfigTest, BaseCycleOfTwo) {
+  auto a = write("a.yaml", "base: b.yaml\nseed: 1\n");
+  write("b.yaml", "seed: 2\nbase: a.yaml\n");
+  auto i = one(a);
+  EXPECT_HAS(i.message, "base cycle: ");
+  EXPECT_HAS(i.message, "a.yaml -> ");
+  EXPECT_HAS(i.message, "b.yaml -> ");
+  EXPECT_EQ(i.where.file, (dir_ / "b.yaml").string());
+  EXPECT_EQ(i.where.line, 2);
+}
+
+TEST_F(ConfigTest, BaseSelfCycle) {
+  auto a = write("self.yaml", "base: ./self.yaml\nseed: 1\n");
+  auto i = one(a);
+  EXPECT_HAS(i.message, "base cycle: ");
+  EXPECT_HAS(i.message, "self.yaml -> ");
+  EXPECT_EQ(i.where.line, 1);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Unknown keys and types
+
+TEST_F(ConfigTest, UnknownKeyWithSuggestion) {
+  auto path = write("u.yaml", "seed: 1\noptim:\n  lr: 0.1\n  lrr: 0.2\n");
+  auto i = one(path);
+  EXPECT_EQ(i.key, "optim.lrr");
+  EXPECT_EQ(i.where.line, 4);
+  EXPECT_EQ(i.where.column, 3);
+  EXPECT_EQ(i.str(), path + ":4:3: optim.lrr: unknown key; did you mean optim.lr?");
+}
+
+TEST_F(ConfigTest, UnknownKeyInWrongSection) {
+  auto i = one(write("w.yaml", "lr: 0.1\n"));
+  EXPECT_EQ(i.key, "lr");
+  EXPECT_HAS(i.message, "did you mean optim.lr?");
+  auto j = one(write("w2.yaml", "optimm:\n  lr: 0.1\n"));
+  EXPECT_HAS(j.message, "did you mean optim?");
+}
+
+TEST_F(ConfigTest, UnknownKeyWithoutCloseMatch) {
+  auto i = one(write("far.yaml", "zzzzzzzzzz: 1\n"));
+  EXPECT_EQ(i.message, "unknown key");
+}
+
+TEST_F(ConfigTest, WrongTypes) {
+  auto check = [&](const std::string& text, const std::string& key, const std::string& msg) {
+    auto i = one(write("t.yaml", text));
+    EXPECT_EQ(i.key, key) << text;
+    EXPECT_HAS(i.message, msg);
+    EXPECT_EQ(i.where.line, 1) << text;
+  };
+  check("seed: abc\n", "seed", "expected an integer, got 'abc'");
+  check("seed: 3.0\n", "seed", "expected an integer, got '3.0'");
+  check("optim: {lr: fast}\n", "optim.lr", "expected a number, got 'fast'");
+  check("deterministic: maybe\n", "deterministic", "expected true or false, got 'maybe'");
+  check("device: [cpu]\n", "device", "expected a string, got a list");
+  check("model: {hidden: [1, x]}\n", "model.hidden", "expected a list of integers, got 'x'");
+  check("model: {hidden: 64}\n", "model.hidden", "expected a list of integers, got '64'");
+  check("optim: {betas: [0.9, no]}\n", "optim.betas", "expected a list of numbers");
+  check("optim: 3\n", "optim", "expected a mapping");
+  check("seed: {a: 1}\n", "seed", "expected an integer, got a mapping");
+  check("seed: ~\n", "seed", "expected an integer, got null");
+  check("seed:\n", "seed", "expected an integer, got null");
+  check("device: null\n", "device", "expected a string, got null");
+}
+
+TEST_F(ConfigTest, StringsAcceptAnyScalar) {
+  auto c = load(write("s.yaml", "device: 1\nmodel: {name: yes}\ndata: {root: '~'}\n"), {}).cfg;
+  EXPECT_EQ(c.device, "1");
+  EXPECT_EQ(c.model.name, "yes");
+  EXPECT_EQ(c.data.root, "~");
+}
+
+TEST_F(ConfigTest, SeveralProblemsTogether) {
+  auto path = write("many.yaml", "sed: 1\noptim:\n  lr: abc\n  momentun: 0.5\n");
+  auto issues = fail(path);
+  ASSERT_EQ(issues.size(), 3u);
+  std::string all;
+  for (const auto& i : issues) all += i.str() + "\n";
+  EXPECT_HAS(all, path + ":1:1: sed: unknown key; did you mean seed?");
+  EXPECT_HAS(all, path + ":3:3: optim.lr: expected a number, got 'abc'");
+  EXPECT_HAS(all, path + ":4:3: optim.momentun: unknown key; did you mean optim.momentum?");
+}
+
+TEST_F(ConfigTest, IssuesFromFileAndOverridesTogether) {
+  auto path = write("fo.yaml", "sed: 1\n");
+  try {
+    load(path, {"optim.lr=abc", "bogus"});
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.issues().size(), 3u);
+    std::string what = e.what();
+    EXPECT_HAS(what, "sed: unknown key");
+    EXPECT_HAS(what, "--set optim.lr=abc: optim.lr: expected a number, got 'abc'");
+    EXPECT_HAS(what, "--set bogus: expected KEY.PATH=VALUE");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// base: inheritance
+
+TEST_F(ConfigTest, BaseDeepMerge) {
+  write("base.yaml",
+        "seed: 7\n"
+        "optim:\n"
+        "  name: adam\n"
+        "  lr: 0.5\n"
+        "  momentum: 0.8\n"
+        "model:\n"
+        "  hidden: [1, 2, 3]\n");
+  auto child = write("child.yaml",
+                     "base: base.yaml\n"
+                     "optim:\n"
+                     "  lr: 0.01\n"
+                     "model:\n"
+                     "  hidden: [9]\n");
+  auto l = load(child, {});
+  EXPECT_EQ(l.cfg.seed, 7);
+  EXPECT_EQ(l.cfg.optim.name, "adam");
+  EXPECT_DOUBLE_EQ(l.cfg.optim.lr, 0.01);
+  EXPECT_DOUBLE_EQ(l.cfg.optim.momentum, 0.8);
+  EXPECT_EQ(l.cfg.model.hidden, (std::vector<int64_t>{9}));  // sequences replace
+  EXPECT_EQ(l.where("optim.lr").str(), child + ":3:3");
+  EXPECT_EQ(l.where("optim.momentum").str(), (dir_ / "base.yaml").string() + ":5:3");
+  EXPECT_EQ(l.cfg.run.dir, "runs/child");  // from the top-level file, not the base
+}
+
+TEST_F(ConfigTest, BaseRelativeToChildDirectory) {
+  write("configs/common/base.yaml", "data:\n  batch_size: 32\n  workers: 0\n");
+  write("configs/exp/mid.yaml", "base: ../common/base.yaml\ndata:\n  workers: 4\n");
+  auto top = write("configs/exp/sub/top.yaml", "base: ../mid.yaml\nseed: 3\n");
+  auto c = load(top, {}).cfg;
+  EXPECT_EQ(c.data.batch_size, 32);
+  EXPECT_EQ(c.data.workers, 4);
+  EXPECT_EQ(c.seed, 3);
+}
+
+TEST_F(ConfigTest, BaseInSubdirectoryAndAbsolute) {
+  auto base = write("bases/b.yaml", "seed: 11\n");
+  auto child = write("c.yaml", "base: bases/b.yaml\n");
+  EXPECT_EQ(load(child, {}).cfg.seed, 11);
+  auto child2 = write("other/c2.yaml", "base: " + base + "\ndevice: cpu\n");
+  auto c2 = load(child2, {}).cfg;
+  EXPECT_EQ(c2.seed, 11);
+  EXPECT_EQ(c2.device, "cpu");
+}
+
+TEST_F(ConfigTest, BaseChainOfThree) {
+  write("l1.yaml", "seed: 1\noptim: {lr: 0.1, momentum: 0.1, weight_decay: 0.1}\n");
+  write("l2.yaml", "base: l1.yaml\nseed: 2\noptim: {momentum: 0.2, weight_decay: 0.2}\n");
+  auto top = write("l3.yaml", "base: l2.yaml\noptim:\n  weight_decay: 0.3\n");
+  auto c = load(top, {}).cfg;
+  EXPECT_EQ(c.seed, 2);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.1);
+  EXPECT_DOUBLE_EQ(c.optim.momentum, 0.2);
+  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.3);
+}
+
+TEST_F(ConfigTest, ErrorsInBaseFileNameTheBase) {
+  write("bad_base.yaml", "optim:\n  lrr: 1\n");
+  auto child = write("ok.yaml", "base: bad_base.yaml\n");
+  auto i = one(child);
+  EXPECT_EQ(i.where.str(), (dir_ / "bad_base.yaml").string() + ":2:3");
+  EXPECT_EQ(i.key, "optim.lrr");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Overrides
+
+TEST_F(ConfigTest, OverridesTyped) {
+  auto path = write("o.yaml", "seed: 1\noptim:\n  lr: 0.5\n");
+  auto l = load(path, {"seed=5", "optim.lr=1e-3", "data.shuffle=false", "model.hidden=[64,32]",
+                       "run.dir=x", "optim.momentum=-1", "model.dropout=0.5", "model.pretrained="});
+  EXPECT_EQ(l.cfg.seed, 5);
+  EXPECT_DOUBLE_EQ(l.cfg.optim.lr, 1e-3);
+  EXPECT_FALSE(l.cfg.data.shuffle);
+  EXPECT_EQ(l.cfg.model.hidden, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(l.cfg.run.dir, "x");
+  EXPECT_DOUBLE_EQ(l.cfg.optim.momentum, -1.0);
+  EXPECT_DOUBLE_EQ(l.cfg.model.dropout, 0.5);
+  EXPECT_EQ(l.cfg.model.pretrained, "");
+  // Origins record the override, exactly as given.
+  EXPECT_EQ(l.where("optim.lr").file, "--set optim.lr=1e-3");
+  EXPECT_EQ(l.where("optim.lr").line, 0);
+  EXPECT_EQ(l.where("optim.lr").str(), "--set optim.lr=1e-3");
+  EXPECT_EQ(l.where("seed").str(), "--set seed=5");
+}
+
+TEST_F(ConfigTest, LaterOverrideWins) {
+  auto path = write("o.yaml", "seed: 1\n");
+  auto l = load(path, {"seed=2", "seed=3"});
+  EXPECT_EQ(l.cfg.seed, 3);
+  EXPECT_EQ(l.where("seed").str(), "--set seed=3");
+}
+
+TEST_F(ConfigTest, OverrideSectionAsMapping) {
+  auto path = write("o.yaml", "seed: 1\n");
+  auto c = load(path, {"optim={lr: 0.2, name: adam}"}).cfg;
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.2);
+  EXPECT_EQ(c.optim.name, "adam");
+}
+
+TEST_F(ConfigTest, OverrideErrors) {
+  auto path = write("o.yaml", "seed: 1\n");
+  auto i = one(path, {"optim.lrr=0.1"});
+  EXPECT_EQ(i.str(), "--set optim.lrr=0.1: optim.lrr: unknown key; did you mean optim.lr?");
+  auto j = one(path, {"optim.lr"});
+  EXPECT_EQ(j.where.file, "--set optim.lr");
+  EXPECT_HAS(j.message, "expected KEY.PATH=VALUE");
+  auto k = one(path, {"=3"});
+  EXPECT_HAS(k.message, "KEY.PATH=VALUE");
+  auto m = one(path, {"seed=abc"});
+  EXPECT_EQ(m.str(), "--set seed=abc: seed: expected an integer, got 'abc'");
+  auto n = one(path, {"seed.x=1"});
+  EXPECT_HAS(n.message, "unknown key");
+  auto o = one(path, {"model.hidden=[1,"});
+  EXPECT_HAS(o.message, "cannot parse");
+}
+
+// ------------------------------------------------------------------------------------------------
+// run.dir default
+
+TEST_F(ConfigTest, RunDirDefaultsToStem) {
+  auto path = write("configs/quickstart.yaml", "seed: 1\n");
+  auto l = load(path, {});
+  EXPECT_EQ(l.cfg.run.dir, "runs/quickstart");
+  EXPECT_EQ(l.origins.count("run.dir"), 0u);
+  auto path2 = write("configs/named.yaml", "run:\n  dir: out/here\n");
+  EXPECT_EQ(load(path2, {}).cfg.run.dir, "out/here");
+}
+
+// ------------------------------------------------------------------------------------------------
+// validate / check
+
+TEST_F(ConfigTest, DefaultsValidate) {
+  auto l = load(write("ok.yaml", "seed: 1\n"), {});
+  Environment env;
+  EXPECT_TRUE(validate(l, env).empty());
+  EXPECT_NO_THROW(check(l, env));
+}
+
+TEST_F(ConfigTest, RangeErrorsCollected) {
+  auto path = write("r.yaml",
+                    "run:\n"
+                    "  log_every: 0\n"
+                    "  progress: sometimes\n"
+                    "model:\n"
+                    "  kernel_size: 4\n"
+                    "  channels: [8]\n"
+                    "  dropout: 1.0\n"
+                    "  checkpointing: every:0\n"
+                    "data:\n"
+                    "  shape: [1, 0]\n"
+                    "optim:\n"
+                    "  lr: 0\n"
+                    "  betas: [0.9, 1.5]\n"
+                    "sched:\n"
+                    "  milestones: [5, 5]\n"
+                    "  gamma: 0\n");
+  auto l = load(path, {});
+  auto issues = validate(l, Environment{});
+  std::string all;
+  for (const auto& i : issues) all += i.str() + "\n";
+  EXPECT_EQ(issues.size(), 11u) << all;
+  EXPECT_HAS(all, path + ":2:3: run.log_every: must be >= 1, got 0");
+  EXPECT_HAS(all, "run.progress: must be one of auto, always, never, got 'sometimes'");
+  EXPECT_HAS(all, path + ":5:3: model.kernel_size: must be odd and >= 1, got 4");
+  EXPECT_HAS(all, "model.channels: must have exactly 2 entries, got 1");
+  EXPECT_HAS(all, "model.dropout: must be in [0, 1), got 1");
+  EXPECT_HAS(all, "model.checkpointing: must be none, blocks or every:N");
+  EXPECT_HAS(all, "data.shape: every entry must be >= 1, got 0");
+  EXPECT_HAS(all, path + ":12:3: optim.lr: must be > 0, got 0");
+  EXPECT_HAS(all, "optim.betas: every entry must be in [0, 1), got 1.5");
+  EXPECT_HAS(all, "sched.milestones: must be strictly increasing");
+  EXPECT_HAS(all, "sched.gamma: must be in (0, 1], got 0");
+  EXPECT_THROW(check(l, Environment{}), ConfigError);
+}
+
+TEST_F(ConfigTest, MoreRangeRules) {
+  auto path = write("r2.yaml", "seed: 1\n");
+  auto issues_for = [&](const std::vector<std::string>& sets) {
+    auto l = load(path, sets);
+    std::string all;
+    for (const auto& i : validate(l, Environment{})) all += i.str() + "\n";
+    return all;
+  };
+  EXPECT_HAS(issues_for({"train.epochs=0"}), "train.epochs: must be >= 1");
+  EXPECT_EQ(issues_for({"train.epochs=0", "train.max_steps=10"}), "");
+  EXPECT_HAS(issues_for({"optim.nesterov=true", "optim.momentum=0"}), "optim.nesterov:");
+  EXPECT_HAS(issues_for({"sched.name=cosine", "sched.min_lr=0.5", "optim.lr=0.1"}),
+             "sched.min_lr: must be < optim.lr");
+  EXPECT_EQ(issues_for({"sched.name=constant", "sched.min_lr=0.5", "optim.lr=0.1"}), "");
+  EXPECT_HAS(issues_for({"data.num_classes=1"}), "data.num_classes: must be >= 2, got 1");
+  EXPECT_HAS(issues_for({"device=gpu"}), "device: must be auto, cpu, cuda or cuda:N, got 'gpu'");
+  EXPECT_HAS(issues_for({"dist.backend=mpi"}), "dist.backend: must be one of auto, nccl, gloo");
+  EXPECT_HAS(issues_for({"model.checkpointing=blocks"}), "");
+  EXPECT_EQ(issues_for({"model.checkpointing=every:2"}), "");
+  EXPECT_HAS(issues_for({"optim.eps=0"}), "optim.eps: must be > 0, got 0");
+  EXPECT_HAS(issues_for({"data.noise=-0.5"}), "data.noise: must be >= 0, got -0.5");
+}
+
+TEST_F(ConfigTest, AmpFloat16OnCpu) {
+  auto path = write("amp.yaml", "device: cpu\namp:\n  enabled: true\n  dtype: float16\n");
+  auto l = load(path, {});
+  auto issues = validate(l, Environment{});
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].key, "amp.dtype");
+  EXPECT_EQ(issues[0].where.str(), path + ":4:3");
+  EXPECT_HAS(issues[0].message,
+             "float16 autocast needs a CUDA device; use amp.dtype: bfloat16 or a cuda device");
+  // device auto without CUDA: same problem; with CUDA: fine.
+  auto l2 = load(path, {"device=auto"});
+  EXPECT_EQ(validate(l2, Environment{}).size(), 1u);
+  Environment cuda{true, 1, {}};
+  EXPECT_TRUE(validate(l2, cuda).empty());
+  EXPECT_TRUE(validate(load(path, {"amp.dtype=bfloat16"}), Environment{}).empty());
+}
+
+TEST_F(ConfigTest, CudaDeviceWithoutCuda) {
+  auto path = write("cuda.yaml", "device: cuda\n");
+  auto issues = validate(load(path, {}), Environment{});
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(
+      issues[0].str(),
+      path + ":1:1: device: no CUDA device is available; use device: cpu or auto (got 'cuda')");
+  Environment two{true, 2, {}};
+  EXPECT_TRUE(validate(load(path, {"device=cuda:1"}), two).empty());
+  auto bad = validate(load(path, {"device=cuda:2"}), two);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_HAS(bad[0].message, "cuda:2 does not exist");
+  EXPECT_EQ(bad[0].where.str(), "--set device=cuda:2");
+  auto nccl = validate(load(path, {"device=cpu", "dist.backend=nccl"}), Environment{});
+  ASSERT_EQ(nccl.size(), 1u);
+  EXPECT_EQ(nccl[0].key, "dist.backend");
+}
+
+TEST_F(ConfigTest, RegistryChoices) {
+  auto path = write("reg.yaml", "model:\n  name: lenat\noptim:\n  name: foo\n");
+  Environment env;
+  env.choices["model.name"] = {"lenet", "mlp"};
+  env.choices["optim.name"] = {"sgd", "adam", "adamw"};
+  env.choices["data.name"] = {"synthetic"};
+  auto issues = validate(load(path, {}), env);
+  ASSERT_EQ(issues.size(), 2u);
+  std::string all = issues[0].str() + "\n" + issues[1].str();
+  EXPECT_HAS(all, path +
+                      ":2:3: model.name: unknown model.name 'lenat'; registered: lenet, mlp (did "
+                      "you mean lenet?)");
+  EXPECT_HAS(all,
+             path + ":4:3: optim.name: unknown optim.name 'foo'; registered: sgd, adam, adamw");
+  EXPECT_FALSE(contains(all, "foo'; registered: sgd, adam, adamw (did"));
+  try {
+    check(load(path, {}), env);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.issues().size(), 2u);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// to_yaml and key_paths
+
+// Compares two configs: the printed form covers every field (doubles print exactly), plus
+// direct checks of a sample of fields.
+void expect_equal(const Config& a, const Config& b) {
+  EXPECT_EQ(to_yaml(a), to_yaml(b));
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.run.dir, b.run.dir);
+  EXPECT_EQ(a.model.pretrained, b.model.pretrained);
+  EXPECT_EQ(a.data.root, b.data.root);
+  EXPECT_EQ(a.optim.lr, b.optim.lr);
+  EXPECT_EQ(a.optim.eps, b.optim.eps);
+  EXPECT_EQ(a.optim.betas, b.optim.betas);
+  EXPECT_EQ(a.sched.min_lr, b.sched.min_lr);
+  EXPECT_EQ(a.sched.milestones, b.sched.milestones);
+  EXPECT_EQ(a.model.dropout, b.model.dropout);
+  EXPECT_EQ(a.data.noise, b.data.noise);
+  EXPECT_EQ(a.dist.bucket_cap_mb, b.dist.bucket_cap_mb);
+  EXPECT_EQ(a.data.shuffle, b.data.shuffle);
+  EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(a.model.name, b.model.name);
+  EXPECT_EQ(a.model.checkpointing, b.model.checkpointing);
+  EXPECT_EQ(a.train.loss, b.train.loss);
+}
+
+TEST_F(ConfigTest, ToYamlRoundTrip) {
+  Config c;
+  c.seed = -7;
+  c.deterministic = true;
+  c.device = "cuda:0";
+  c.run.dir = "runs/a b#c";
+  c.model.name = "yes";
+  c.model.pretrained = "";
+  c.model.checkpointing = "every:2";
+  c.data.root = "1";
+  c.train.loss = "null";
+  c.amp.dtype = "a\"b\\c\nd\te";
+  c.optim.lr = 3e-4;
+  c.optim.eps = 1e-8;
+  c.optim.momentum = 0.1;
+  c.optim.betas = {0.1, 1.0 / 3.0};
+  c.sched.min_lr = 1e-300;
+  c.sched.milestones = {};
+  c.sched.gamma = 0.30000000000000004;
+  c.model.dropout = 2.5e-5;
+  c.data.noise = 123456789.125;
+  c.data.shuffle = false;
+  c.dist.bucket_cap_mb = 25;
+  c.model.hidden = {};
+
+  std::string y = to_yaml(c);
+  EXPECT_HAS(y, "optim:\n  name: sgd\n  lr: 0.0003\n");
+  EXPECT_HAS(y, "  eps: 1e-8\n");
+  EXPECT_HAS(y, "  momentum: 0.1\n");
+  EXPECT_HAS(y, "  hidden: []\n");
+  EXPECT_HAS(y, "  channels: [32, 64]\n");
+  EXPECT_HAS(y, "  name: \"yes\"\n");
+  EXPECT_HAS(y, "  pretrained: \"\"\n");
+  EXPECT_HAS(y, "device: cuda:0\n");
+  EXPECT_FALSE(contains(y, "base:"));
+  EXPECT_EQ(y.rfind("seed: -7\ndeterministic: true\ndevice: cuda:0\nrun:\n  dir: ", 0), 0u) << y;
+
+  auto path = write("round.yaml", y);
+  auto back = load(path, {}).cfg;
+  expect_equal(c, back);
+  EXPECT_EQ(back.model.name, "yes");
+  EXPECT_EQ(back.model.pretrained, "");
+  EXPECT_EQ(back.data.root, "1");
+  EXPECT_EQ(back.train.loss, "null");
+  EXPECT_EQ(back.amp.dtype, c.amp.dtype);
+  EXPECT_EQ(back.run.dir, "runs/a b#c");
+  EXPECT_EQ(back.optim.betas[1], 1.0 / 3.0);
+  EXPECT_EQ(back.sched.gamma, 0.30000000000000004);
+  EXPECT_EQ(back.sched.min_lr, 1e-300);
+  EXPECT_EQ(back.model.hidden, std::vector<int64_t>{});
+  // Every field was set from the file.
+  auto l = load(path, {});
+  for (const auto& k : key_paths()) EXPECT_EQ(l.origins.count(k), 1u) << k;
+}
+
+TEST_F(ConfigTest, ToYamlOfDefaultsRoundTrips) {
+  Config d;
+  d.run.dir = "runs/x";
+  auto back = load(write("d.yaml", to_yaml(d)), {}).cfg;
+  expect_equal(d, back);
+  EXPECT_EQ(to_yaml(back), to_yaml(d));
+}
+
+TEST(KeyPathsTest, ContainsLeavesInOrder) {
+  auto keys = key_paths();
+  ASSERT_FALSE(keys.empty());
+  EXPECT_EQ(keys.front(), "seed");
+  auto pos = [&](const std::string& k) {
+    return std::find(keys.begin(), keys.end(), k) - keys.begin();
+  };
+  EXPECT_LT(pos("optim.lr"), static_cast<long>(keys.size()));
+  EXPECT_LT(pos("run.dir"), static_cast<long>(keys.size()));
+  EXPECT_LT(pos("run.dir"), pos("optim.lr"));
+  EXPECT_EQ(pos("optim"), static_cast<long>(keys.size()));  // sections are not leaves
+  EXPECT_EQ(pos("dist.bucket_cap_mb"), static_cast<long>(keys.size()) - 1);
+}
+
+}  // namespace

@@ -41,7 +41,7 @@ struct ModelConfig {
   std::vector<int64_t> channels = {32, 64}; // lenet: output channels of the two conv layers
   int64_t kernel_size = 5;                  // lenet: conv kernel size (odd; padded to keep size)
   int64_t fc_hidden = 128;                  // lenet: width of the hidden fully connected layer
-  double dropout = 0.0;                     // dropout before each hidden-to-output projection
+  double dropout = 0.0;                     // dropout rate after each hidden fully connected layer
   std::string activation = "relu";          // hidden activation: relu|gelu|tanh
 
   template <class V>
