@@ -1,1 +1,471 @@
-// placeholder
+// Datasets (synthetic, fashion_mnist) and the batch loader.
+#include <ftw.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/config.h"
+#include "data/dataset.h"
+
+namespace trainer::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Removes the tree at `path`. (std::filesystem::remove_all is avoided: libtorch.so exports its own
+// copy of it, which crashes.)
+int remove_entry(const char* path, const struct stat* /*st*/, int /*type*/, struct FTW* /*ftw*/) {
+  return ::remove(path);
+}
+void remove_tree(const fs::path& path) {
+  ::nftw(path.c_str(), remove_entry, /*nopenfd=*/16, FTW_DEPTH | FTW_PHYS);
+}
+
+config::DataConfig synthetic_config() {
+  config::DataConfig cfg;
+  cfg.name = "synthetic";
+  cfg.shape = {1, 6, 5};
+  cfg.num_classes = 4;
+  cfg.train_samples = 50;
+  cfg.val_samples = 20;
+  cfg.noise = 0.5;
+  return cfg;
+}
+
+Splits make(const config::DataConfig& cfg, int64_t seed) {
+  return dataset_registry().get(cfg.name)(cfg, seed);
+}
+
+std::vector<int64_t> all_indices(const Dataset& d) {
+  std::vector<int64_t> v(static_cast<size_t>(d.size()));
+  for (int64_t i = 0; i < d.size(); ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+TEST(SyntheticTest, Registered) {
+  EXPECT_TRUE(dataset_registry().contains("synthetic"));
+  EXPECT_TRUE(dataset_registry().contains("fashion_mnist"));
+}
+
+TEST(SyntheticTest, SizesShapesAndClasses) {
+  const Splits s = make(synthetic_config(), /*seed=*/1);
+  EXPECT_EQ(s.train->size(), 50);
+  EXPECT_EQ(s.val->size(), 20);
+  EXPECT_EQ(s.spec.sample_shape, (std::vector<int64_t>{1, 6, 5}));
+  EXPECT_EQ(s.spec.num_classes, 4);
+  const Batch b = s.train->get({0, 3, 7});
+  EXPECT_EQ(b.inputs.sizes(), (std::vector<int64_t>{3, 1, 6, 5}));
+  EXPECT_EQ(b.inputs.dtype(), torch::kFloat32);
+  EXPECT_EQ(b.targets.sizes(), (std::vector<int64_t>{3}));
+  EXPECT_EQ(b.targets.dtype(), torch::kInt64);
+  const Batch all = s.train->get(all_indices(*s.train));
+  EXPECT_GE(all.targets.min().item<int64_t>(), 0);
+  EXPECT_LT(all.targets.max().item<int64_t>(), 4);
+  EXPECT_GT(std::get<0>(torch::_unique(all.targets)).numel(), 1);
+}
+
+TEST(SyntheticTest, OneDimensionalShape) {
+  auto cfg = synthetic_config();
+  cfg.shape = {16};
+  const Splits s = make(cfg, /*seed=*/1);
+  EXPECT_EQ(s.train->get({1, 2}).inputs.sizes(), (std::vector<int64_t>{2, 16}));
+}
+
+TEST(SyntheticTest, RejectsBadShape) {
+  auto cfg = synthetic_config();
+  cfg.shape = {};
+  EXPECT_THROW(make(cfg, /*seed=*/1), std::invalid_argument);
+  cfg.shape = {1, 2, 3, 4};
+  EXPECT_THROW(make(cfg, /*seed=*/1), std::invalid_argument);
+}
+
+TEST(SyntheticTest, DeterministicFromSeed) {
+  const auto cfg = synthetic_config();
+  const Splits a = make(cfg, /*seed=*/7);
+  const Splits b = make(cfg, /*seed=*/7);
+  const Splits c = make(cfg, /*seed=*/8);
+  const Batch ba = a.train->get(all_indices(*a.train));
+  const Batch bb = b.train->get(all_indices(*b.train));
+  const Batch bc = c.train->get(all_indices(*c.train));
+  EXPECT_TRUE(torch::equal(ba.inputs, bb.inputs));
+  EXPECT_TRUE(torch::equal(ba.targets, bb.targets));
+  EXPECT_FALSE(torch::equal(ba.inputs, bc.inputs));
+  // The global torch generator plays no part.
+  torch::manual_seed(123);
+  const Splits d = make(cfg, /*seed=*/7);
+  EXPECT_TRUE(torch::equal(ba.inputs, d.train->get(all_indices(*d.train)).inputs));
+}
+
+TEST(SyntheticTest, GetIsAPureFunctionOfTheIndex) {
+  const Splits s = make(synthetic_config(), /*seed=*/3);
+  const Batch one = s.train->get({5});
+  const Batch many = s.train->get({2, 5, 9});
+  EXPECT_TRUE(torch::equal(one.inputs[0], many.inputs[1]));
+  EXPECT_EQ(one.targets[0].item<int64_t>(), many.targets[1].item<int64_t>());
+}
+
+TEST(SyntheticTest, TrainAndValDiffer) {
+  const Splits s = make(synthetic_config(), /*seed=*/3);
+  std::vector<int64_t> first(20);
+  for (int64_t i = 0; i < 20; ++i) first[static_cast<size_t>(i)] = i;
+  EXPECT_FALSE(torch::equal(s.train->get(first).inputs, s.val->get(first).inputs));
+}
+
+TEST(SyntheticTest, Learnable) {
+  // Nearest class mean on the training set classifies the validation set well.
+  auto cfg = synthetic_config();
+  cfg.train_samples = 400;
+  cfg.val_samples = 100;
+  const Splits s = make(cfg, /*seed=*/5);
+  const Batch train = s.train->get(all_indices(*s.train));
+  const Batch val = s.val->get(all_indices(*s.val));
+  auto x = train.inputs.flatten(1);  // [N, D]
+  std::vector<torch::Tensor> means;
+  for (int64_t c = 0; c < cfg.num_classes; ++c)
+    means.push_back(x.index({train.targets == c}).mean(0));
+  auto centers = torch::stack(means);                        // [C, D]
+  auto dist = torch::cdist(val.inputs.flatten(1), centers);  // [M, C]
+  const double acc = (dist.argmin(1) == val.targets).to(torch::kFloat64).mean().item<double>();
+  EXPECT_GT(acc, 0.9);
+}
+
+// --- fashion_mnist ---------------------------------------------------------------------------
+
+std::vector<uint8_t> idx_bytes(uint8_t type, const std::vector<uint32_t>& dims,
+                               const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out = {0, 0, type, static_cast<uint8_t>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(d >> shift));
+  }
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+void write_file(const fs::path& path, const std::vector<uint8_t>& bytes, bool gzip) {
+  if (gzip) {
+    gzFile gz = gzopen(path.string().c_str(), "wb");
+    ASSERT_NE(gz, nullptr);
+    gzwrite(gz, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(gz);
+  } else {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  }
+}
+
+class FashionMnistTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("trainer_fmnist_" + std::to_string(::getpid()) + "_" + info->name());
+    remove_tree(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { remove_tree(dir_); }
+
+  // A split of `n` 28x28 images (pixel values from the index) with labels i % 10; the train
+  // split gzip-compressed, t10k raw.
+  void write_split(const std::string& prefix, uint32_t n, uint32_t num_labels) {
+    std::vector<uint8_t> pixels(n * 28 * 28);
+    for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>((i * 13) % 256);
+    std::vector<uint8_t> labels(num_labels);
+    for (uint32_t i = 0; i < num_labels; ++i) labels[i] = static_cast<uint8_t>(i % 10);
+    const bool gzip = prefix == "train";
+    const std::string ext = gzip ? ".gz" : "";
+    write_file(dir_ / (prefix + "-images-idx3-ubyte" + ext), idx_bytes(0x08, {n, 28, 28}, pixels),
+               gzip);
+    write_file(dir_ / (prefix + "-labels-idx1-ubyte" + ext), idx_bytes(0x08, {num_labels}, labels),
+               gzip);
+  }
+
+  config::DataConfig config(bool normalize) const {
+    config::DataConfig cfg;
+    cfg.name = "fashion_mnist";
+    cfg.root = dir_.string();
+    cfg.normalize = normalize;
+    return cfg;
+  }
+
+  std::string error_of(const config::DataConfig& cfg) {
+    try {
+      make(cfg, /*seed=*/0);
+    } catch (const DataError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no DataError";
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(FashionMnistTest, TinyDataset) {
+  write_split("train", 10, 10);
+  write_split("t10k", 4, 4);
+  const Splits s = make(config(/*normalize=*/false), /*seed=*/0);
+  EXPECT_EQ(s.train->size(), 10);
+  EXPECT_EQ(s.val->size(), 4);
+  EXPECT_EQ(s.spec.sample_shape, (std::vector<int64_t>{1, 28, 28}));
+  EXPECT_EQ(s.spec.num_classes, 10);
+  const Batch b = s.train->get({9, 0, 3});
+  EXPECT_EQ(b.inputs.sizes(), (std::vector<int64_t>{3, 1, 28, 28}));
+  EXPECT_EQ(b.inputs.dtype(), torch::kFloat32);
+  EXPECT_EQ(b.targets.dtype(), torch::kInt64);
+  EXPECT_EQ(b.targets[0].item<int64_t>(), 9);
+  EXPECT_EQ(b.targets[1].item<int64_t>(), 0);
+  EXPECT_EQ(b.targets[2].item<int64_t>(), 3);
+  EXPECT_GE(b.inputs.min().item<float>(), 0.0f);
+  EXPECT_LE(b.inputs.max().item<float>(), 1.0f);
+  // Pixel (0, 0, 1) of image 0 is 13 / 255.
+  EXPECT_FLOAT_EQ(b.inputs[1][0][0][1].item<float>(), 13.0f / 255.0f);
+}
+
+TEST_F(FashionMnistTest, NormalizedWithTrainingStatistics) {
+  write_split("train", 10, 10);
+  write_split("t10k", 4, 4);
+  const Splits s = make(config(/*normalize=*/true), /*seed=*/0);
+  std::vector<int64_t> all(10);
+  for (int64_t i = 0; i < 10; ++i) all[static_cast<size_t>(i)] = i;
+  const auto x = s.train->get(all).inputs.to(torch::kFloat64);
+  EXPECT_NEAR(x.mean().item<double>(), 0.0, 1e-4);
+  EXPECT_NEAR(x.std(/*unbiased=*/false).item<double>(), 1.0, 1e-4);
+}
+
+TEST_F(FashionMnistTest, MissingDirectory) {
+  auto cfg = config(/*normalize=*/true);
+  cfg.root = (dir_ / "absent").string();
+  const std::string msg = error_of(cfg);
+  EXPECT_NE(msg.find(cfg.root), std::string::npos) << msg;
+  EXPECT_NE(msg.find("install the Debian package dataset-fashion-mnist or set data.root"),
+            std::string::npos)
+      << msg;
+}
+
+TEST_F(FashionMnistTest, MissingFile) {
+  write_split("train", 10, 10);
+  const std::string msg = error_of(config(/*normalize=*/true));
+  EXPECT_NE(msg.find("t10k-images-idx3-ubyte"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(dir_.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dataset-fashion-mnist"), std::string::npos) << msg;
+}
+
+TEST_F(FashionMnistTest, LabelCountMismatch) {
+  write_split("train", 10, 9);
+  write_split("t10k", 4, 4);
+  const std::string msg = error_of(config(/*normalize=*/true));
+  EXPECT_NE(msg.find("train-labels-idx1-ubyte.gz"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("9 labels for 10 images"), std::string::npos) << msg;
+}
+
+TEST_F(FashionMnistTest, LabelOutOfRange) {
+  write_split("train", 10, 10);
+  write_split("t10k", 4, 4);
+  write_file(dir_ / "t10k-labels-idx1-ubyte", idx_bytes(0x08, {4}, {0, 1, 10, 2}), false);
+  const std::string msg = error_of(config(/*normalize=*/true));
+  EXPECT_NE(msg.find("label 10"), std::string::npos) << msg;
+}
+
+TEST_F(FashionMnistTest, TruncatedFileIsDataError) {
+  write_split("train", 10, 10);
+  write_split("t10k", 4, 4);
+  auto bytes = idx_bytes(0x08, {4, 28, 28}, std::vector<uint8_t>(100));
+  write_file(dir_ / "t10k-images-idx3-ubyte", bytes, false);
+  const std::string msg = error_of(config(/*normalize=*/true));
+  EXPECT_NE(msg.find("truncated: expected 3136 bytes of data, found 100"), std::string::npos)
+      << msg;
+}
+
+TEST_F(FashionMnistTest, RealData) {
+  const std::string root = "/usr/share/datasets/fashion-mnist";
+  if (!fs::is_directory(root)) GTEST_SKIP() << root << " absent";
+  config::DataConfig cfg;
+  cfg.name = "fashion_mnist";
+  cfg.root = "";  // the default
+  const Splits s = make(cfg, /*seed=*/0);
+  EXPECT_EQ(s.train->size(), 60000);
+  EXPECT_EQ(s.val->size(), 10000);
+  EXPECT_EQ(s.spec.sample_shape, (std::vector<int64_t>{1, 28, 28}));
+  const Batch b = s.val->get({0, 9999});
+  EXPECT_EQ(b.inputs.sizes(), (std::vector<int64_t>{2, 1, 28, 28}));
+  EXPECT_EQ(b.targets[0].item<int64_t>(), 9);  // the first test image is an ankle boot
+}
+
+// --- Loader ----------------------------------------------------------------------------------
+
+// Sample i is the value i: inputs [B, 1] float32, targets [B] int64.
+class IndexDataset : public Dataset {
+ public:
+  explicit IndexDataset(int64_t n, int64_t throw_at = -1, int delay_ms = 0)
+      : n_(n), throw_at_(throw_at), delay_ms_(delay_ms) {}
+  int64_t size() const override { return n_; }
+  Batch get(const std::vector<int64_t>& indices) const override {
+    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    for (int64_t i : indices) {
+      if (i == throw_at_) throw std::runtime_error("bad sample " + std::to_string(i));
+    }
+    auto t = torch::tensor(indices, torch::kInt64);
+    return Batch{t.to(torch::kFloat32).unsqueeze(1), t};
+  }
+
+ private:
+  int64_t n_;
+  int64_t throw_at_;
+  int delay_ms_;
+};
+
+LoaderOptions options(int64_t batch, int64_t workers, bool drop_last, bool shuffle = true) {
+  LoaderOptions o;
+  o.batch_size = batch;
+  o.workers = workers;
+  o.drop_last = drop_last;
+  o.shuffle = shuffle;
+  o.seed = 42;
+  return o;
+}
+
+// The batches of one epoch, each as its list of indices.
+std::vector<std::vector<int64_t>> epoch(Loader& loader, int64_t e, int64_t first = 0) {
+  loader.start_epoch(e, first);
+  std::vector<std::vector<int64_t>> out;
+  while (auto b = loader.next()) {
+    EXPECT_TRUE(torch::equal(b->inputs.squeeze(1).to(torch::kInt64), b->targets));
+    out.emplace_back(b->targets.data_ptr<int64_t>(),
+                     b->targets.data_ptr<int64_t>() + b->targets.numel());
+  }
+  return out;
+}
+
+TEST(LoaderTest, CoversEveryIndexOnceWithoutDropLast) {
+  for (int64_t workers : {0, 2}) {
+    Loader loader(std::make_shared<IndexDataset>(103), options(10, workers, /*drop_last=*/false));
+    EXPECT_EQ(loader.batches_per_epoch(), 11);
+    EXPECT_EQ(loader.samples_per_epoch(), 103);
+    const auto batches = epoch(loader, 0);
+    ASSERT_EQ(batches.size(), 11u);
+    EXPECT_EQ(batches.back().size(), 3u);
+    std::multiset<int64_t> seen;
+    for (const auto& b : batches) seen.insert(b.begin(), b.end());
+    EXPECT_EQ(seen.size(), 103u);
+    for (int64_t i = 0; i < 103; ++i) EXPECT_EQ(seen.count(i), 1u);
+  }
+}
+
+TEST(LoaderTest, DropLastDropsTheTail) {
+  Loader loader(std::make_shared<IndexDataset>(103), options(10, 0, /*drop_last=*/true));
+  EXPECT_EQ(loader.batches_per_epoch(), 10);
+  EXPECT_EQ(loader.samples_per_epoch(), 100);
+  const auto batches = epoch(loader, 0);
+  ASSERT_EQ(batches.size(), 10u);
+  for (const auto& b : batches) EXPECT_EQ(b.size(), 10u);
+}
+
+TEST(LoaderTest, NoShuffleIsIdentity) {
+  Loader loader(std::make_shared<IndexDataset>(25), options(10, 2, false, /*shuffle=*/false));
+  const auto batches = epoch(loader, 3);
+  std::vector<int64_t> flat;
+  for (const auto& b : batches) flat.insert(flat.end(), b.begin(), b.end());
+  for (int64_t i = 0; i < 25; ++i) EXPECT_EQ(flat[static_cast<size_t>(i)], i);
+}
+
+TEST(LoaderTest, OrderIndependentOfWorkers) {
+  auto data = std::make_shared<IndexDataset>(257);
+  Loader serial(data, options(16, 0, false));
+  Loader parallel(data, options(16, 3, false));
+  for (int64_t e : {0, 1, 5}) EXPECT_EQ(epoch(serial, e), epoch(parallel, e)) << "epoch " << e;
+}
+
+TEST(LoaderTest, EpochsDiffer) {
+  Loader loader(std::make_shared<IndexDataset>(100), options(10, 0, true));
+  const auto a = epoch(loader, 0);
+  const auto b = epoch(loader, 1);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, epoch(loader, 0));
+}
+
+TEST(LoaderTest, DoesNotTouchGlobalGenerator) {
+  torch::manual_seed(9);
+  const auto before = torch::rand({4});
+  torch::manual_seed(9);
+  Loader loader(std::make_shared<IndexDataset>(100), options(10, 2, true));
+  epoch(loader, 0);
+  EXPECT_TRUE(torch::equal(before, torch::rand({4})));
+}
+
+TEST(LoaderTest, StartEpochSkipsBatches) {
+  for (int64_t workers : {0, 3}) {
+    Loader loader(std::make_shared<IndexDataset>(95), options(10, workers, false));
+    const auto full = epoch(loader, 2);
+    for (int64_t k : {0, 1, 4, 9, 10}) {
+      const auto tail = epoch(loader, 2, k);
+      EXPECT_EQ(tail, std::vector<std::vector<int64_t>>(full.begin() + k, full.end()))
+          << "k " << k << " workers " << workers;
+    }
+    EXPECT_THROW(loader.start_epoch(2, 11), std::out_of_range);
+  }
+}
+
+TEST(LoaderTest, RestartMidEpoch) {
+  Loader loader(std::make_shared<IndexDataset>(200), options(10, 3, true));
+  const auto full = epoch(loader, 1);
+  loader.start_epoch(0);
+  ASSERT_TRUE(loader.next().has_value());
+  ASSERT_TRUE(loader.next().has_value());
+  EXPECT_EQ(epoch(loader, 1), full);
+}
+
+TEST(LoaderTest, DestroyMidEpochDoesNotHang) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    Loader loader(std::make_shared<IndexDataset>(1000, -1, /*delay_ms=*/5), options(10, 4, true));
+    loader.start_epoch(0);
+    ASSERT_TRUE(loader.next().has_value());
+  }
+  {
+    // Started but never read.
+    Loader loader(std::make_shared<IndexDataset>(1000, -1, /*delay_ms=*/5), options(10, 4, true));
+    loader.start_epoch(0);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(LoaderTest, ExceptionSurfacesFromNext) {
+  for (int64_t workers : {0, 2}) {
+    Loader loader(std::make_shared<IndexDataset>(50, /*throw_at=*/25),
+                  options(5, workers, true, /*shuffle=*/false));
+    loader.start_epoch(0);
+    for (int k = 0; k < 5; ++k) ASSERT_TRUE(loader.next().has_value());
+    try {
+      loader.next();
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "bad sample 25");
+    }
+  }
+}
+
+TEST(LoaderTest, NextBeforeStartEpochThrows) {
+  Loader loader(std::make_shared<IndexDataset>(10), options(5, 0, true));
+  EXPECT_THROW(loader.next(), std::logic_error);
+}
+
+TEST(LoaderTest, RejectsBadOptions) {
+  auto data = std::make_shared<IndexDataset>(10);
+  EXPECT_THROW(Loader(data, options(0, 0, true)), std::invalid_argument);
+  EXPECT_THROW(Loader(data, options(5, -1, true)), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace trainer::data

@@ -1,1 +1,81 @@
-// placeholder
+// The built-in models: output shapes, parameter counts, input checks, the registry.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "models/model.h"
+
+namespace trainer::models {
+namespace {
+
+Net build(const std::string& name, const config::ModelConfig& cfg, std::vector<int64_t> shape,
+          int64_t classes) {
+  return model_registry().get(name)(cfg, InputSpec{std::move(shape), classes});
+}
+
+TEST(Models, MlpShapesAndParameterCount) {
+  config::ModelConfig cfg;
+  cfg.hidden = {256, 128, 100};
+  auto net = build("mlp", cfg, {1, 28, 28}, 10);
+  // (784*256 + 256) + (256*128 + 128) + (128*100 + 100) + (100*10 + 10)
+  EXPECT_EQ(parameter_count(*net), 247766);
+  auto out = net->forward(torch::randn({3, 1, 28, 28}));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{3, 10}));
+}
+
+TEST(Models, MlpWithoutHiddenLayersIsLinear) {
+  config::ModelConfig cfg;
+  cfg.hidden = {};
+  auto net = build("mlp", cfg, {5}, 3);
+  EXPECT_EQ(parameter_count(*net), 5 * 3 + 3);
+}
+
+TEST(Models, LenetShapesAndParameterCount) {
+  config::ModelConfig cfg;
+  cfg.channels = {32, 64};
+  cfg.kernel_size = 5;
+  cfg.fc_hidden = 128;
+  auto net = build("lenet", cfg, {1, 28, 28}, 10);
+  // conv1 1*32*25+32, conv2 32*64*25+64, fc 64*7*7*128+128, head 128*10+10
+  EXPECT_EQ(parameter_count(*net), 832 + 51264 + 401536 + 1290);
+  auto out = net->forward(torch::randn({2, 1, 28, 28}));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 10}));
+}
+
+TEST(Models, LenetRejectsFlatSamples) {
+  config::ModelConfig cfg;
+  try {
+    build("lenet", cfg, {64}, 10);
+    FAIL() << "expected ModelError";
+  } catch (const ModelError& e) {
+    EXPECT_EQ(e.key(), "data.shape");
+    EXPECT_NE(std::string(e.what()).find("(C, H, W)"), std::string::npos);
+  }
+}
+
+TEST(Models, DropoutOnlyWhileTraining) {
+  config::ModelConfig cfg;
+  cfg.dropout = 0.5;
+  auto net = build("mlp", cfg, {16}, 4);
+  auto x = torch::randn({8, 16});
+  net->eval();
+  EXPECT_TRUE(torch::equal(net->forward(x), net->forward(x)));
+  net->train();
+  EXPECT_FALSE(torch::equal(net->forward(x), net->forward(x)));
+}
+
+TEST(Models, SummaryEndsWithParameterLine) {
+  config::ModelConfig cfg;
+  cfg.hidden = {8};
+  auto net = build("mlp", cfg, {4}, 2);
+  const auto text = summary(*net, "mlp");
+  EXPECT_NE(text.find("parameters: 58\n"), std::string::npos) << text;  // 4*8+8 + 8*2+2
+  EXPECT_NE(text.find("fc1"), std::string::npos) << text;
+}
+
+TEST(Models, RegistryListsBuiltins) {
+  EXPECT_EQ(model_registry().names(), (std::vector<std::string>{"lenet", "mlp"}));
+  EXPECT_THROW(model_registry().get("resnet9000"), UnknownName);
+}
+
+}  // namespace
+}  // namespace trainer::models

@@ -1,1 +1,209 @@
-int main() { return 0; }
+// trainer: reads a YAML config and trains.
+//
+//   trainer --config FILE [--set KEY.PATH=VALUE]... [--run-dir DIR] [--device D] [--dry-run]
+//           [--print-config] [--log-level L]
+//   trainer --help | --version
+//
+// Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <csignal>
+#include <cxxopts.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "config/loader.h"
+#include "data/dataset.h"
+#include "engine/trainer.h"
+#include "losses/loss.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "util/log.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using trainer::config::ConfigError;
+
+constexpr int kOk = 0;
+constexpr int kRuntimeError = 1;
+constexpr int kUsageError = 2;
+
+// A bad command line: printed with a pointer to --help, exit 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Set by SIGINT/SIGTERM; the training loop stops after the current step.
+std::atomic<bool> g_stop_requested{false};
+
+void on_stop_signal(int sig) {
+  g_stop_requested.store(true);
+  std::signal(sig, SIG_DFL);  // a second signal ends the process at once
+}
+
+std::string cuda_build_version() {
+  try {
+    const long v = at::detail::getCUDAHooks().versionCUDART();  // e.g. 13000
+    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+  } catch (const std::exception&) {
+    return "cpu";
+  }
+}
+
+std::string version_text() {
+  return std::string("trainer ") + TRAINER_VERSION + "\nLibTorch " + TORCH_VERSION +
+         "\nCUDA " + cuda_build_version() + "\n";
+}
+
+trainer::config::Environment environment() {
+  trainer::config::Environment env;
+  env.cuda_available = torch::cuda::is_available();
+  env.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
+  env.choices["model.name"] = trainer::models::model_registry().names();
+  env.choices["data.name"] = trainer::data::dataset_registry().names();
+  env.choices["optim.name"] = trainer::optim::optimizer_registry().names();
+  env.choices["sched.name"] = trainer::optim::schedule_registry().names();
+  env.choices["train.loss"] = trainer::losses::loss_registry().names();
+  return env;
+}
+
+cxxopts::Options train_options() {
+  cxxopts::Options options("trainer", "Trains the model described by a YAML config.");
+  options.custom_help("--config FILE [options]");
+  options.add_options()
+      ("c,config", "YAML config file", cxxopts::value<std::string>(), "FILE")
+      ("set", "override a config key, e.g. --set optim.lr=0.01 (repeatable)",
+       cxxopts::value<std::vector<std::string>>(), "KEY.PATH=VALUE")
+      ("run-dir", "run directory (same as --set run.dir=DIR)", cxxopts::value<std::string>(), "DIR")
+      ("device", "auto|cpu|cuda|cuda:N (same as --set device=D)", cxxopts::value<std::string>(),
+       "D")
+      ("dry-run", "validate, build the model and data, print the config and model summary, exit")
+      ("print-config", "print the resolved config as YAML and exit")
+      ("log-level", "trace|debug|info|warn|error", cxxopts::value<std::string>()->default_value("info"),
+       "L")
+      ("h,help", "print this help")
+      ("version", "print the trainer, LibTorch and CUDA versions");
+  return options;
+}
+
+// Writes `text` to `path` through a temporary file and a rename, so the file is never partial.
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error(tmp.string() + ": cannot write");
+  }
+  fs::rename(tmp, path);
+}
+
+int train(int argc, char** argv) {
+  auto options = train_options();
+  cxxopts::ParseResult args;
+  try {
+    args = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw UsageError(e.what());
+  }
+  if (!args.unmatched().empty()) {
+    throw UsageError("unexpected argument '" + args.unmatched().front() + "'");
+  }
+  if (args.count("help")) {
+    std::cout << options.help() << "\nExit codes: 0 success, 1 runtime failure, 2 usage or "
+                                   "configuration error.\n";
+    return kOk;
+  }
+  if (args.count("version")) {
+    std::cout << version_text();
+    return kOk;
+  }
+  trainer::log::Level level;
+  const auto level_text = args["log-level"].as<std::string>();
+  if (!trainer::log::parse_level(level_text, &level)) {
+    throw UsageError("--log-level: unknown level '" + level_text +
+                     "'; use trace, debug, info, warn or error");
+  }
+  trainer::log::setup(level, /*rank=*/0);
+  if (!args.count("config")) throw UsageError("--config FILE is required");
+
+  std::vector<std::string> overrides;
+  if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
+  if (args.count("run-dir")) overrides.push_back("run.dir=" + args["run-dir"].as<std::string>());
+  if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
+
+  auto loaded = trainer::config::load(args["config"].as<std::string>(), overrides);
+  trainer::config::check(loaded, environment());
+  const std::string resolved = trainer::config::to_yaml(loaded.cfg);
+  if (args.count("print-config")) {
+    std::cout << resolved;
+    return kOk;
+  }
+
+  trainer::engine::Trainer engine(loaded);
+  if (args.count("dry-run")) {
+    std::cout << resolved << "\n" << engine.summary();
+    return kOk;
+  }
+
+  const fs::path run_dir = loaded.cfg.run.dir;
+  fs::create_directories(run_dir);
+  write_atomically(run_dir / "config.yaml", resolved);
+  trainer::log::add_file((run_dir / "train.log").string(), /*rank=*/0);
+  trainer::log::info("trainer " TRAINER_VERSION ", LibTorch " TORCH_VERSION ", config " +
+                     loaded.source + ", run dir " + run_dir.string());
+  std::istringstream summary(engine.summary());
+  for (std::string line; std::getline(summary, line);) trainer::log::info(line);
+
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  const auto result = engine.fit(&g_stop_requested);
+  if (result.stopped) {
+    trainer::log::warn("stopped by a signal after step " + std::to_string(result.steps));
+    return kRuntimeError;
+  }
+  const auto& e = result.last_eval;
+  if (e.samples > 0) {
+    trainer::log::info(trainer::strprintf(
+        "done: %lld steps in %.1f s; test loss %.4f, top-1 accuracy %.2f%%, top-5 %.2f%%",
+        static_cast<long long>(result.steps), result.seconds, e.loss, 100.0 * e.top1,
+        100.0 * e.top5));
+  } else {
+    trainer::log::info(trainer::strprintf("done: %lld steps in %.1f s",
+                                          static_cast<long long>(result.steps), result.seconds));
+  }
+  return kOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc > 1 && argv[1][0] != '-') {
+      throw UsageError(std::string("unknown command '") + argv[1] + "'");
+    }
+    return train(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << "trainer: " << e.what() << " (see trainer --help)\n";
+    return kUsageError;
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return kUsageError;
+  } catch (const trainer::UnknownName& e) {
+    std::cerr << "trainer: " << e.what() << "\n";
+    return kUsageError;
+  } catch (const c10::Error& e) {
+    std::cerr << "trainer: " << e.what_without_backtrace() << "\n";
+    return kRuntimeError;
+  } catch (const std::exception& e) {
+    std::cerr << "trainer: " << e.what() << "\n";
+    return kRuntimeError;
+  }
+}

@@ -1,0 +1,60 @@
+// Classification networks and their registry, keyed by the YAML `model.name`.
+//
+// Adding a model: one file with a `register_<name>(ModelRegistry&)` function, and one line in
+// models/registry.cpp calling it.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "config/config.h"
+#include "util/registry.h"
+
+namespace trainer::models {
+
+// What the data looks like to the model.
+struct InputSpec {
+  std::vector<int64_t> sample_shape;  // one sample, e.g. {1, 28, 28}
+  int64_t num_classes = 0;            // logits per sample
+};
+
+// A network mapping inputs [B, ...sample_shape] to logits [B, num_classes].
+class NetImpl : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(torch::Tensor x) = 0;
+};
+using Net = std::shared_ptr<NetImpl>;
+
+// Thrown when the configuration and the data do not fit the model (e.g. lenet on 1-D samples).
+class ModelError : public std::invalid_argument {
+ public:
+  ModelError(std::string key, const std::string& message)
+      : std::invalid_argument(message), key_(std::move(key)) {}
+  // The config key the problem is about, e.g. "model.channels".
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
+};
+
+using ModelFactory = std::function<Net(const config::ModelConfig& cfg, const InputSpec& input)>;
+using ModelRegistry = Registry<ModelFactory>;
+
+// The built-in models.
+const ModelRegistry& model_registry();
+
+// Hidden-layer activation by name (relu|gelu|tanh).
+torch::Tensor activate(const std::string& name, const torch::Tensor& x);
+
+// Total number of parameter elements.
+int64_t parameter_count(const torch::nn::Module& module);
+
+// One line per direct submodule plus `parameters: <N>`.
+std::string summary(const torch::nn::Module& module, const std::string& name);
+
+}  // namespace trainer::models

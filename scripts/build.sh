@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up (scripts/setup.sh), configures and builds trainer into build/ (or $BUILD_DIR).
+# Extra arguments go to the CMake configure step, e.g. -DTorch_DIR=/opt/libtorch/share/cmake/Torch.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build}
+"$ROOT/scripts/setup.sh"
+if [[ ! -f "$BUILD_DIR/CMakeCache.txt" || $# -gt 0 ]]; then
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" > "$BUILD_DIR.configure.log" 2>&1 ||
+    { cat "$BUILD_DIR.configure.log" >&2; exit 1; }
+fi
+cmake --build "$BUILD_DIR" --parallel "$(nproc)"

@@ -1,0 +1,181 @@
+// The `fashion_mnist` dataset: the four IDX files of Fashion-MNIST (raw or gzip-compressed),
+// held in memory as uint8 and converted to float per batch.
+#include <sys/stat.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "data/builtin.h"
+#include "data/dataset.h"
+#include "data/idx.h"
+
+namespace trainer::data {
+namespace {
+
+// std::filesystem is avoided here: libtorch.so exports its own copies of some of its functions.
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+constexpr const char* kDefaultRoot = "/usr/share/datasets/fashion-mnist";
+constexpr const char* kHint = "install the Debian package dataset-fashion-mnist or set data.root";
+constexpr int64_t kNumClasses = 10;
+
+struct Stats {
+  double mean = 0.0;
+  double std = 1.0;
+};
+
+class FashionMnist final : public Dataset {
+ public:
+  // images: [N, 1, H, W] uint8, labels: [N] int64.
+  FashionMnist(torch::Tensor images, torch::Tensor labels, bool normalize, Stats stats)
+      : images_(std::move(images)),
+        labels_(std::move(labels)),
+        normalize_(normalize),
+        stats_(stats) {}
+
+  int64_t size() const override { return images_.size(0); }
+
+  Batch get(const std::vector<int64_t>& indices) const override {
+    for (int64_t i : indices) {
+      if (i < 0 || i >= size()) {
+        throw std::out_of_range("fashion_mnist: index " + std::to_string(i) + " out of range [0, " +
+                                std::to_string(size()) + ")");
+      }
+    }
+    auto idx = torch::tensor(indices, torch::kInt64);  // [B]
+    // [B, 1, H, W] float32 in [0, 1]
+    auto x = images_.index_select(0, idx).to(torch::kFloat32).div_(255.0);
+    if (normalize_) x.sub_(stats_.mean).div_(stats_.std);
+    return Batch{x, labels_.index_select(0, idx)};
+  }
+
+ private:
+  torch::Tensor images_;  // [N, 1, H, W] uint8
+  torch::Tensor labels_;  // [N] int64
+  bool normalize_;
+  Stats stats_;
+};
+
+// `dir/base.gz`, else `dir/base`; DataError naming both when neither exists.
+std::string find_file(const std::string& dir, const std::string& base) {
+  const std::string raw = dir + "/" + base;
+  const std::string gz = raw + ".gz";
+  if (is_file(gz)) return gz;
+  if (is_file(raw)) return raw;
+  throw DataError(dir + ": missing " + base + "(.gz) (tried " + gz + " and " + raw + "); " + kHint);
+}
+
+IdxArray read(const std::string& path) {
+  try {
+    return read_idx(path);
+  } catch (const IdxError& e) {
+    throw DataError(e.what());
+  }
+}
+
+struct Split {
+  torch::Tensor images;  // [N, 1, H, W] uint8
+  torch::Tensor labels;  // [N] int64
+};
+
+Split load_split(const std::string& dir, const std::string& prefix) {
+  const std::string images_path = find_file(dir, prefix + "-images-idx3-ubyte");
+  const std::string labels_path = find_file(dir, prefix + "-labels-idx1-ubyte");
+  IdxArray images = read(images_path);
+  IdxArray labels = read(labels_path);
+  if (images.type != IdxType::kUInt8 || images.dims.size() != 3) {
+    throw DataError(images_path + ": expected 3-D unsigned byte images, found " +
+                    std::to_string(images.dims.size()) + "-D of type code " +
+                    std::to_string(static_cast<int>(images.type)));
+  }
+  if (labels.type != IdxType::kUInt8 || labels.dims.size() != 1) {
+    throw DataError(labels_path + ": expected 1-D unsigned byte labels, found " +
+                    std::to_string(labels.dims.size()) + "-D of type code " +
+                    std::to_string(static_cast<int>(labels.type)));
+  }
+  const int64_t n = images.dims[0];
+  const int64_t h = images.dims[1];
+  const int64_t w = images.dims[2];
+  if (n == 0 || h == 0 || w == 0) throw DataError(images_path + ": no images");
+  if (labels.dims[0] != n) {
+    throw DataError(labels_path + ": " + std::to_string(labels.dims[0]) + " labels for " +
+                    std::to_string(n) + " images in " + images_path);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (labels.data[i] >= kNumClasses) {
+      throw DataError(labels_path + ": label " + std::to_string(labels.data[i]) + " at index " +
+                      std::to_string(i) + " is not below " + std::to_string(kNumClasses));
+    }
+  }
+  Split split;
+  split.images = torch::empty({n, 1, h, w}, torch::kUInt8);
+  std::memcpy(split.images.data_ptr<uint8_t>(), images.data.data(), images.data.size());
+  split.labels = torch::empty({n}, torch::kUInt8);
+  std::memcpy(split.labels.data_ptr<uint8_t>(), labels.data.data(), labels.data.size());
+  split.labels = split.labels.to(torch::kInt64);
+  return split;
+}
+
+// Mean and standard deviation of the pixels scaled to [0, 1], from a histogram of the bytes.
+Stats pixel_stats(const torch::Tensor& images) {
+  std::array<int64_t, 256> hist{};
+  const auto* p = images.data_ptr<uint8_t>();
+  const int64_t n = images.numel();
+  for (int64_t i = 0; i < n; ++i) ++hist[p[i]];
+  double sum = 0.0, sum_sq = 0.0;
+  for (int v = 0; v < 256; ++v) {
+    const double x = v / 255.0;
+    sum += x * static_cast<double>(hist[v]);
+    sum_sq += x * x * static_cast<double>(hist[v]);
+  }
+  Stats s;
+  s.mean = sum / static_cast<double>(n);
+  const double var = sum_sq / static_cast<double>(n) - s.mean * s.mean;
+  s.std = var > 1e-12 ? std::sqrt(var) : 1.0;
+  return s;
+}
+
+Splits make_fashion_mnist(const config::DataConfig& cfg, int64_t /*seed*/) {
+  std::string dir = cfg.root.empty() ? std::string(kDefaultRoot) : cfg.root;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (!is_directory(dir)) {
+    throw DataError(dir + ": no such directory (looking for train-images-idx3-ubyte.gz); " + kHint);
+  }
+  Split train = load_split(dir, "train");
+  Split val = load_split(dir, "t10k");
+  if (val.images.size(2) != train.images.size(2) || val.images.size(3) != train.images.size(3)) {
+    throw DataError(dir + ": t10k images are " + std::to_string(val.images.size(2)) + "x" +
+                    std::to_string(val.images.size(3)) + " but train images are " +
+                    std::to_string(train.images.size(2)) + "x" +
+                    std::to_string(train.images.size(3)));
+  }
+  const Stats stats = pixel_stats(train.images);
+  Splits splits;
+  splits.spec.sample_shape = {1, train.images.size(2), train.images.size(3)};
+  splits.spec.num_classes = kNumClasses;
+  splits.train = std::make_shared<FashionMnist>(std::move(train.images), std::move(train.labels),
+                                                cfg.normalize, stats);
+  splits.val = std::make_shared<FashionMnist>(std::move(val.images), std::move(val.labels),
+                                              cfg.normalize, stats);
+  return splits;
+}
+
+}  // namespace
+
+void register_fashion_mnist(DatasetRegistry& registry) {
+  registry.add("fashion_mnist", make_fashion_mnist);
+}
+
+}  // namespace trainer::data

@@ -1,0 +1,188 @@
+// The batch loader: a per-epoch permutation from (seed, epoch), cut into batches that are
+// assembled on the caller's thread or by worker threads into a bounded, in-order window.
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <variant>
+
+#include "data/dataset.h"
+
+namespace trainer::data {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// The sample order of one epoch: identity, or a Fisher-Yates shuffle driven by a generator
+// seeded from (seed, epoch) alone.
+std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  if (!shuffle) return order;
+  std::mt19937_64 rng(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch) + 1)));
+  for (int64_t i = n - 1; i > 0; --i) {
+    // Modulo bias is below n / 2^64: negligible, and the result is the same on every platform.
+    const auto j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
+}
+
+}  // namespace
+
+struct Loader::State {
+  std::shared_ptr<const Dataset> dataset;
+  LoaderOptions options;
+  bool pin = false;  // options.pin_memory and a GPU is present
+  int64_t size = 0;  // dataset samples
+  int64_t num_batches = 0;
+
+  // The current epoch; written only by the caller's thread while no worker runs.
+  bool started = false;
+  std::vector<int64_t> order;  // sample indices of the epoch
+  int64_t next = 0;            // the next batch next() hands out
+  int64_t end = 0;             // one past the last batch
+
+  // Workers.
+  using Result = std::variant<Batch, std::exception_ptr>;
+  std::mutex mu;
+  std::condition_variable cv;  // batches ready, window moved, or stop
+  bool stop = false;
+  std::map<int64_t, Result> ready;   // finished batches not yet handed out, by batch number
+  std::vector<std::thread> threads;  // the workers of the current epoch
+
+  Batch assemble(int64_t k) const {
+    const int64_t begin = k * options.batch_size;
+    const int64_t stop_at = std::min(begin + options.batch_size, size);
+    std::vector<int64_t> indices(order.begin() + begin, order.begin() + stop_at);
+    Batch b = dataset->get(indices);
+    if (pin) {
+      b.inputs = b.inputs.pin_memory();
+      b.targets = b.targets.pin_memory();
+    }
+    return b;
+  }
+
+  // Worker w assembles batches first + w, first + w + W, ...; it starts batch k only once k is
+  // within W * prefetch batches of the next one to hand out, which bounds the batches held.
+  void work(int64_t w, int64_t workers, int64_t first) {
+    const int64_t window = workers * options.prefetch;
+    for (int64_t k = first + w; k < end; k += workers) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || k < next + window; });
+        if (stop) return;
+      }
+      Result result;
+      try {
+        result = assemble(k);
+      } catch (...) {
+        result = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (stop) return;
+        ready.emplace(k, std::move(result));
+      }
+      cv.notify_all();
+    }
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    for (auto& t : threads) t.join();
+    threads.clear();
+    ready.clear();
+    stop = false;
+  }
+};
+
+Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
+    : state_(std::make_unique<State>()) {
+  if (!dataset) throw std::invalid_argument("Loader: null dataset");
+  if (options.batch_size <= 0) {
+    throw std::invalid_argument("Loader: batch_size must be positive, got " +
+                                std::to_string(options.batch_size));
+  }
+  if (options.workers < 0) {
+    throw std::invalid_argument("Loader: workers must not be negative, got " +
+                                std::to_string(options.workers));
+  }
+  options.prefetch = std::max<int64_t>(options.prefetch, 1);
+  state_->dataset = std::move(dataset);
+  state_->options = options;
+  state_->pin = options.pin_memory && torch::cuda::is_available();
+  state_->size = state_->dataset->size();
+  const int64_t b = options.batch_size;
+  state_->num_batches = options.drop_last ? state_->size / b : (state_->size + b - 1) / b;
+}
+
+Loader::~Loader() {
+  if (state_) state_->stop_workers();
+}
+
+int64_t Loader::batches_per_epoch() const {
+  return state_->num_batches;
+}
+
+int64_t Loader::samples_per_epoch() const {
+  return state_->options.drop_last ? state_->num_batches * state_->options.batch_size
+                                   : state_->size;
+}
+
+void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
+  State& s = *state_;
+  if (epoch < 0) throw std::invalid_argument("Loader: negative epoch " + std::to_string(epoch));
+  if (first_batch < 0 || first_batch > s.num_batches) {
+    throw std::out_of_range("Loader: first_batch " + std::to_string(first_batch) + " not in [0, " +
+                            std::to_string(s.num_batches) + "]");
+  }
+  s.stop_workers();
+  s.order = epoch_order(s.size, s.options.shuffle, s.options.seed, epoch);
+  s.next = first_batch;
+  s.end = s.num_batches;
+  s.started = true;
+  const int64_t workers = std::min(s.options.workers, s.end - first_batch);
+  for (int64_t w = 0; w < workers; ++w) {
+    s.threads.emplace_back([&s, w, workers, first_batch] { s.work(w, workers, first_batch); });
+  }
+}
+
+std::optional<Batch> Loader::next() {
+  State& s = *state_;
+  if (!s.started) throw std::logic_error("Loader::next called before start_epoch");
+  if (s.next >= s.end) return std::nullopt;
+  if (s.threads.empty()) return s.assemble(s.next++);
+  State::Result result;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.cv.wait(lock, [&] { return s.ready.count(s.next) != 0; });
+    auto it = s.ready.find(s.next);
+    result = std::move(it->second);
+    s.ready.erase(it);
+    ++s.next;
+  }
+  s.cv.notify_all();
+  if (auto* error = std::get_if<std::exception_ptr>(&result)) std::rethrow_exception(*error);
+  return std::get<Batch>(std::move(result));
+}
+
+}  // namespace trainer::data

@@ -1,0 +1,16 @@
+#include "data/builtin.h"
+#include "data/dataset.h"
+
+namespace trainer::data {
+
+const DatasetRegistry& dataset_registry() {
+  static const DatasetRegistry registry = [] {
+    DatasetRegistry r("dataset");
+    register_synthetic(r);
+    register_fashion_mnist(r);
+    return r;
+  }();
+  return registry;
+}
+
+}  // namespace trainer::data

@@ -1,0 +1,66 @@
+#include "engine/metrics.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+namespace trainer::engine {
+
+MetricsWriter::MetricsWriter(const std::string& path) {
+  if (path.empty()) return;
+  out_.open(path, std::ios::out | std::ios::trunc);
+  if (!out_) throw std::runtime_error(path + ": cannot open for writing");
+}
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  if (!out_.is_open()) return;
+  out_ << record.dump() << '\n';
+  out_.flush();
+  if (!out_) throw std::runtime_error("writing metrics failed (disk full?)");
+}
+
+Progress::Progress(const std::string& mode)
+    : active_(mode == "always" || (mode == "auto" && isatty(STDERR_FILENO))) {}
+
+void Progress::update(int64_t step, int64_t total_steps, int64_t epoch, double loss,
+                      double samples_per_sec, double eta_seconds) {
+  if (!active_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (step != total_steps && drawn_ && now - last_draw_ < std::chrono::milliseconds(200)) return;
+  last_draw_ = now;
+  constexpr int kWidth = 24;
+  const double frac = total_steps > 0 ? static_cast<double>(step) / total_steps : 0.0;
+  const int filled = static_cast<int>(std::lround(frac * kWidth));
+  std::string bar(filled, '#');
+  bar.resize(kWidth, '.');
+  std::fprintf(stderr, "\r\033[Kepoch %lld [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s",
+               static_cast<long long>(epoch), bar.c_str(), static_cast<long long>(step),
+               static_cast<long long>(total_steps), loss, samples_per_sec,
+               format_duration(eta_seconds).c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void Progress::clear() {
+  if (!active_ || !drawn_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  drawn_ = false;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
+  const auto total = static_cast<long long>(std::llround(seconds));
+  const long long h = total / 3600, m = (total / 60) % 60, s = total % 60;
+  char buf[32];
+  if (h > 0) {
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", h, m, s);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld", m, s);
+  }
+  return buf;
+}
+
+}  // namespace trainer::engine

@@ -1,0 +1,54 @@
+// The training engine: builds everything a run needs from a validated config, then trains,
+// evaluates and writes the run dir's metrics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "config/loader.h"
+
+namespace trainer::engine {
+
+// One pass over the validation split.
+struct EvalResult {
+  double loss = 0.0;  // mean cross-entropy (no label smoothing)
+  double top1 = 0.0;  // fraction of samples whose target is the arg-max
+  double top5 = 0.0;  // fraction whose target is among the 5 highest logits
+  int64_t samples = 0;
+};
+
+// What fit() did.
+struct FitResult {
+  int64_t steps = 0;     // optimizer steps taken
+  bool stopped = false;  // ended early by the stop flag
+  EvalResult last_eval;  // the last evaluation (samples == 0 when none ran)
+  double seconds = 0.0;  // wall time of the loop
+};
+
+class Trainer {
+ public:
+  // Builds, in order: device, model, data, optimizer, schedule. Throws config::ConfigError for
+  // settings the model or data reject, data::DataError for unreadable data.
+  explicit Trainer(const config::LoadedConfig& loaded);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Device, data sizes, steps and the model summary (with its `parameters: N` line).
+  std::string summary() const;
+
+  // Trains to the end (or until *stop becomes true), evaluating and logging as configured.
+  // Writes <run.dir>/metrics.jsonl; the run dir must exist.
+  FitResult fit(const std::atomic<bool>* stop = nullptr);
+
+  // Evaluates the current model on the validation split.
+  EvalResult evaluate();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace trainer::engine

@@ -1,0 +1,21 @@
+// Training losses, registered by the YAML `train.loss`.
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+
+#include "config/config.h"
+#include "util/registry.h"
+
+namespace trainer::losses {
+
+// Mean loss of a batch: logits [B, K], targets [B] int64 -> scalar.
+using Loss = std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& targets)>;
+using LossFactory = std::function<Loss(const config::TrainConfig& cfg)>;
+using LossRegistry = Registry<LossFactory>;
+
+// cross_entropy (with train.label_smoothing).
+const LossRegistry& loss_registry();
+
+}  // namespace trainer::losses

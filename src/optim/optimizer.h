@@ -1,0 +1,40 @@
+// Optimizers, registered by the YAML `optim.name`.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "config/config.h"
+#include "util/registry.h"
+
+namespace trainer::optim {
+
+// Parameters split by whether weight decay applies to them.
+struct ParamGroups {
+  std::vector<torch::Tensor> decay;     // weights of linear and conv layers
+  std::vector<torch::Tensor> no_decay;  // biases and norm weights, unless decay_bias_and_norm
+};
+
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
+    const ParamGroups& params, const config::OptimConfig& cfg)>;
+using OptimizerRegistry = Registry<OptimizerFactory>;
+
+// sgd, adam, adamw.
+const OptimizerRegistry& optimizer_registry();
+
+// Splits the trainable parameters of `model`: 1-D tensors (biases, norm weights) go to
+// no_decay unless cfg.decay_bias_and_norm or weight decay is off.
+ParamGroups split_parameters(const torch::nn::Module& model, const config::OptimConfig& cfg);
+
+// The optimizer named by cfg.name over the parameters of `model`.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::nn::Module& model,
+                                                        const config::OptimConfig& cfg);
+
+// Sets the learning rate of every parameter group.
+void set_lr(torch::optim::Optimizer& optimizer, double lr);
+
+}  // namespace trainer::optim
