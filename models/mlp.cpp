@@ -13,8 +13,8 @@ class MlpImpl : public NetImpl {
     int64_t width = 1;
     for (int64_t d : input.sample_shape) width *= d;
     for (size_t i = 0; i < cfg.hidden.size(); ++i) {
-      layers_.push_back(register_module("fc" + std::to_string(i + 1),
-                                        torch::nn::Linear(width, cfg.hidden[i])));
+      layers_.push_back(
+          register_module("fc" + std::to_string(i + 1), torch::nn::Linear(width, cfg.hidden[i])));
       width = cfg.hidden[i];
     }
     head_ = register_module("head", torch::nn::Linear(width, input.num_classes));

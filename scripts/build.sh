@@ -6,7 +6,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 "$ROOT/scripts/setup.sh"
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" || $# -gt 0 ]]; then
-  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" > "$BUILD_DIR.configure.log" 2>&1 ||
-    { cat "$BUILD_DIR.configure.log" >&2; exit 1; }
+  mkdir -p "$BUILD_DIR"
+  # LibTorch's CMake files are chatty; the log is kept, and shown when configuring fails.
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" \
+    > "$BUILD_DIR/configure.log" 2>&1 || { cat "$BUILD_DIR/configure.log" >&2; exit 1; }
 fi
 cmake --build "$BUILD_DIR" --parallel "$(nproc)"

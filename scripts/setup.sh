@@ -18,7 +18,7 @@ CACHE=${TRAINER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainer}
 say() { echo "setup: $*" >&2; }
 
 # --- Debian packages ---------------------------------------------------------------------------
-PACKAGES=(cmake ninja-build g++ ccache pkg-config libyaml-cpp-dev libspdlog-dev libcxxopts-dev
+PACKAGES=(cmake ninja-build g++ ccache lld pkg-config libyaml-cpp-dev libspdlog-dev libcxxopts-dev
           libgtest-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist)
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -63,7 +63,7 @@ fi
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   wheel_cuda=$(sed -n "s/^cuda: Optional\[str\] = '\(.*\)'/\1/p" "$VENV"/lib/python3*/site-packages/torch/version.py)
   toolkit_cuda=$(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
-  if [[ "$wheel_cuda" != "$toolkit_cuda" ]]; then
+  if [[ -n "$wheel_cuda" && "$wheel_cuda" != "$toolkit_cuda" ]]; then
     say "warning: torch $TORCH_VERSION was built for CUDA $wheel_cuda, /usr/local/cuda is $toolkit_cuda"
   fi
 fi

@@ -125,17 +125,24 @@ TEST_F(Cli, DeterministicRunsGiveIdenticalLossesAndTheSavedConfigReproducesThem)
 
 TEST_F(Cli, SeedChangesTheRun) {
   const auto a = dir_ / "a", b = dir_ / "b";
-  ASSERT_EQ(run("--config configs/synthetic.yaml --set train.max_steps=4 --run-dir '" +
-                a.string() + "'").code, 0);
+  ASSERT_EQ(
+      run("--config configs/synthetic.yaml --set train.max_steps=4 --run-dir '" + a.string() + "'")
+          .code,
+      0);
   ASSERT_EQ(run("--config configs/synthetic.yaml --set train.max_steps=4 --set seed=2 "
-                "--run-dir '" + b.string() + "'").code, 0);
+                "--run-dir '" +
+                b.string() + "'")
+                .code,
+            0);
   EXPECT_NE(losses(a), losses(b));
 }
 
 TEST_F(Cli, SetOverridesTheConfig) {
   const auto run_dir = dir_ / "run";
-  auto r = run("--config configs/synthetic.yaml --set train.max_steps=6 --set run.log_every=3 "
-               "--set optim.name=adamw --set optim.lr=1e-3 --run-dir '" + run_dir.string() + "'");
+  auto r =
+      run("--config configs/synthetic.yaml --set train.max_steps=6 --set run.log_every=3 "
+          "--set optim.name=adamw --set optim.lr=1e-3 --run-dir '" +
+          run_dir.string() + "'");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto train = metrics(run_dir, "train");
   ASSERT_EQ(train.size(), 2u);
@@ -176,8 +183,9 @@ TEST_F(Cli, UnknownKeyExitsTwoWithLocationAndSuggestion) {
 }
 
 TEST_F(Cli, AllProblemsAreReportedTogether) {
-  const auto cfg = write("bad.yaml", "optim:\n  lr: -1\ndata:\n  batch_size: zero\nmodel:\n  name: "
-                                     "resnet9000\n");
+  const auto cfg = write("bad.yaml",
+                         "optim:\n  lr: -1\ndata:\n  batch_size: zero\nmodel:\n  name: "
+                         "resnet9000\n");
   auto r = run("--config '" + cfg.string() + "'");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find(":4:3: data.batch_size: expected an integer"), std::string::npos) << r.err;
@@ -191,8 +199,9 @@ TEST_F(Cli, AllProblemsAreReportedTogether) {
 }
 
 TEST_F(Cli, Float16AutocastOnCpuIsAConfigError) {
-  auto r = run("--config configs/synthetic.yaml --device cpu --set amp.enabled=true "
-               "--set amp.dtype=float16");
+  auto r =
+      run("--config configs/synthetic.yaml --device cpu --set amp.enabled=true "
+          "--set amp.dtype=float16");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("amp.dtype"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("CUDA"), std::string::npos) << r.err;
@@ -206,8 +215,9 @@ TEST_F(Cli, MissingDataIsARuntimeErrorWithAHint) {
 }
 
 TEST_F(Cli, UsageErrors) {
-  for (const std::string args : {"--config", "--bogus", "--config configs/synthetic.yaml extra",
-                                  "frobnicate", "--config configs/synthetic.yaml --log-level loud"}) {
+  for (const std::string args :
+       {"--config", "--bogus", "--config configs/synthetic.yaml extra", "frobnicate",
+        "--config configs/synthetic.yaml --log-level loud"}) {
     auto r = run(args);
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_NE(r.err.find("trainer: "), std::string::npos) << args << ": " << r.err;

@@ -1,5 +1,4 @@
 // Datasets (synthetic, fashion_mnist) and the batch loader.
-#include <ftw.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -17,20 +16,13 @@
 
 #include "config/config.h"
 #include "data/dataset.h"
+#include "idx_files.h"
+#include "temp_dir.h"
 
 namespace trainer::data {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Removes the tree at `path`. (std::filesystem::remove_all is avoided: libtorch.so exports its own
-// copy of it, which crashes.)
-int remove_entry(const char* path, const struct stat* /*st*/, int /*type*/, struct FTW* /*ftw*/) {
-  return ::remove(path);
-}
-void remove_tree(const fs::path& path) {
-  ::nftw(path.c_str(), remove_entry, /*nopenfd=*/16, FTW_DEPTH | FTW_PHYS);
-}
 
 config::DataConfig synthetic_config() {
   config::DataConfig cfg;
@@ -142,40 +134,11 @@ TEST(SyntheticTest, Learnable) {
 
 // --- fashion_mnist ---------------------------------------------------------------------------
 
-std::vector<uint8_t> idx_bytes(uint8_t type, const std::vector<uint32_t>& dims,
-                               const std::vector<uint8_t>& payload) {
-  std::vector<uint8_t> out = {0, 0, type, static_cast<uint8_t>(dims.size())};
-  for (uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(d >> shift));
-  }
-  out.insert(out.end(), payload.begin(), payload.end());
-  return out;
-}
-
-void write_file(const fs::path& path, const std::vector<uint8_t>& bytes, bool gzip) {
-  if (gzip) {
-    gzFile gz = gzopen(path.string().c_str(), "wb");
-    ASSERT_NE(gz, nullptr);
-    gzwrite(gz, bytes.data(), static_cast<unsigned>(bytes.size()));
-    gzclose(gz);
-  } else {
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
-  }
-}
+using test_support::idx_bytes;
+using test_support::write_bytes;
 
 class FashionMnistTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("trainer_fmnist_" + std::to_string(::getpid()) + "_" + info->name());
-    remove_tree(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { remove_tree(dir_); }
-
   // A split of `n` 28x28 images (pixel values from the index) with labels i % 10; the train
   // split gzip-compressed, t10k raw.
   void write_split(const std::string& prefix, uint32_t n, uint32_t num_labels) {
@@ -185,10 +148,10 @@ class FashionMnistTest : public ::testing::Test {
     for (uint32_t i = 0; i < num_labels; ++i) labels[i] = static_cast<uint8_t>(i % 10);
     const bool gzip = prefix == "train";
     const std::string ext = gzip ? ".gz" : "";
-    write_file(dir_ / (prefix + "-images-idx3-ubyte" + ext), idx_bytes(0x08, {n, 28, 28}, pixels),
-               gzip);
-    write_file(dir_ / (prefix + "-labels-idx1-ubyte" + ext), idx_bytes(0x08, {num_labels}, labels),
-               gzip);
+    write_bytes(dir_ / (prefix + "-images-idx3-ubyte" + ext), idx_bytes(0x08, {n, 28, 28}, pixels),
+                gzip);
+    write_bytes(dir_ / (prefix + "-labels-idx1-ubyte" + ext), idx_bytes(0x08, {num_labels}, labels),
+                gzip);
   }
 
   config::DataConfig config(bool normalize) const {
@@ -209,7 +172,8 @@ class FashionMnistTest : public ::testing::Test {
     return "";
   }
 
-  fs::path dir_;
+  test_support::TempDir tmp_{"fmnist"};
+  const fs::path& dir_ = tmp_.path();
 };
 
 TEST_F(FashionMnistTest, TinyDataset) {
@@ -273,7 +237,7 @@ TEST_F(FashionMnistTest, LabelCountMismatch) {
 TEST_F(FashionMnistTest, LabelOutOfRange) {
   write_split("train", 10, 10);
   write_split("t10k", 4, 4);
-  write_file(dir_ / "t10k-labels-idx1-ubyte", idx_bytes(0x08, {4}, {0, 1, 10, 2}), false);
+  write_bytes(dir_ / "t10k-labels-idx1-ubyte", idx_bytes(0x08, {4}, {0, 1, 10, 2}), false);
   const std::string msg = error_of(config(/*normalize=*/true));
   EXPECT_NE(msg.find("label 10"), std::string::npos) << msg;
 }
@@ -282,7 +246,7 @@ TEST_F(FashionMnistTest, TruncatedFileIsDataError) {
   write_split("train", 10, 10);
   write_split("t10k", 4, 4);
   auto bytes = idx_bytes(0x08, {4, 28, 28}, std::vector<uint8_t>(100));
-  write_file(dir_ / "t10k-images-idx3-ubyte", bytes, false);
+  write_bytes(dir_ / "t10k-images-idx3-ubyte", bytes, false);
   const std::string msg = error_of(config(/*normalize=*/true));
   EXPECT_NE(msg.find("truncated: expected 3136 bytes of data, found 100"), std::string::npos)
       << msg;

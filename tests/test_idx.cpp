@@ -1,5 +1,4 @@
 // The IDX reader on hand-built files: raw and gzip, good and damaged.
-#include <ftw.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -12,34 +11,15 @@
 #include <vector>
 
 #include "data/idx.h"
+#include "idx_files.h"
+#include "temp_dir.h"
 
 namespace trainer::data {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Removes the tree at `path`. (std::filesystem::remove_all is avoided: libtorch.so exports its own
-// copy of it, which crashes.)
-int remove_entry(const char* path, const struct stat* /*st*/, int /*type*/, struct FTW* /*ftw*/) {
-  return ::remove(path);
-}
-void remove_tree(const fs::path& path) {
-  ::nftw(path.c_str(), remove_entry, /*nopenfd=*/16, FTW_DEPTH | FTW_PHYS);
-}
-
-// The bytes of an IDX file: header for `dims` and `type`, then `payload`.
-std::vector<uint8_t> idx_bytes(uint8_t type, const std::vector<uint32_t>& dims,
-                               const std::vector<uint8_t>& payload) {
-  std::vector<uint8_t> out = {0, 0, type, static_cast<uint8_t>(dims.size())};
-  for (uint32_t d : dims) {
-    out.push_back(static_cast<uint8_t>(d >> 24));
-    out.push_back(static_cast<uint8_t>(d >> 16));
-    out.push_back(static_cast<uint8_t>(d >> 8));
-    out.push_back(static_cast<uint8_t>(d));
-  }
-  out.insert(out.end(), payload.begin(), payload.end());
-  return out;
-}
+using test_support::idx_bytes;
 
 std::vector<uint8_t> iota_bytes(size_t n) {
   std::vector<uint8_t> v(n);
@@ -49,33 +29,14 @@ std::vector<uint8_t> iota_bytes(size_t n) {
 
 class IdxTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("trainer_idx_" + std::to_string(::getpid()) + "_" + info->name());
-    remove_tree(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { remove_tree(dir_); }
-
   std::string write_raw(const std::string& name, const std::vector<uint8_t>& bytes) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
-    return path;
+    test_support::write_bytes(dir_ / name, bytes, /*gzip=*/false);
+    return (dir_ / name).string();
   }
 
   std::string write_gzip(const std::string& name, const std::vector<uint8_t>& bytes) {
-    const std::string path = (dir_ / name).string();
-    gzFile gz = gzopen(path.c_str(), "wb");
-    EXPECT_NE(gz, nullptr);
-    if (!bytes.empty()) {
-      EXPECT_EQ(gzwrite(gz, bytes.data(), static_cast<unsigned>(bytes.size())),
-                static_cast<int>(bytes.size()));
-    }
-    gzclose(gz);
-    return path;
+    test_support::write_bytes(dir_ / name, bytes, /*gzip=*/true);
+    return (dir_ / name).string();
   }
 
   // Expects read_idx(path) to throw IdxError whose message starts with the path and contains
@@ -91,7 +52,8 @@ class IdxTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
+  test_support::TempDir tmp_{"idx"};
+  const fs::path& dir_ = tmp_.path();
 };
 
 TEST_F(IdxTest, ReadsRawUnsignedBytes) {

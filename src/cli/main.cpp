@@ -23,6 +23,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace {
@@ -58,8 +59,8 @@ std::string cuda_build_version() {
 }
 
 std::string version_text() {
-  return std::string("trainer ") + TRAINER_VERSION + "\nLibTorch " + TORCH_VERSION +
-         "\nCUDA " + cuda_build_version() + "\n";
+  return std::string("trainer ") + TRAINER_VERSION + "\nLibTorch " + TORCH_VERSION + "\nCUDA " +
+         cuda_build_version() + "\n";
 }
 
 trainer::config::Environment environment() {
@@ -77,6 +78,7 @@ trainer::config::Environment environment() {
 cxxopts::Options train_options() {
   cxxopts::Options options("trainer", "Trains the model described by a YAML config.");
   options.custom_help("--config FILE [options]");
+  // clang-format off
   options.add_options()
       ("c,config", "YAML config file", cxxopts::value<std::string>(), "FILE")
       ("set", "override a config key, e.g. --set optim.lr=0.01 (repeatable)",
@@ -90,6 +92,7 @@ cxxopts::Options train_options() {
        "L")
       ("h,help", "print this help")
       ("version", "print the trainer, LibTorch and CUDA versions");
+  // clang-format on
   return options;
 }
 
@@ -117,8 +120,9 @@ int train(int argc, char** argv) {
     throw UsageError("unexpected argument '" + args.unmatched().front() + "'");
   }
   if (args.count("help")) {
-    std::cout << options.help() << "\nExit codes: 0 success, 1 runtime failure, 2 usage or "
-                                   "configuration error.\n";
+    std::cout << options.help()
+              << "\nExit codes: 0 success, 1 runtime failure, 2 usage or "
+                 "configuration error.\n";
     return kOk;
   }
   if (args.count("version")) {

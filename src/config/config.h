@@ -33,16 +33,16 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string name = "mlp";                 // model registry name
-  int64_t num_classes = 0;                  // output classes; 0 = the dataset's class count
-  std::string checkpointing = "none";       // activation checkpointing: none|blocks|every:N
-  std::string pretrained;                   // safetensors file to initialise from; empty = none
-  std::vector<int64_t> hidden = {256, 128}; // mlp: hidden layer widths
-  std::vector<int64_t> channels = {32, 64}; // lenet: output channels of the two conv layers
-  int64_t kernel_size = 5;                  // lenet: conv kernel size (odd; padded to keep size)
-  int64_t fc_hidden = 128;                  // lenet: width of the hidden fully connected layer
-  double dropout = 0.0;                     // dropout rate after each hidden fully connected layer
-  std::string activation = "relu";          // hidden activation: relu|gelu|tanh
+  std::string name = "mlp";                  // model registry name
+  int64_t num_classes = 0;                   // output classes; 0 = the dataset's class count
+  std::string checkpointing = "none";        // activation checkpointing: none|blocks|every:N
+  std::string pretrained;                    // safetensors file to initialise from; empty = none
+  std::vector<int64_t> hidden = {256, 128};  // mlp: hidden layer widths
+  std::vector<int64_t> channels = {32, 64};  // lenet: output channels of the two conv layers
+  int64_t kernel_size = 5;                   // lenet: conv kernel size (odd; padded to keep size)
+  int64_t fc_hidden = 128;                   // lenet: width of the hidden fully connected layer
+  double dropout = 0.0;                      // dropout rate after each hidden fully connected layer
+  std::string activation = "relu";           // hidden activation: relu|gelu|tanh
 
   template <class V>
   void visit(V& v) {
@@ -60,20 +60,20 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string name = "synthetic";               // dataset registry name
-  std::string root;                             // dataset location; empty = the dataset's default
-  int64_t batch_size = 128;                     // samples per step and process
-  int64_t eval_batch_size = 0;                  // samples per evaluation batch; 0 = batch_size
-  int64_t workers = 2;                          // loader threads preparing batches ahead
-  int64_t prefetch = 2;                         // batches each worker prepares ahead
-  bool shuffle = true;                          // reshuffle the training set every epoch
-  bool drop_last = true;                        // drop the last incomplete training batch
-  bool normalize = true;                        // scale inputs to zero mean and unit variance
-  std::vector<int64_t> shape = {1, 28, 28};     // synthetic: sample shape (C, H, W) or (D)
-  int64_t num_classes = 10;                     // synthetic: number of classes
-  int64_t train_samples = 2048;                 // synthetic: training set length
-  int64_t val_samples = 512;                    // synthetic: validation set length
-  double noise = 0.5;                           // synthetic: noise added to the class patterns
+  std::string name = "synthetic";            // dataset registry name
+  std::string root;                          // dataset location; empty = the dataset's default
+  int64_t batch_size = 128;                  // samples per step and process
+  int64_t eval_batch_size = 0;               // samples per evaluation batch; 0 = batch_size
+  int64_t workers = 2;                       // loader threads preparing batches ahead
+  int64_t prefetch = 2;                      // batches each worker prepares ahead
+  bool shuffle = true;                       // reshuffle the training set every epoch
+  bool drop_last = true;                     // drop the last incomplete training batch
+  bool normalize = true;                     // scale inputs to zero mean and unit variance
+  std::vector<int64_t> shape = {1, 28, 28};  // synthetic: sample shape (C, H, W) or (D)
+  int64_t num_classes = 10;                  // synthetic: number of classes
+  int64_t train_samples = 2048;              // synthetic: training set length
+  int64_t val_samples = 512;                 // synthetic: validation set length
+  double noise = 0.5;                        // synthetic: noise added to the class patterns
 
   template <class V>
   void visit(V& v) {
@@ -95,13 +95,13 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  int64_t epochs = 1;                // passes over the training set
-  int64_t max_steps = 0;             // >0: stop after this many optimizer steps (overrides epochs)
-  int64_t grad_accum_steps = 1;      // micro-batches per optimizer step
-  double clip_grad_norm = 0.0;       // clip gradients to this global L2 norm; 0 = off
-  double label_smoothing = 0.0;      // label smoothing of the classification loss
-  std::string loss = "cross_entropy";// loss registry name
-  bool eval_at_end = true;           // evaluate after the last step when it was not just done
+  int64_t epochs = 1;            // passes over the training set
+  int64_t max_steps = 0;         // >0: stop after this many optimizer steps (overrides epochs)
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
+  double clip_grad_norm = 0.0;   // clip gradients to this global L2 norm; 0 = off
+  double label_smoothing = 0.0;  // label smoothing of the classification loss
+  std::string loss = "cross_entropy";  // loss registry name
+  bool eval_at_end = true;             // evaluate after the last step when it was not just done
 
   template <class V>
   void visit(V& v) {
@@ -139,13 +139,13 @@ struct OptimConfig {
 };
 
 struct SchedConfig {
-  std::string name = "constant";      // scheduler registry name: constant|step|multistep|cosine|linear
-  int64_t warmup_steps = 0;           // linear warmup length in optimizer steps
-  double warmup_start_factor = 0.0;   // warmup starts at lr * this factor
-  int64_t step_size = 1000;           // step: steps after warmup between decays
-  std::vector<int64_t> milestones;    // multistep: steps after warmup at which lr decays
-  double gamma = 0.1;                 // step, multistep: decay factor
-  double min_lr = 0.0;                // cosine, linear: final learning rate
+  std::string name = "constant";  // scheduler registry name: constant|step|multistep|cosine|linear
+  int64_t warmup_steps = 0;       // linear warmup length in optimizer steps
+  double warmup_start_factor = 0.0;  // warmup starts at lr * this factor
+  int64_t step_size = 1000;          // step: steps after warmup between decays
+  std::vector<int64_t> milestones;   // multistep: steps after warmup at which lr decays
+  double gamma = 0.1;                // step, multistep: decay factor
+  double min_lr = 0.0;               // cosine, linear: final learning rate
 
   template <class V>
   void visit(V& v) {
@@ -182,17 +182,17 @@ struct DistConfig {
 };
 
 struct Config {
-  int64_t seed = 0;              // fixes initialisation, data order and augmentation
-  bool deterministic = false;    // bitwise-reproducible runs where the backend allows
-  std::string device = "auto";   // auto|cpu|cuda|cuda:N
-  RunConfig run;                 // run directory, logging, evaluation and checkpoint cadence
-  ModelConfig model;             // the network
-  DataConfig data;               // dataset and loader
-  TrainConfig train;             // loop length, accumulation, clipping, loss
-  OptimConfig optim;             // optimizer
-  SchedConfig sched;             // learning-rate schedule
-  AmpConfig amp;                 // mixed precision
-  DistConfig dist;               // distributed data parallel
+  int64_t seed = 0;             // fixes initialisation, data order and augmentation
+  bool deterministic = false;   // bitwise-reproducible runs where the backend allows
+  std::string device = "auto";  // auto|cpu|cuda|cuda:N
+  RunConfig run;                // run directory, logging, evaluation and checkpoint cadence
+  ModelConfig model;            // the network
+  DataConfig data;              // dataset and loader
+  TrainConfig train;            // loop length, accumulation, clipping, loss
+  OptimConfig optim;            // optimizer
+  SchedConfig sched;            // learning-rate schedule
+  AmpConfig amp;                // mixed precision
+  DistConfig dist;              // distributed data parallel
 
   template <class V>
   void visit(V& v) {

@@ -47,8 +47,8 @@ class ConfigError : public std::runtime_error {
 // A merged configuration and where each leaf value was last set from.
 struct LoadedConfig {
   Config cfg;
-  std::string source;                         // the top-level config file path as given
-  std::map<std::string, Location> origins;    // key path -> where it was set; defaults absent
+  std::string source;                       // the top-level config file path as given
+  std::map<std::string, Location> origins;  // key path -> where it was set; defaults absent
 
   // Where `key` was set, or a Location naming the top-level file when it kept its default.
   Location where(const std::string& key) const;

@@ -36,6 +36,11 @@ class Dataset {
   virtual Batch get(const std::vector<int64_t>& indices) const = 0;
 };
 
+// `indices` as a [B] int64 tensor for index_select; throws std::out_of_range naming `dataset`
+// when one is outside [0, size).
+torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
+                           const std::string& dataset);
+
 // What a model needs to know about the data.
 struct DataSpec {
   std::vector<int64_t> sample_shape;  // e.g. {1, 28, 28}
@@ -64,12 +69,12 @@ const DatasetRegistry& dataset_registry();
 
 struct LoaderOptions {
   int64_t batch_size = 128;
-  bool shuffle = true;       // a new permutation every epoch, from (seed, epoch) alone
-  bool drop_last = true;     // drop the final incomplete batch
-  int64_t workers = 0;       // background threads assembling batches; 0 = on the caller's thread
-  int64_t prefetch = 2;      // batches each worker keeps ready
-  uint64_t seed = 0;         // the run's seed
-  bool pin_memory = false;   // page-lock batches for asynchronous copies to a GPU
+  bool shuffle = true;      // a new permutation every epoch, from (seed, epoch) alone
+  bool drop_last = true;    // drop the final incomplete batch
+  int64_t workers = 0;      // background threads assembling batches; 0 = on the caller's thread
+  int64_t prefetch = 2;     // batches each worker keeps ready
+  uint64_t seed = 0;        // the run's seed
+  bool pin_memory = false;  // page-lock batches for asynchronous copies to a GPU
 };
 
 // Hands out the batches of one epoch at a time, in an order that depends only on

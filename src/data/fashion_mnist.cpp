@@ -48,13 +48,7 @@ class FashionMnist final : public Dataset {
   int64_t size() const override { return images_.size(0); }
 
   Batch get(const std::vector<int64_t>& indices) const override {
-    for (int64_t i : indices) {
-      if (i < 0 || i >= size()) {
-        throw std::out_of_range("fashion_mnist: index " + std::to_string(i) + " out of range [0, " +
-                                std::to_string(size()) + ")");
-      }
-    }
-    auto idx = torch::tensor(indices, torch::kInt64);  // [B]
+    auto idx = index_tensor(indices, size(), "fashion_mnist");  // [B] int64
     // [B, 1, H, W] float32 in [0, 1]
     auto x = images_.index_select(0, idx).to(torch::kFloat32).div_(255.0);
     if (normalize_) x.sub_(stats_.mean).div_(stats_.std);

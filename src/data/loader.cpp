@@ -16,16 +16,10 @@
 #include <variant>
 
 #include "data/dataset.h"
+#include "util/hash.h"
 
 namespace trainer::data {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 // The sample order of one epoch: identity, or a Fisher-Yates shuffle driven by a generator
 // seeded from (seed, epoch) alone.
@@ -33,7 +27,7 @@ std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
   if (!shuffle) return order;
-  std::mt19937_64 rng(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch) + 1)));
+  std::mt19937_64 rng(mix_seed(seed, static_cast<uint64_t>(epoch) + 1));
   for (int64_t i = n - 1; i > 0; --i) {
     // Modulo bias is below n / 2^64: negligible, and the result is the same on every platform.
     const auto j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
@@ -43,6 +37,17 @@ std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t
 }
 
 }  // namespace
+
+torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
+                           const std::string& dataset) {
+  for (int64_t i : indices) {
+    if (i < 0 || i >= size) {
+      throw std::out_of_range(dataset + ": index " + std::to_string(i) + " out of range [0, " +
+                              std::to_string(size) + ")");
+    }
+  }
+  return torch::tensor(indices, torch::kInt64);
+}
 
 struct Loader::State {
   std::shared_ptr<const Dataset> dataset;

@@ -10,20 +10,10 @@
 
 #include "data/builtin.h"
 #include "data/dataset.h"
+#include "util/hash.h"
 
 namespace trainer::data {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  return splitmix64(a ^ splitmix64(b));
-}
 
 // Stream identifiers mixed into the seed.
 constexpr uint64_t kPatternStream = 0x70617474ULL;  // the class patterns
@@ -39,14 +29,7 @@ class SyntheticDataset final : public Dataset {
   int64_t size() const override { return inputs_.size(0); }
 
   Batch get(const std::vector<int64_t>& indices) const override {
-    for (int64_t i : indices) {
-      if (i < 0 || i >= size()) {
-        throw std::out_of_range("synthetic: index " + std::to_string(i) + " out of range [0, " +
-                                std::to_string(size()) + ")");
-      }
-    }
-    // [B] int64
-    auto idx = torch::tensor(indices, torch::kInt64);
+    auto idx = index_tensor(indices, size(), "synthetic");  // [B] int64
     return Batch{inputs_.index_select(0, idx), targets_.index_select(0, idx)};
   }
 
@@ -67,9 +50,9 @@ std::shared_ptr<const Dataset> make_split(const torch::Tensor& patterns, int64_t
   auto inputs = torch::empty(full, torch::kFloat32);    // [N, ...shape]
   auto targets = torch::empty({count}, torch::kInt64);  // [N]
   auto* target_ptr = targets.data_ptr<int64_t>();
-  const uint64_t split_seed = mix(seed, stream);
+  const uint64_t split_seed = mix_seed(seed, stream);
   for (int64_t i = 0; i < count; ++i) {
-    const uint64_t sample_seed = mix(split_seed, static_cast<uint64_t>(i));
+    const uint64_t sample_seed = mix_seed(split_seed, static_cast<uint64_t>(i));
     const int64_t label =
         static_cast<int64_t>(splitmix64(sample_seed) % static_cast<uint64_t>(num_classes));
     auto gen = at::make_generator<at::CPUGeneratorImpl>(sample_seed);
@@ -96,7 +79,7 @@ Splits make_synthetic(const config::DataConfig& cfg, int64_t seed) {
   const auto useed = static_cast<uint64_t>(seed);
   std::vector<int64_t> pattern_shape = {cfg.num_classes};
   pattern_shape.insert(pattern_shape.end(), cfg.shape.begin(), cfg.shape.end());
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(mix(useed, kPatternStream));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(mix_seed(useed, kPatternStream));
   // [C, ...shape] float32, unit variance
   auto patterns = torch::randn(pattern_shape, gen, torch::kFloat32);
   // Patterns and noise are independent with mean 0, so this scale gives unit variance.

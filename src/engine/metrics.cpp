@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "util/format.h"
+
 namespace trainer::engine {
 
 MetricsWriter::MetricsWriter(const std::string& path) {
@@ -35,9 +37,11 @@ void Progress::update(int64_t step, int64_t total_steps, int64_t epoch, double l
   const int filled = static_cast<int>(std::lround(frac * kWidth));
   std::string bar(filled, '#');
   bar.resize(kWidth, '.');
-  std::fprintf(stderr, "\r\033[Kepoch %lld [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s",
+  // Before the first log line there is no loss to show yet.
+  const std::string loss_text = std::isfinite(loss) ? strprintf("%.4f", loss) : "-";
+  std::fprintf(stderr, "\r\033[Kepoch %lld [%s] %lld/%lld loss %s %.0f samples/s ETA %s",
                static_cast<long long>(epoch), bar.c_str(), static_cast<long long>(step),
-               static_cast<long long>(total_steps), loss, samples_per_sec,
+               static_cast<long long>(total_steps), loss_text.c_str(), samples_per_sec,
                format_duration(eta_seconds).c_str());
   std::fflush(stderr);
   drawn_ = true;

@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace trainer::engine {
@@ -53,8 +54,8 @@ void seed_everything(const config::Config& cfg) {
 }  // namespace
 
 struct Trainer::State {
-  const config::LoadedConfig& loaded;
-  const config::Config& cfg;
+  const config::LoadedConfig loaded;  // held by value: the caller's copy may go away first
+  const config::Config& cfg = loaded.cfg;
   torch::Device device{torch::kCPU};
   data::Splits splits;
   models::Net model;
@@ -68,16 +69,18 @@ struct Trainer::State {
   int64_t total_steps = 0;
   int64_t step = 0;  // optimizer steps taken
 
-  explicit State(const config::LoadedConfig& l) : loaded(l), cfg(l.cfg) {}
+  explicit State(const config::LoadedConfig& l) : loaded(l) {}
 
   torch::Tensor train_step(const std::vector<data::Batch>& micro_batches);
 };
 
-Trainer::Trainer(const config::LoadedConfig& loaded) : s_(std::make_unique<State>(loaded)) {
+Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State>(config)) {
+  const auto& loaded = s_->loaded;
   const auto& cfg = loaded.cfg;
   if (cfg.amp.enabled) {
-    config_error(loaded, "amp.enabled", "mixed precision is not available in this build; set "
-                                        "amp.enabled: false");
+    config_error(loaded, "amp.enabled",
+                 "mixed precision is not available in this build; set "
+                 "amp.enabled: false");
   }
   if (cfg.model.checkpointing != "none") {
     config_error(loaded, "model.checkpointing",
@@ -104,7 +107,8 @@ Trainer::Trainer(const config::LoadedConfig& loaded) : s_(std::make_unique<State
   train_opts.seed = static_cast<uint64_t>(cfg.seed);
   train_opts.pin_memory = cuda;
   data::LoaderOptions val_opts = train_opts;
-  val_opts.batch_size = cfg.data.eval_batch_size > 0 ? cfg.data.eval_batch_size : cfg.data.batch_size;
+  val_opts.batch_size =
+      cfg.data.eval_batch_size > 0 ? cfg.data.eval_batch_size : cfg.data.batch_size;
   val_opts.shuffle = false;
   val_opts.drop_last = false;
   s_->train_loader = std::make_unique<data::Loader>(s_->splits.train, train_opts);
@@ -112,18 +116,18 @@ Trainer::Trainer(const config::LoadedConfig& loaded) : s_(std::make_unique<State
   s_->steps_per_epoch = s_->train_loader->batches_per_epoch() / cfg.train.grad_accum_steps;
   if (s_->steps_per_epoch == 0) {
     config_error(loaded, "data.batch_size",
-                 "data.batch_size " + std::to_string(cfg.data.batch_size) + " x train.grad_accum_steps " +
-                     std::to_string(cfg.train.grad_accum_steps) + " leaves no full step in the " +
-                     std::to_string(s_->splits.train->size()) +
+                 "data.batch_size " + std::to_string(cfg.data.batch_size) +
+                     " x train.grad_accum_steps " + std::to_string(cfg.train.grad_accum_steps) +
+                     " leaves no full step in the " + std::to_string(s_->splits.train->size()) +
                      " training samples; use a smaller batch");
   }
   s_->total_steps =
       cfg.train.max_steps > 0 ? cfg.train.max_steps : cfg.train.epochs * s_->steps_per_epoch;
 
   // Model.
-  models::InputSpec input{s_->splits.spec.sample_shape,
-                          cfg.model.num_classes > 0 ? cfg.model.num_classes
-                                                    : s_->splits.spec.num_classes};
+  models::InputSpec input{s_->splits.spec.sample_shape, cfg.model.num_classes > 0
+                                                            ? cfg.model.num_classes
+                                                            : s_->splits.spec.num_classes};
   if (input.num_classes < s_->splits.spec.num_classes) {
     config_error(loaded, "model.num_classes",
                  "the dataset has " + std::to_string(s_->splits.spec.num_classes) +
@@ -188,7 +192,9 @@ EvalResult Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   s_->model->eval();
   const auto& device = s_->device;
-  auto zero = [&] { return torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble)); };
+  auto zero = [&] {
+    return torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
+  };
   torch::Tensor loss_sum = zero(), top1 = zero(), top5 = zero();
   int64_t samples = 0;
   s_->val_loader->start_epoch(0);
@@ -200,7 +206,7 @@ EvalResult Trainer::evaluate() {
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     const int64_t k = std::min<int64_t>(5, logits.size(1));
     auto topk = std::get<1>(logits.topk(k, /*dim=*/1));  // [B, k]
-    auto hit = topk.eq(targets.unsqueeze(1));             // [B, k]
+    auto hit = topk.eq(targets.unsqueeze(1));            // [B, k]
     top1 += hit.select(/*dim=*/1, /*index=*/0).sum();
     top5 += hit.any(/*dim=*/1).sum();
     samples += targets.size(0);
@@ -238,11 +244,16 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
     result.last_eval = evaluate();
     last_eval_step = s.step;
     const auto& e = result.last_eval;
-    metrics.write({{"split", "val"}, {"step", s.step}, {"epoch", epoch}, {"loss", e.loss},
-                   {"top1", e.top1}, {"top5", e.top5}});
-    log::info(strprintf("eval step %lld epoch %lld: loss %.4f top1 %.2f%% top5 %.2f%% (%lld samples)",
-                        static_cast<long long>(s.step), static_cast<long long>(epoch), e.loss,
-                        100.0 * e.top1, 100.0 * e.top5, static_cast<long long>(e.samples)));
+    metrics.write({{"split", "val"},
+                   {"step", s.step},
+                   {"epoch", epoch},
+                   {"loss", e.loss},
+                   {"top1", e.top1},
+                   {"top5", e.top5}});
+    log::info(
+        strprintf("eval step %lld epoch %lld: loss %.4f top1 %.2f%% top5 %.2f%% (%lld samples)",
+                  static_cast<long long>(s.step), static_cast<long long>(epoch), e.loss,
+                  100.0 * e.top1, 100.0 * e.top5, static_cast<long long>(e.samples)));
   };
   auto log_train = [&](int64_t epoch) {
     const double seconds = seconds_since(window_start);
@@ -255,14 +266,17 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
                                std::to_string(s.step) +
                                "; lower optim.lr or set train.clip_grad_norm");
     }
-    metrics.write({{"split", "train"}, {"step", s.step}, {"epoch", epoch}, {"loss", last_loss},
-                   {"lr", lr}, {"samples_per_sec", last_sps}});
+    metrics.write({{"split", "train"},
+                   {"step", s.step},
+                   {"epoch", epoch},
+                   {"loss", last_loss},
+                   {"lr", lr},
+                   {"samples_per_sec", last_sps}});
     const double eta = seconds_since(start) / s.step * static_cast<double>(s.total_steps - s.step);
-    const std::string line =
-        strprintf("step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s",
-                  static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
-                  static_cast<long long>(epoch), last_loss, lr, last_sps,
-                  format_duration(eta).c_str());
+    const std::string line = strprintf(
+        "step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s",
+        static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
+        static_cast<long long>(epoch), last_loss, lr, last_sps, format_duration(eta).c_str());
     if (progress.active()) {
       log::file_only(log::Level::info, line);
     } else {
@@ -288,7 +302,8 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       window_loss += s.train_step(micro);
       ++window_steps;
       if (s.step % cfg.run.log_every == 0 || s.step == s.total_steps) log_train(epoch);
-      const double eta = seconds_since(start) / s.step * static_cast<double>(s.total_steps - s.step);
+      const double eta =
+          seconds_since(start) / s.step * static_cast<double>(s.total_steps - s.step);
       progress.update(s.step, s.total_steps, epoch, last_loss, last_sps, eta);
       if (cfg.run.eval_every > 0 && s.step % cfg.run.eval_every == 0) run_eval(epoch);
       if (stop && stop->load()) {

@@ -11,7 +11,8 @@
 namespace trainer::losses {
 
 // Mean loss of a batch: logits [B, K], targets [B] int64 -> scalar.
-using Loss = std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& targets)>;
+using Loss =
+    std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& targets)>;
 using LossFactory = std::function<Loss(const config::TrainConfig& cfg)>;
 using LossRegistry = Registry<LossFactory>;
 

@@ -31,8 +31,8 @@ const ScheduleRegistry& schedule_registry() {
     // base * gamma^(number of milestones <= t)
     r.add("multistep", [](const config::SchedConfig& cfg, double base, int64_t) -> Decay {
       return [base, gamma = cfg.gamma, milestones = cfg.milestones](int64_t t) {
-        const auto passed = std::upper_bound(milestones.begin(), milestones.end(), t) -
-                            milestones.begin();
+        const auto passed =
+            std::upper_bound(milestones.begin(), milestones.end(), t) - milestones.begin();
         return base * std::pow(gamma, static_cast<double>(passed));
       };
     });

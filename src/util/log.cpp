@@ -4,8 +4,6 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <cstdarg>
-#include <cstdio>
 #include <memory>
 #include <utility>
 
@@ -20,11 +18,16 @@ std::string pattern(int rank) {
 
 spdlog::level::level_enum to_spdlog(Level level) {
   switch (level) {
-    case Level::trace: return spdlog::level::trace;
-    case Level::debug: return spdlog::level::debug;
-    case Level::info: return spdlog::level::info;
-    case Level::warn: return spdlog::level::warn;
-    case Level::error: return spdlog::level::err;
+    case Level::trace:
+      return spdlog::level::trace;
+    case Level::debug:
+      return spdlog::level::debug;
+    case Level::info:
+      return spdlog::level::info;
+    case Level::warn:
+      return spdlog::level::warn;
+    case Level::error:
+      return spdlog::level::err;
   }
   return spdlog::level::info;
 }
@@ -67,27 +70,12 @@ void add_file(const std::string& path, int rank) {
   spdlog::register_logger(file_logger);
 }
 
-void write(Level level, const std::string& line) { spdlog::log(to_spdlog(level), "{}", line); }
+void write(Level level, const std::string& line) {
+  spdlog::log(to_spdlog(level), "{}", line);
+}
 
 void file_only(Level level, const std::string& line) {
   if (auto logger = spdlog::get(kFileLogger)) logger->log(to_spdlog(level), "{}", line);
 }
 
 }  // namespace trainer::log
-
-namespace trainer {
-
-std::string strprintf(const char* format, ...) {
-  va_list args;
-  va_start(args, format);
-  va_list copy;
-  va_copy(copy, args);
-  const int n = std::vsnprintf(nullptr, 0, format, copy);
-  va_end(copy);
-  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
-  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, args);
-  va_end(args);
-  return out;
-}
-
-}  // namespace trainer

@@ -2,7 +2,7 @@
 //
 // spdlog stays behind this header: LibTorch ships its own fmt headers, which clash with the fmt
 // that Debian's spdlog is built against, so code that includes torch logs through these
-// functions and formats with strprintf().
+// functions and formats with strprintf() (util/format.h).
 #pragma once
 
 #include <string>
@@ -22,19 +22,20 @@ void setup(Level level, int rank);
 void add_file(const std::string& path, int rank);
 
 void write(Level level, const std::string& line);
-inline void debug(const std::string& line) { write(Level::debug, line); }
-inline void info(const std::string& line) { write(Level::info, line); }
-inline void warn(const std::string& line) { write(Level::warn, line); }
-inline void error(const std::string& line) { write(Level::error, line); }
+inline void debug(const std::string& line) {
+  write(Level::debug, line);
+}
+inline void info(const std::string& line) {
+  write(Level::info, line);
+}
+inline void warn(const std::string& line) {
+  write(Level::warn, line);
+}
+inline void error(const std::string& line) {
+  write(Level::error, line);
+}
 
 // Writes one line to the file sink only (the console shows a progress bar instead).
 void file_only(Level level, const std::string& line);
 
 }  // namespace trainer::log
-
-namespace trainer {
-
-// printf-style formatting into a std::string.
-std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 2)));
-
-}  // namespace trainer
