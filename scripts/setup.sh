@@ -40,18 +40,32 @@ if [[ -n "${Torch_DIR:-}" ]]; then
   exit 0
 fi
 VENV="$CACHE/venv-torch-$TORCH_VERSION"
+# Beside torch: numpy, tensorboard (reads our event files in a test) and matplotlib (plots).
+EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2)
 have_torch() {
   local v
   v=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null) &&
     [[ "$v" == "$TORCH_VERSION" || "$v" == "$TORCH_VERSION+"* ]]
+}
+have_extras() {
+  "$VENV/bin/python" - "${EXTRAS[@]}" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+for spec in sys.argv[1:]:
+    name, _, version = spec.partition("==")
+    if version and m.version(name) != version or not m.version(name):
+        sys.exit(1)
+PY
 }
 if ! have_torch; then
   say "installing torch==$TORCH_VERSION into $VENV (one-time, a few GB)"
   mkdir -p "$CACHE"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+  "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "${EXTRAS[@]}"
   have_torch || { say "torch $TORCH_VERSION did not install into $VENV"; exit 1; }
+elif ! have_extras; then
+  say "installing ${EXTRAS[*]} into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${EXTRAS[@]}"
 fi
 if [[ -e "$ROOT/.venv" && ! -L "$ROOT/.venv" ]]; then
   say "$ROOT/.venv exists and is not a link to $VENV; leaving it as it is"

@@ -19,6 +19,7 @@ struct RunConfig {
   int64_t keep_last = 3;          // training checkpoints kept
   int64_t threads = 0;            // intra-op CPU threads; 0 = LibTorch's default
   std::string progress = "auto";  // progress bar: auto (when stderr is a terminal)|always|never
+  bool tensorboard = true;        // also write the metrics as TensorBoard events to <dir>/tb/
 
   template <class V>
   void visit(V& v) {
@@ -29,6 +30,7 @@ struct RunConfig {
     v("keep_last", keep_last);
     v("threads", threads);
     v("progress", progress);
+    v("tensorboard", tensorboard);
   }
 };
 

@@ -4,23 +4,39 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
 
 #include "util/format.h"
 
 namespace trainer::engine {
 
-MetricsWriter::MetricsWriter(const std::string& path) {
-  if (path.empty()) return;
+MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard) {
+  const auto path = std::filesystem::path(run_dir) / "metrics.jsonl";
   out_.open(path, std::ios::out | std::ios::trunc);
-  if (!out_) throw std::runtime_error(path + ": cannot open for writing");
+  if (!out_) throw std::runtime_error(path.string() + ": cannot open for writing");
+  if (tensorboard) {
+    events_ = std::make_unique<tensorboard::EventWriter>(
+        (std::filesystem::path(run_dir) / "tb").string());
+  }
 }
 
+MetricsWriter::~MetricsWriter() = default;
+
 void MetricsWriter::write(const nlohmann::json& record) {
-  if (!out_.is_open()) return;
   out_ << record.dump() << '\n';
   out_.flush();
   if (!out_) throw std::runtime_error("writing metrics failed (disk full?)");
+  if (!events_) return;
+  const double wall_time =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string split = record.at("split").get<std::string>();
+  const int64_t step = record.at("step").get<int64_t>();
+  for (const auto& [key, value] : record.items()) {
+    if (key == "split" || key == "step" || key == "epoch" || !value.is_number()) continue;
+    const std::string tag = key == "lr" ? key : split + "/" + key;
+    events_->scalar(tag, value.get<double>(), step, wall_time);
+  }
 }
 
 Progress::Progress(const std::string& mode)

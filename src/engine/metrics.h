@@ -6,19 +6,29 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
+
+#include "util/tensorboard.h"
 
 namespace trainer::engine {
 
-// Appends one JSON object per line to a file, flushed per line so a crash loses nothing written.
+// The run's metrics: <run.dir>/metrics.jsonl, one JSON object per line, and, when enabled, the
+// same scalars as a TensorBoard event file in <run.dir>/tb/. Both are flushed per record, so a
+// crash loses nothing already written.
 class MetricsWriter {
  public:
-  // Creates (truncates) `path`; an empty path writes nothing.
-  explicit MetricsWriter(const std::string& path);
+  // Creates (truncates) metrics.jsonl in `run_dir`, and the event file when `tensorboard`.
+  MetricsWriter(const std::string& run_dir, bool tensorboard);
+  ~MetricsWriter();
+
+  // `record` has "split" ("train" or "val"), "step", "epoch" and numeric fields. TensorBoard
+  // tags are "<split>/<field>", except the learning rate, tagged "lr".
   void write(const nlohmann::json& record);
 
  private:
   std::ofstream out_;
+  std::unique_ptr<tensorboard::EventWriter> events_;
 };
 
 // A one-line progress bar on stderr, redrawn in place; inactive when stderr is not a terminal

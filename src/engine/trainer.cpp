@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <sstream>
 
 #include "data/dataset.h"
@@ -226,7 +225,7 @@ EvalResult Trainer::evaluate() {
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   auto& s = *s_;
   const auto& cfg = s.cfg;
-  MetricsWriter metrics((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string());
+  MetricsWriter metrics(cfg.run.dir, cfg.run.tensorboard);
   Progress progress(cfg.run.progress);
   FitResult result;
   const auto start = Clock::now();
