@@ -45,6 +45,16 @@ struct ModelConfig {
   int64_t fc_hidden = 128;                   // lenet: width of the hidden fully connected layer
   double dropout = 0.0;                      // dropout rate after each hidden fully connected layer
   std::string activation = "relu";           // hidden activation: relu|gelu|tanh
+  int64_t in_channels = 0;                   // resnet: input channels; 0 = the data's channels
+  std::string stem = "imagenet";             // resnet: imagenet (7x7/2 + max-pool)|cifar (3x3/1)
+  bool zero_init_residual = false;           // resnet: zero the last norm of each residual block
+  bool channels_last = false;                // resnet: NHWC memory format
+  int64_t n_layer = 12;                      // gpt: transformer blocks
+  int64_t n_head = 12;                       // gpt: attention heads (must divide n_embd)
+  int64_t n_embd = 768;                      // gpt: embedding width
+  int64_t block_size = 1024;                 // gpt: context length in tokens
+  int64_t vocab_size = 50257;                // gpt: vocabulary size
+  bool bias = true;                          // gpt: biases in linear layers and layer norms
 
   template <class V>
   void visit(V& v) {
@@ -58,6 +68,16 @@ struct ModelConfig {
     v("fc_hidden", fc_hidden);
     v("dropout", dropout);
     v("activation", activation);
+    v("in_channels", in_channels);
+    v("stem", stem);
+    v("zero_init_residual", zero_init_residual);
+    v("channels_last", channels_last);
+    v("n_layer", n_layer);
+    v("n_head", n_head);
+    v("n_embd", n_embd);
+    v("block_size", block_size);
+    v("vocab_size", vocab_size);
+    v("bias", bias);
   }
 };
 

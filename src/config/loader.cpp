@@ -994,6 +994,16 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   ge("model.fc_hidden", c.model.fc_hidden, 1);
   in01("model.dropout", c.model.dropout);
   one_of("model.activation", c.model.activation, {"relu", "gelu", "tanh"});
+  ge("model.in_channels", c.model.in_channels, 0);
+  one_of("model.stem", c.model.stem, {"imagenet", "cifar"});
+  ge("model.n_layer", c.model.n_layer, 1);
+  ge("model.n_head", c.model.n_head, 1);
+  ge("model.n_embd", c.model.n_embd, 1);
+  if (c.model.n_head >= 1 && c.model.n_embd % c.model.n_head != 0)
+    add("model.n_embd", "must be a multiple of model.n_head (" + fmt(c.model.n_head) + "), got " +
+                            fmt(c.model.n_embd));
+  ge("model.block_size", c.model.block_size, 1);
+  ge("model.vocab_size", c.model.vocab_size, 1);
   {
     const std::string& ck = c.model.checkpointing;
     bool ok = ck == "none" || ck == "blocks";
