@@ -7,5 +7,7 @@ namespace trainer::models {
 
 void register_mlp(ModelRegistry& registry);
 void register_lenet(ModelRegistry& registry);
+void register_gpt(ModelRegistry& registry);
+void register_resnet(ModelRegistry& registry);
 
 }  // namespace trainer::models

@@ -51,7 +51,10 @@ const ModelRegistry& model_registry();
 // Hidden-layer activation by name (relu|gelu|tanh).
 torch::Tensor activate(const std::string& name, const torch::Tensor& x);
 
-// Total number of parameter elements.
+// The parameters of `module`, each tensor once (tied weights appear under several names).
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module);
+
+// Total number of parameter elements, tied weights counted once.
 int64_t parameter_count(const torch::nn::Module& module);
 
 // One line per direct submodule plus `parameters: <N>`.

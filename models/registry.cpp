@@ -1,6 +1,7 @@
 #include <torch/torch.h>
 
 #include <sstream>
+#include <unordered_set>
 
 #include "models/builtin.h"
 
@@ -11,6 +12,8 @@ const ModelRegistry& model_registry() {
     ModelRegistry r("model");
     register_mlp(r);
     register_lenet(r);
+    register_gpt(r);
+    register_resnet(r);
     return r;
   }();
   return registry;
@@ -22,9 +25,20 @@ torch::Tensor activate(const std::string& name, const torch::Tensor& x) {
   return torch::relu(x);
 }
 
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module) {
+  // A tied weight (gpt's lm_head.weight and transformer.wte.weight) is registered under two names
+  // and listed twice by parameters(); keep its first appearance.
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::vector<torch::Tensor> out;
+  for (const auto& p : module.parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
+
 int64_t parameter_count(const torch::nn::Module& module) {
   int64_t n = 0;
-  for (const auto& p : module.parameters()) n += p.numel();
+  for (const auto& p : unique_parameters(module)) n += p.numel();
   return n;
 }
 

@@ -40,8 +40,9 @@ if [[ -n "${Torch_DIR:-}" ]]; then
   exit 0
 fi
 VENV="$CACHE/venv-torch-$TORCH_VERSION"
-# Beside torch: numpy, tensorboard (reads our event files in a test) and matplotlib (plots).
-EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2)
+# Beside torch: numpy, tensorboard (reads our event files in a test), matplotlib (plots) and
+# torchvision (the reference state-dict lists in tests/data, scripts/torchvision_reference.py).
+EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0)
 have_torch() {
   local v
   v=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null) &&
@@ -52,7 +53,7 @@ have_extras() {
 import importlib.metadata as m, sys
 for spec in sys.argv[1:]:
     name, _, version = spec.partition("==")
-    if version and m.version(name) != version or not m.version(name):
+    if version and m.version(name).split("+")[0] != version or not m.version(name):
         sys.exit(1)
 PY
 }

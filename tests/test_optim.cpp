@@ -122,6 +122,18 @@ TEST(Optimizer, SetLrChangesEveryGroup) {
   for (auto& g : opt->param_groups()) EXPECT_DOUBLE_EQ(g.options().get_lr(), 0.5);
 }
 
+TEST(Optimizer, TiedWeightIsUpdatedOnce) {
+  TinyImpl m;
+  m.register_parameter("tied", m.weight);  // the same tensor under a second name
+  auto cfg = optim("sgd", 0.1);
+  cfg.momentum = 0.0;
+  auto groups = split_parameters(m, cfg);
+  EXPECT_EQ(groups.decay.size(), 2u);  // weight (once) and bias
+  auto opt = make_optimizer(m, cfg);
+  run_steps(m, *opt, {0.5});
+  expect_values(m.weight, {1.0 - 0.05, -2.0 - 0.05});
+}
+
 TEST(Optimizer, UnknownNameListsTheRegisteredOnes) {
   TinyImpl m;
   try {

@@ -53,7 +53,7 @@ struct ModelConfig {
   int64_t n_head = 12;                       // gpt: attention heads (must divide n_embd)
   int64_t n_embd = 768;                      // gpt: embedding width
   int64_t block_size = 1024;                 // gpt: context length in tokens
-  int64_t vocab_size = 50257;                // gpt: vocabulary size
+  int64_t vocab_size = 50257;                // gpt: vocabulary size; 0 = the data's class count
   bool bias = true;                          // gpt: biases in linear layers and layer norms
 
   template <class V>

@@ -1003,7 +1003,7 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
     add("model.n_embd", "must be a multiple of model.n_head (" + fmt(c.model.n_head) + "), got " +
                             fmt(c.model.n_embd));
   ge("model.block_size", c.model.block_size, 1);
-  ge("model.vocab_size", c.model.vocab_size, 1);
+  ge("model.vocab_size", c.model.vocab_size, 0);
   {
     const std::string& ck = c.model.checkpointing;
     bool ok = ck == "none" || ck == "blocks";

@@ -139,7 +139,7 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
     config_error(loaded, e.key(), e.what());
   }
   s_->model->to(s_->device);
-  s_->params = s_->model->parameters();
+  s_->params = models::unique_parameters(*s_->model);
 
   // Optimizer, schedule, loss.
   s_->optimizer = optim::make_optimizer(*s_->model, cfg.optim);

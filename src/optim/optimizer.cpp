@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "models/model.h"
+
 namespace trainer::optim {
 namespace {
 
@@ -51,7 +53,7 @@ const OptimizerRegistry& optimizer_registry() {
 ParamGroups split_parameters(const torch::nn::Module& model, const config::OptimConfig& cfg) {
   ParamGroups groups;
   const bool split = cfg.weight_decay > 0.0 && !cfg.decay_bias_and_norm;
-  for (const auto& p : model.parameters()) {
+  for (const auto& p : models::unique_parameters(model)) {
     if (!p.requires_grad()) continue;
     (split && p.dim() <= 1 ? groups.no_decay : groups.decay).push_back(p);
   }

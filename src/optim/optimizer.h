@@ -26,8 +26,8 @@ using OptimizerRegistry = Registry<OptimizerFactory>;
 // sgd, adam, adamw.
 const OptimizerRegistry& optimizer_registry();
 
-// Splits the trainable parameters of `model`: 1-D tensors (biases, norm weights) go to
-// no_decay unless cfg.decay_bias_and_norm or weight decay is off.
+// Splits the trainable parameters of `model` (tied weights once): 1-D tensors (biases, norm
+// weights) go to no_decay unless cfg.decay_bias_and_norm or weight decay is off.
 ParamGroups split_parameters(const torch::nn::Module& model, const config::OptimConfig& cfg);
 
 // The optimizer named by cfg.name over the parameters of `model`.

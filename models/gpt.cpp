@@ -1,0 +1,236 @@
+// gpt: a GPT-2-style decoder-only transformer (nanoGPT's layout and parameter names).
+//
+// Input: token ids [B, T] (int64, T <= block_size). Output: next-token logits [B, T, vocab].
+// The vocabulary is `model.vocab_size`; when that is 0 the InputSpec's num_classes is used instead
+// (otherwise num_classes and sample_shape are ignored).
+//
+// lm_head's weight is tied to transformer.wte.weight: the same tensor, registered under both
+// names (as in a PyTorch state_dict), so Module::parameters() lists it twice; parameter_count()
+// counts it once.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+#include "models/builtin.h"
+
+namespace trainer::models {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// LayerNorm over the last dimension whose bias is optional (torch::nn::LayerNorm always has one).
+class GptLayerNormImpl : public torch::nn::Module {
+ public:
+  GptLayerNormImpl(int64_t dim, bool bias) : dim_(dim) {
+    weight = register_parameter("weight", torch::ones({dim}));
+    if (bias) this->bias = register_parameter("bias", torch::zeros({dim}));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    // x: [..., C]; an undefined bias means none.
+    return torch::layer_norm(x, {dim_}, weight, bias, /*eps=*/1e-5);
+  }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "LayerNorm(" << dim_ << ", bias=" << (bias.defined() ? "true" : "false") << ")";
+  }
+
+  torch::Tensor weight;
+  torch::Tensor bias;
+
+ private:
+  int64_t dim_;
+};
+TORCH_MODULE(GptLayerNorm);
+
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// Multi-head causal self-attention with fused q, k, v projection.
+class GptAttentionImpl : public torch::nn::Module {
+ public:
+  explicit GptAttentionImpl(const config::ModelConfig& cfg)
+      : n_head_(cfg.n_head), dropout_(cfg.dropout) {
+    c_attn = register_module("c_attn", linear(cfg.n_embd, 3 * cfg.n_embd, cfg.bias));
+    c_proj = register_module("c_proj", linear(cfg.n_embd, cfg.n_embd, cfg.bias));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    // x: [B, T, C]
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    const auto qkv = c_attn->forward(x).split(/*split_size=*/C, /*dim=*/2);  // 3 x [B, T, C]
+    const auto heads = [&](const torch::Tensor& t) {
+      return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
+    };
+    auto y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                              /*attn_mask=*/{},
+                                              /*dropout_p=*/is_training() ? dropout_ : 0.0,
+                                              /*is_causal=*/true);       // [B, nh, T, hs]
+    y = y.transpose(1, 2).contiguous().view({B, T, C});                  // [B, T, C]
+    return torch::dropout(c_proj->forward(y), dropout_, is_training());  // [B, T, C]
+  }
+
+  torch::nn::Linear c_attn{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+};
+TORCH_MODULE(GptAttention);
+
+class GptMlpImpl : public torch::nn::Module {
+ public:
+  explicit GptMlpImpl(const config::ModelConfig& cfg) : dropout_(cfg.dropout) {
+    c_fc = register_module("c_fc", linear(cfg.n_embd, 4 * cfg.n_embd, cfg.bias));
+    c_proj = register_module("c_proj", linear(4 * cfg.n_embd, cfg.n_embd, cfg.bias));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    // x: [B, T, C]
+    auto h = torch::gelu(c_fc->forward(x), /*approximate=*/"tanh");      // [B, T, 4C]
+    return torch::dropout(c_proj->forward(h), dropout_, is_training());  // [B, T, C]
+  }
+
+  torch::nn::Linear c_fc{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  double dropout_;
+};
+TORCH_MODULE(GptMlp);
+
+// Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+class GptBlockImpl : public torch::nn::Module {
+ public:
+  explicit GptBlockImpl(const config::ModelConfig& cfg) {
+    ln_1 = register_module("ln_1", GptLayerNorm(cfg.n_embd, cfg.bias));
+    attn = register_module("attn", GptAttention(cfg));
+    ln_2 = register_module("ln_2", GptLayerNorm(cfg.n_embd, cfg.bias));
+    mlp = register_module("mlp", GptMlp(cfg));
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    // x: [B, T, C]
+    x = x + attn->forward(ln_1->forward(x));  // [B, T, C]
+    x = x + mlp->forward(ln_2->forward(x));   // [B, T, C]
+    return x;
+  }
+
+  GptLayerNorm ln_1{nullptr};
+  GptAttention attn{nullptr};
+  GptLayerNorm ln_2{nullptr};
+  GptMlp mlp{nullptr};
+};
+TORCH_MODULE(GptBlock);
+
+// nanoGPT's `transformer` ModuleDict: embeddings, blocks `h`, final norm.
+class GptTransformerImpl : public torch::nn::Module {
+ public:
+  GptTransformerImpl(const config::ModelConfig& cfg, int64_t vocab) {
+    wte = register_module("wte", torch::nn::Embedding(vocab, cfg.n_embd));
+    wpe = register_module("wpe", torch::nn::Embedding(cfg.block_size, cfg.n_embd));
+    h = register_module("h", torch::nn::ModuleList());
+    for (int64_t i = 0; i < cfg.n_layer; ++i) {
+      blocks.push_back(GptBlock(cfg));
+      h->push_back(blocks.back());
+    }
+    ln_f = register_module("ln_f", GptLayerNorm(cfg.n_embd, cfg.bias));
+  }
+
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  std::vector<GptBlock> blocks;  // the modules in h, typed
+  GptLayerNorm ln_f{nullptr};
+};
+TORCH_MODULE(GptTransformer);
+
+// A bias-free linear layer whose weight is owned by another module (weight tying).
+class GptTiedHeadImpl : public torch::nn::Module {
+ public:
+  explicit GptTiedHeadImpl(torch::Tensor tied_weight) {
+    weight = register_parameter("weight", std::move(tied_weight));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight); }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0)
+           << ", bias=false, tied)";
+  }
+
+  torch::Tensor weight;
+};
+TORCH_MODULE(GptTiedHead);
+
+class GptImpl : public NetImpl {
+ public:
+  GptImpl(const config::ModelConfig& cfg, const InputSpec& input)
+      : block_size_(cfg.block_size), dropout_(cfg.dropout) {
+    const int64_t vocab = cfg.vocab_size > 0 ? cfg.vocab_size : input.num_classes;
+    if (vocab <= 0) {
+      throw ModelError("model.vocab_size", "gpt needs a vocabulary size > 0");
+    }
+    if (cfg.n_layer <= 0) throw ModelError("model.n_layer", "gpt needs n_layer > 0");
+    if (cfg.n_head <= 0) throw ModelError("model.n_head", "gpt needs n_head > 0");
+    if (cfg.block_size <= 0) throw ModelError("model.block_size", "gpt needs block_size > 0");
+    if (cfg.n_embd <= 0 || cfg.n_embd % cfg.n_head != 0) {
+      throw ModelError("model.n_embd", "gpt needs n_embd (" + std::to_string(cfg.n_embd) +
+                                           ") to be a positive multiple of n_head (" +
+                                           std::to_string(cfg.n_head) + ")");
+    }
+    transformer = register_module("transformer", GptTransformer(cfg, vocab));
+    lm_head = register_module("lm_head", GptTiedHead(transformer->wte->weight));
+    init_weights(cfg.n_layer);
+  }
+
+  torch::Tensor forward(torch::Tensor x) override {
+    // x: [B, T] token ids
+    TORCH_CHECK(x.dim() == 2, "gpt expects token ids [B, T]; got ", x.dim(), " dims");
+    const int64_t T = x.size(1);
+    TORCH_CHECK(T <= block_size_, "gpt: sequence length ", T, " exceeds block_size ", block_size_);
+    const auto pos = torch::arange(T, x.options().dtype(torch::kLong));      // [T]
+    auto h = transformer->wte->forward(x) + transformer->wpe->forward(pos);  // [B, T, C]
+    h = torch::dropout(h, dropout_, is_training());
+    for (auto& block : transformer->blocks) h = block->forward(h);  // [B, T, C]
+    h = transformer->ln_f->forward(h);                              // [B, T, C]
+    return lm_head->forward(h);                                     // [B, T, vocab]
+  }
+
+ private:
+  // GPT-2 init: Linear and Embedding weights N(0, 0.02), biases 0, LayerNorm 1/0, and the residual
+  // projections c_proj.weight N(0, 0.02/sqrt(2*n_layer)).
+  void init_weights(int64_t n_layer) {
+    torch::NoGradGuard no_grad;
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
+    for (auto& p : named_parameters()) {
+      if (p.value().dim() == 2) {
+        p.value().normal_(/*mean=*/0.0, ends_with(p.key(), "c_proj.weight") ? proj_std : 0.02);
+      } else if (ends_with(p.key(), ".bias")) {
+        p.value().zero_();
+      }
+    }
+  }
+
+  int64_t block_size_;
+  double dropout_;
+  GptTransformer transformer{nullptr};
+  GptTiedHead lm_head{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+}  // namespace
+
+void register_gpt(ModelRegistry& registry) {
+  registry.add("gpt", [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
+    return Gpt(cfg, input).ptr();
+  });
+}
+
+}  // namespace trainer::models

@@ -1,0 +1,222 @@
+// gpt: GPT-2's parameter count, weight tying, shapes, causality, init, and that it learns.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+#include "models/model.h"
+
+namespace trainer::models {
+namespace {
+
+config::ModelConfig small_config() {
+  config::ModelConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_embd = 32;
+  cfg.block_size = 16;
+  cfg.vocab_size = 50;
+  cfg.dropout = 0.0;
+  cfg.bias = true;
+  return cfg;
+}
+
+Net build_gpt(const config::ModelConfig& cfg) {
+  return model_registry().get("gpt")(cfg, InputSpec{{cfg.block_size}, /*num_classes=*/0});
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+TEST(Gpt, Gpt2SmallParameterCount) {
+  config::ModelConfig cfg;  // defaults: 12 layers, 12 heads, 768 wide, block 1024, vocab 50257
+  cfg.n_layer = 12;
+  cfg.n_head = 12;
+  cfg.n_embd = 768;
+  cfg.block_size = 1024;
+  cfg.vocab_size = 50257;
+  cfg.bias = true;
+  auto net = build_gpt(cfg);
+  // nanoGPT's / Hugging Face's count, the tied lm_head counted once.
+  EXPECT_EQ(parameter_count(*net), 124439808);
+}
+
+TEST(Gpt, LmHeadIsTiedToTokenEmbedding) {
+  auto net = build_gpt(small_config());
+  const auto params = net->named_parameters();
+  const auto& head = params["lm_head.weight"];
+  const auto& wte = params["transformer.wte.weight"];
+  EXPECT_TRUE(head.is_same(wte));
+  EXPECT_EQ(head.data_ptr(), wte.data_ptr());
+  EXPECT_EQ(head.sizes(), (std::vector<int64_t>{50, 32}));
+  // LibTorch's parameters() does not deduplicate: the tied tensor is listed twice, and
+  // parameter_count() counts it once.
+  int64_t listed = 0;
+  for (const auto& p : net->parameters()) listed += p.is_same(wte) ? 1 : 0;
+  EXPECT_EQ(listed, 2);
+  int64_t all = 0;
+  for (const auto& p : net->parameters()) all += p.numel();
+  EXPECT_EQ(parameter_count(*net), all - wte.numel());
+}
+
+TEST(Gpt, NanoGptParameterNames) {
+  auto net = build_gpt(small_config());
+  const auto params = net->named_parameters();
+  for (const std::string name :
+       {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+        "transformer.h.0.ln_1.bias", "transformer.h.0.attn.c_attn.weight",
+        "transformer.h.0.attn.c_attn.bias", "transformer.h.0.attn.c_proj.weight",
+        "transformer.h.1.ln_2.weight", "transformer.h.1.mlp.c_fc.weight",
+        "transformer.h.1.mlp.c_proj.bias", "transformer.ln_f.weight", "transformer.ln_f.bias",
+        "lm_head.weight"}) {
+    EXPECT_NE(params.find(name), nullptr) << name;
+  }
+  EXPECT_EQ(params.find("lm_head.bias"), nullptr);
+  EXPECT_EQ(params["transformer.h.0.attn.c_attn.weight"].sizes(),
+            (std::vector<int64_t>{96, 32}));  // C -> 3C
+  EXPECT_EQ(params["transformer.h.0.mlp.c_fc.weight"].sizes(),
+            (std::vector<int64_t>{128, 32}));  // C -> 4C
+  EXPECT_EQ(params["transformer.wpe.weight"].sizes(), (std::vector<int64_t>{16, 32}));
+}
+
+TEST(Gpt, ForwardShape) {
+  auto net = build_gpt(small_config());
+  auto x = torch::randint(/*high=*/50, {3, 10}, torch::kLong);
+  auto out = net->forward(x);
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{3, 10, 50}));
+}
+
+TEST(Gpt, FullBlockSizeAccepted) {
+  auto net = build_gpt(small_config());
+  auto out = net->forward(torch::randint(/*high=*/50, {2, 16}, torch::kLong));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 16, 50}));
+}
+
+TEST(Gpt, Causal) {
+  auto net = build_gpt(small_config());
+  net->eval();
+  auto x = torch::randint(/*high=*/50, {1, 10}, torch::kLong);
+  auto y = x.clone();
+  y[0][7] = (x[0][7].item<int64_t>() + 1) % 50;
+  const auto a = net->forward(x);  // [1, 10, 50]
+  const auto b = net->forward(y);
+  using torch::indexing::Slice;
+  EXPECT_TRUE(torch::allclose(a.index({Slice(), Slice(0, 7)}), b.index({Slice(), Slice(0, 7)}),
+                              /*rtol=*/0.0, /*atol=*/1e-6));
+  EXPECT_FALSE(torch::allclose(a.index({Slice(), 7}), b.index({Slice(), 7})));
+}
+
+TEST(Gpt, WithoutBias) {
+  auto cfg = small_config();
+  cfg.bias = false;
+  auto net = build_gpt(cfg);
+  for (const auto& p : net->named_parameters()) {
+    EXPECT_FALSE(ends_with(p.key(), ".bias")) << p.key();
+  }
+  // wte 50*32 + wpe 16*32 + 2 * (ln_1 32 + c_attn 32*96 + c_proj 32*32 + ln_2 32 + c_fc 32*128
+  // + c_proj 128*32) + ln_f 32
+  EXPECT_EQ(parameter_count(*net), 1600 + 512 + 2 * (64 + 12 * 32 * 32) + 32);
+  EXPECT_EQ(net->forward(torch::randint(/*high=*/50, {2, 5}, torch::kLong)).sizes(),
+            (std::vector<int64_t>{2, 5, 50}));
+}
+
+TEST(Gpt, RejectsSequenceLongerThanBlockSize) {
+  auto net = build_gpt(small_config());
+  try {
+    net->forward(torch::randint(/*high=*/50, {1, 17}, torch::kLong));
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("17"), std::string::npos) << what;
+    EXPECT_NE(what.find("16"), std::string::npos) << what;
+  }
+}
+
+TEST(Gpt, RejectsHeadsNotDividingWidth) {
+  auto cfg = small_config();
+  cfg.n_head = 5;
+  try {
+    build_gpt(cfg);
+    FAIL() << "expected ModelError";
+  } catch (const ModelError& e) {
+    EXPECT_EQ(e.key(), "model.n_embd");
+  }
+}
+
+TEST(Gpt, VocabularyFromInputSpecWhenZero) {
+  auto cfg = small_config();
+  cfg.vocab_size = 0;
+  auto net = model_registry().get("gpt")(cfg, InputSpec{{16}, /*num_classes=*/7});
+  EXPECT_EQ(net->forward(torch::randint(/*high=*/7, {1, 4}, torch::kLong)).sizes(),
+            (std::vector<int64_t>{1, 4, 7}));
+}
+
+TEST(Gpt, DropoutOnlyWhileTraining) {
+  auto cfg = small_config();
+  cfg.dropout = 0.2;
+  auto net = build_gpt(cfg);
+  auto x = torch::randint(/*high=*/50, {2, 12}, torch::kLong);
+  net->eval();
+  EXPECT_TRUE(torch::equal(net->forward(x), net->forward(x)));
+  net->train();
+  EXPECT_FALSE(torch::equal(net->forward(x), net->forward(x)));
+}
+
+TEST(Gpt, Gpt2Init) {
+  config::ModelConfig cfg;
+  cfg.n_layer = 4;
+  cfg.n_head = 4;
+  cfg.n_embd = 128;
+  cfg.block_size = 64;
+  cfg.vocab_size = 200;
+  auto net = build_gpt(cfg);
+  const double proj_std = 0.02 / std::sqrt(2.0 * 4);
+  int64_t projections = 0;
+  for (const auto& p : net->named_parameters()) {
+    const auto& name = p.key();
+    const auto& t = p.value();
+    if (ends_with(name, "c_proj.weight")) {
+      ++projections;
+      EXPECT_NEAR(t.std().item<double>(), proj_std, 0.1 * proj_std) << name;
+    } else if (t.dim() == 2) {  // other Linear and Embedding weights
+      EXPECT_NEAR(t.std().item<double>(), 0.02, 0.002) << name;
+    } else if (ends_with(name, ".bias")) {
+      EXPECT_EQ(t.abs().max().item<double>(), 0.0) << name;
+    } else {  // LayerNorm weights
+      EXPECT_TRUE(torch::equal(t, torch::ones_like(t))) << name;
+    }
+    if (t.dim() == 2) EXPECT_NEAR(t.mean().item<double>(), 0.0, 2e-3) << name;
+  }
+  EXPECT_EQ(projections, 2 * 4);  // attn.c_proj and mlp.c_proj per block
+}
+
+TEST(Gpt, LearnsARepeatedSequence) {
+  torch::manual_seed(0);
+  auto net = build_gpt(small_config());
+  net->train();
+  const auto pattern = torch::tensor({3, 14, 15, 9, 26, 5}, torch::kLong);
+  const auto seq = pattern.repeat({3}).slice(/*dim=*/0, /*start=*/0, /*end=*/17);  // [17]
+  const auto x = seq.slice(0, 0, 16).unsqueeze(0).repeat({4, 1});                  // [4, 16]
+  const auto y = seq.slice(0, 1, 17).unsqueeze(0).repeat({4, 1});                  // [4, 16]
+  torch::optim::AdamW optimizer(unique_parameters(*net), torch::optim::AdamWOptions(1e-2));
+  const auto loss_of = [&] {
+    const auto logits = net->forward(x);  // [4, 16, 50]
+    return torch::cross_entropy_loss(logits.view({-1, 50}), y.view({-1}));
+  };
+  const double start = loss_of().item<double>();
+  EXPECT_NEAR(start, std::log(50.0), 0.5);  // near uniform at init
+  for (int step = 0; step < 40; ++step) {
+    optimizer.zero_grad();
+    auto loss = loss_of();
+    loss.backward();
+    optimizer.step();
+  }
+  const double end = loss_of().item<double>();
+  EXPECT_LT(end, 0.5 * start) << "start " << start << " end " << end;
+}
+
+}  // namespace
+}  // namespace trainer::models
