@@ -238,6 +238,11 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   double last_loss = NAN, last_sps = 0.0;
   int64_t last_eval_step = -1;
 
+  // Seconds left at the average step time so far.
+  auto eta = [&] {
+    return seconds_since(start) / static_cast<double>(s.step) *
+           static_cast<double>(s.total_steps - s.step);
+  };
   auto run_eval = [&](int64_t epoch) {
     progress.clear();
     result.last_eval = evaluate();
@@ -271,11 +276,10 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
                    {"loss", last_loss},
                    {"lr", lr},
                    {"samples_per_sec", last_sps}});
-    const double eta = seconds_since(start) / s.step * static_cast<double>(s.total_steps - s.step);
     const std::string line = strprintf(
         "step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s",
         static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
-        static_cast<long long>(epoch), last_loss, lr, last_sps, format_duration(eta).c_str());
+        static_cast<long long>(epoch), last_loss, lr, last_sps, format_duration(eta()).c_str());
     if (progress.active()) {
       log::file_only(log::Level::info, line);
     } else {
@@ -301,9 +305,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       window_loss += s.train_step(micro);
       ++window_steps;
       if (s.step % cfg.run.log_every == 0 || s.step == s.total_steps) log_train(epoch);
-      const double eta =
-          seconds_since(start) / s.step * static_cast<double>(s.total_steps - s.step);
-      progress.update(s.step, s.total_steps, epoch, last_loss, last_sps, eta);
+      progress.update(s.step, s.total_steps, epoch, last_loss, last_sps, eta());
       if (cfg.run.eval_every > 0 && s.step % cfg.run.eval_every == 0) run_eval(epoch);
       if (stop && stop->load()) {
         result.stopped = true;
