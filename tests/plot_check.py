@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tempfile
 
+from run_check import report, train_synthetic
+
 try:
     import matplotlib  # noqa: F401
 except ImportError:
@@ -23,9 +25,7 @@ def main():
         runs = []
         for seed in (1, 2):
             run = os.path.join(tmp, f"seed{seed}")
-            subprocess.run([trainer, "--config", os.path.join(source, "configs/synthetic.yaml"),
-                            "--run-dir", run, "--set", f"seed={seed}", "--log-level", "warn"],
-                           check=True)
+            train_synthetic(trainer, source, run, f"seed={seed}")
             runs.append(run)
         out = os.path.join(tmp, "curves.png")
         r = subprocess.run([sys.executable, plot, *runs, "--out", out], capture_output=True,
@@ -39,10 +39,7 @@ def main():
                            capture_output=True, text=True)
         if r.returncode == 0 or "absent" not in r.stderr or "Traceback" in r.stderr:
             failures.append(f"missing run dir: exit {r.returncode}, stderr {r.stderr!r}")
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else "failed")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,11 @@ Exits 77 (skipped) when the tensorboard package is not installed.
 """
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
+import time
+
+from run_check import report, train_synthetic
 
 try:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -24,7 +25,8 @@ except ImportError:
 def scalars(tb_dir):
     acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)]
+            for tag in acc.Tags()["scalars"]}
 
 
 def expected(run_dir):
@@ -45,8 +47,9 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        subprocess.run([trainer, "--config", os.path.join(source, "configs/synthetic.yaml"),
-                        "--run-dir", run_dir, "--log-level", "warn"], check=True)
+        started = time.time()
+        train_synthetic(trainer, source, run_dir)
+        ended = time.time()
         want = expected(run_dir)
         got = scalars(os.path.join(run_dir, "tb"))
         if not want or not got:
@@ -55,9 +58,13 @@ def main():
             failures.append(f"tags differ: event file {sorted(got)}, metrics.jsonl {sorted(want)}")
         for tag, points in want.items():
             have = got.get(tag, [])
-            if [s for s, _ in have] != [s for s, _ in points]:
-                failures.append(f"{tag}: steps {[s for s, _ in have]} != {[s for s, _ in points]}")
-            for (_, a), (_, b) in zip(have, points):
+            if [p[0] for p in have] != [s for s, _ in points]:
+                failures.append(f"{tag}: steps {[p[0] for p in have]} != {[s for s, _ in points]}")
+            walls = [p[2] for p in have]
+            if walls != sorted(walls) or any(not started <= w <= ended for w in walls):
+                failures.append(f"{tag}: wall times {walls} not rising within the run "
+                                f"[{started}, {ended}]")
+            for (_, a, _), (_, b) in zip(have, points):
                 if abs(a - b) > 1e-6 * max(1.0, abs(b)):  # stored as float32
                     failures.append(f"{tag}: value {a} != {b}")
                     break
@@ -78,10 +85,7 @@ def main():
             failures.append(f"truncated copy: read {kept} scalars, expected {total - 1}")
         print(f"{sum(len(v) for v in got.values())} scalars under {len(got)} tags compared; "
               f"{kept} read from the truncated copy")
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else "failed")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -49,8 +49,6 @@ class Registry {
     return out;
   }
 
-  const std::string& kind() const { return kind_; }
-
  private:
   std::string kind_;
   std::map<std::string, Factory> entries_;
