@@ -5,17 +5,24 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "image_files.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using trainer::test_support::encode_jpeg;
+using trainer::test_support::ramp_image;
+using trainer::test_support::write_file;
 
 struct Result {
   int code = -1;
@@ -207,11 +214,107 @@ TEST_F(Cli, Float16AutocastOnCpuIsAConfigError) {
   EXPECT_NE(r.err.find("CUDA"), std::string::npos) << r.err;
 }
 
-TEST_F(Cli, MissingDataIsARuntimeErrorWithAHint) {
+TEST_F(Cli, MissingDataRootIsAConfigErrorWithAHint) {
   auto r = run("--config configs/quickstart.yaml --dry-run --set data.root='" +
                (dir_ / "nothing").string() + "'");
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("data.root"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("dataset-fashion-mnist"), std::string::npos) << r.err;
+}
+
+// root/<split>/<class>/<i>.jpg for two classes, `per_class` training images each and one
+// validation image.
+void write_image_folder(const fs::path& root, int per_class, int width, int height) {
+  for (const char* split : {"train", "val"}) {
+    for (int c = 0; c < 2; ++c) {
+      const fs::path dir = root / split / ("class" + std::to_string(c));
+      fs::create_directories(dir);
+      for (int i = 0; i < (split == std::string("train") ? per_class : 1); ++i) {
+        const auto rgb = ramp_image(width, height, static_cast<uint8_t>(c * 200 + i));
+        write_file((dir / (std::to_string(i) + ".jpg")).string(), encode_jpeg(rgb, width, height));
+      }
+    }
+  }
+}
+
+TEST_F(Cli, ResNet50ImagenetRecipeDryRunsAgainstAnImageFolder) {
+  // One batch of the recipe's 256.
+  write_image_folder(dir_ / "imagenet", /*per_class=*/128, /*width=*/64, /*height=*/48);
+  auto r = run("--config configs/resnet50_imagenet.yaml --dry-run --set data.root='" +
+               (dir_ / "imagenet").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("parameters: 25557032"), std::string::npos) << r.out;
+  for (const char* line :
+       {"batch_size: 256", "lr: 0.1", "momentum: 0.9", "weight_decay: 0.0001",
+        "decay_bias_and_norm: false", "label_smoothing: 0.1", "name: cosine", "warmup_epochs: 5",
+        "epochs: 90", "image_size: 224", "resize_size: 256"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  }
+}
+
+TEST_F(Cli, ImageFolderRunSkipsAndCountsACorruptImage) {
+  const fs::path root = dir_ / "images";
+  write_image_folder(root, /*per_class=*/4, /*width=*/48, /*height=*/40);
+  write_file((root / "train" / "class1" / "2.jpg").string(), {0xFF, 0xD8, 0xFF, 0xE0, 0x00});
+  const auto config = write("folder.yaml", R"(
+model: {name: resnet18, stem: cifar}
+data: {name: imagefolder, image_size: 32, resize_size: 36, batch_size: 4, workers: 2}
+train: {epochs: 1}
+optim: {name: sgd, lr: 0.01}
+run: {log_every: 1, progress: never}
+)");
+  const std::string set_root = " --set data.root='" + root.string() + "'";
+  const auto run_dir = dir_ / "run";
+  auto r =
+      run("--config '" + config.string() + "' --run-dir '" + run_dir.string() + "'" + set_root);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("class1/2.jpg: corrupt JPEG"), std::string::npos) << r.err;
+  const auto train = metrics(run_dir, "train");
+  ASSERT_EQ(train.size(), 2u);
+  EXPECT_EQ(train.back()["bad_samples"], 1);
+  EXPECT_EQ(metrics(run_dir, "val").size(), 1u);  // 2 validation images
+
+  r = run("--config '" + config.string() + "' --run-dir '" + (dir_ / "run2").string() + "'" +
+          set_root + " --set data.on_error=fail");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("class1/2.jpg: corrupt JPEG"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, GptLearnsMoreThanByteFrequencies) {
+  // Words drawn at random from a small list: the bytes within a word are predictable, so a model
+  // that has learnt anything beyond byte frequencies beats the unigram entropy.
+  const std::vector<std::string> words = {"alpha ",   "bravo ", "charlie ", "delta ", "echo ",
+                                          "foxtrot ", "golf ",  "hotel ",   "india ", "juliett "};
+  std::mt19937 gen(1);
+  std::string text;
+  while (text.size() < 40000) text += words[gen() % words.size()];
+  const auto corpus = write("corpus.txt", text);
+  // Unigram entropy of the held-out tail, in nats per byte.
+  const std::string tail = text.substr(text.size() - text.size() / 10);
+  std::map<char, double> counts;
+  for (char c : tail) counts[c] += 1.0;
+  double entropy = 0.0;
+  for (const auto& [c, n] : counts) {
+    const double p = n / static_cast<double>(tail.size());
+    entropy -= p * std::log(p);
+  }
+  const auto config = write("gpt.yaml", R"(
+model: {name: gpt, n_layer: 1, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 0, dropout: 0.0}
+data: {name: tokens, val_fraction: 0.1, batch_size: 16, workers: 1}
+train: {max_steps: 80}
+optim: {name: adamw, lr: 0.003}
+run: {log_every: 20, progress: never, eval_every: 80}
+)");
+  const auto run_dir = dir_ / "run";
+  auto r = run("--config '" + config.string() + "' --run-dir '" + run_dir.string() +
+               "' --set data.root='" + corpus.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto val = metrics(run_dir, "val");
+  ASSERT_EQ(val.size(), 1u);
+  EXPECT_FALSE(val[0].contains("top1")) << val[0].dump();
+  const double loss = val[0]["loss"].get<double>();
+  EXPECT_NEAR(val[0]["ppl"].get<double>(), std::exp(loss), 1e-6 * std::exp(loss));
+  EXPECT_LT(loss, entropy) << "unigram entropy " << entropy;
 }
 
 TEST_F(Cli, UsageErrors) {

@@ -576,6 +576,36 @@ TEST_F(ConfigTest, MoreRangeRules) {
   EXPECT_HAS(issues_for({"data.noise=-0.5"}), "data.noise: must be >= 0, got -0.5");
 }
 
+TEST_F(ConfigTest, DataPipelineRules) {
+  auto path = write("d.yaml", "seed: 1\n");
+  auto issues_for = [&](const std::vector<std::string>& sets) {
+    auto l = load(path, sets);
+    std::string all;
+    for (const auto& i : validate(l, Environment{})) all += i.str() + "\n";
+    return all;
+  };
+  EXPECT_EQ(
+      issues_for({"data.hflip=1", "data.crop_padding=4", "data.mean=[0.5]", "data.std=[0.2]"}), "");
+  EXPECT_HAS(issues_for({"data.hflip=1.5"}), "data.hflip: must be a probability in [0, 1]");
+  EXPECT_HAS(issues_for({"data.crop_padding=-1"}), "data.crop_padding: must be >= 0");
+  EXPECT_HAS(issues_for({"data.mean=[0.5, 0.5, 0.5]"}),
+             "data.std: must have as many entries as data.mean (3), got 0");
+  EXPECT_HAS(issues_for({"data.mean=[0.1, 0.2]", "data.std=[1, 1]"}),
+             "data.mean: must have 1 or 3 entries");
+  EXPECT_HAS(issues_for({"data.mean=[0.5]", "data.std=[0]"}), "data.std: every entry must be > 0");
+  EXPECT_HAS(issues_for({"data.crop_scale=[0.5, 0.2]"}),
+             "data.crop_scale: must be two numbers [low, high] with 0 < low <= high <= 1");
+  EXPECT_HAS(issues_for({"data.crop_ratio=[0.75]"}), "data.crop_ratio: must be two numbers");
+  EXPECT_HAS(issues_for({"data.image_size=300"}), "data.resize_size: must be >= data.image_size");
+  EXPECT_HAS(issues_for({"data.on_error=ignore"}), "data.on_error: must be one of skip, fail");
+  EXPECT_HAS(issues_for({"data.token_format=u16"}),
+             "data.token_format: must be one of auto, uint16, bytes");
+  EXPECT_HAS(issues_for({"data.val_fraction=1"}), "data.val_fraction: must be in (0, 1)");
+  EXPECT_HAS(issues_for({"sched.warmup_epochs=5", "sched.warmup_steps=10"}),
+             "sched.warmup_epochs: set either");
+  EXPECT_EQ(issues_for({"sched.warmup_epochs=0.5"}), "");
+}
+
 TEST_F(ConfigTest, AmpFloat16OnCpu) {
   auto path = write("amp.yaml", "device: cpu\namp:\n  enabled: true\n  dtype: float16\n");
   auto l = load(path, {});

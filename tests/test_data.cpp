@@ -1,9 +1,11 @@
-// Datasets (synthetic, fashion_mnist) and the batch loader.
+// Datasets (synthetic, fashion_mnist, cifar10), in-memory image augmentation, the batch loader
+// and its sharding.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +18,7 @@
 
 #include "config/config.h"
 #include "data/dataset.h"
+#include "data/memory_images.h"
 #include "idx_files.h"
 #include "temp_dir.h"
 
@@ -167,6 +170,9 @@ class FashionMnistTest : public ::testing::Test {
       make(cfg, /*seed=*/0);
     } catch (const DataError& e) {
       return e.what();
+    } catch (const DataConfigError& e) {
+      EXPECT_EQ(e.key(), "data.root");
+      return e.what();
     }
     ADD_FAILURE() << "no DataError";
     return "";
@@ -275,7 +281,9 @@ class IndexDataset : public Dataset {
   explicit IndexDataset(int64_t n, int64_t throw_at = -1, int delay_ms = 0)
       : n_(n), throw_at_(throw_at), delay_ms_(delay_ms) {}
   int64_t size() const override { return n_; }
-  Batch get(const std::vector<int64_t>& indices) const override {
+
+ protected:
+  Batch fetch(const std::vector<int64_t>& indices, const Epoch& /*epoch*/) const override {
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
     for (int64_t i : indices) {
       if (i == throw_at_) throw std::runtime_error("bad sample " + std::to_string(i));
@@ -429,6 +437,205 @@ TEST(LoaderTest, RejectsBadOptions) {
   auto data = std::make_shared<IndexDataset>(10);
   EXPECT_THROW(Loader(data, options(0, 0, true)), std::invalid_argument);
   EXPECT_THROW(Loader(data, options(5, -1, true)), std::invalid_argument);
+}
+
+// --- Sharding ----------------------------------------------------------------------------------
+
+TEST(ShardTest, PartitionsAnEpochExactlyAcrossRanks) {
+  for (int64_t n : {10, 11, 12, 2}) {
+    for (int64_t world : {1, 2, 3}) {
+      for (bool drop_last : {false, true}) {
+        std::multiset<int64_t> seen;
+        size_t per_rank = 0;
+        for (int64_t rank = 0; rank < world; ++rank) {
+          const auto mine =
+              shard_order(n, /*shuffle=*/true, drop_last, /*seed=*/4, /*epoch=*/1, rank, world);
+          if (rank == 0) per_rank = mine.size();
+          EXPECT_EQ(mine.size(), per_rank) << "every rank takes as many steps";
+          seen.insert(mine.begin(), mine.end());
+        }
+        const std::string where = "n " + std::to_string(n) + " world " + std::to_string(world) +
+                                  (drop_last ? " drop_last" : " padded");
+        if (drop_last) {
+          // Disjoint, n - n % world samples, none twice.
+          EXPECT_EQ(per_rank, static_cast<size_t>(n / world)) << where;
+          EXPECT_EQ(seen.size(), static_cast<size_t>(n - n % world)) << where;
+          for (int64_t i : seen) EXPECT_EQ(seen.count(i), 1u) << where;
+        } else {
+          // Every sample at least once; the padding repeats at most world - 1 of them.
+          EXPECT_EQ(per_rank, static_cast<size_t>((n + world - 1) / world)) << where;
+          for (int64_t i = 0; i < n; ++i) EXPECT_GE(seen.count(i), 1u) << where << " i " << i;
+          EXPECT_EQ(seen.size() - static_cast<size_t>(n),
+                    static_cast<size_t>((world - n % world) % world))
+              << where;
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardTest, OneRankIsTheWholeEpochAndEpochsReshuffle) {
+  const auto all = shard_order(50, true, false, 9, 0, 0, 1);
+  std::vector<int64_t> sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(sorted[static_cast<size_t>(i)], i);
+  EXPECT_NE(all, shard_order(50, true, false, 9, 1, 0, 1));
+  // Ranks interleave the same epoch order.
+  const auto r1 = shard_order(50, true, false, 9, 0, 1, 2);
+  for (size_t i = 0; i < r1.size(); ++i) EXPECT_EQ(r1[i], all[2 * i + 1]);
+  EXPECT_THROW(shard_order(50, true, false, 9, 0, 2, 2), std::invalid_argument);
+}
+
+TEST(ShardTest, LoaderServesItsRanksShard) {
+  auto data = std::make_shared<IndexDataset>(23);
+  std::multiset<int64_t> seen;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    auto o = options(4, /*workers=*/2, /*drop_last=*/false);
+    o.rank = rank;
+    o.world_size = 3;
+    Loader loader(data, o);
+    EXPECT_EQ(loader.samples_per_epoch(), 8);
+    EXPECT_EQ(loader.batches_per_epoch(), 2);
+    for (const auto& b : epoch(loader, 2)) seen.insert(b.begin(), b.end());
+  }
+  EXPECT_EQ(seen.size(), 24u);
+  for (int64_t i = 0; i < 23; ++i) EXPECT_GE(seen.count(i), 1u);
+  auto bad = options(4, 0, false);
+  bad.rank = 3;
+  bad.world_size = 3;
+  EXPECT_THROW(Loader(data, bad), std::invalid_argument);
+}
+
+// --- In-memory image augmentation and CIFAR-10 ----------------------------------------------
+
+// [N, C, H, W] uint8 with distinct values.
+torch::Tensor test_images(int64_t n, int64_t c, int64_t h, int64_t w) {
+  return torch::arange(n * c * h * w, torch::kInt64)
+      .remainder(251)
+      .add(1)
+      .to(torch::kUInt8)
+      .view({n, c, h, w});
+}
+
+TEST(MemoryImagesTest, FlipAndPaddedCropAreShiftsOfTheImage) {
+  const auto images = test_images(6, 2, 5, 7);
+  const auto labels = torch::arange(6, torch::kInt64);
+  ImageTransform plain;
+  const MemoryImages base("t", images, labels, plain);
+  ImageTransform flip;
+  flip.hflip = 1.0;
+  const MemoryImages flipped("t", images, labels, flip);
+  const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
+  const auto x = base.get(all).inputs;  // [6, 2, 5, 7] in [0, 1]
+  EXPECT_TRUE(torch::allclose(x, images.to(torch::kFloat32) / 255.0));
+  EXPECT_TRUE(torch::equal(flipped.get(all).inputs, x.flip({3})));
+
+  ImageTransform crop;
+  crop.crop_padding = 2;
+  const MemoryImages cropped("t", images, labels, crop);
+  std::set<std::pair<int64_t, int64_t>> shifts;
+  for (int64_t epoch = 0; epoch < 8; ++epoch) {
+    const auto y = cropped.get(all, Epoch{5, epoch}).inputs;
+    for (int64_t i = 0; i < 6; ++i) {
+      // Exactly one shift (dy, dx) in [-2, 2]^2 with zero fill reproduces the sample.
+      int matches = 0;
+      for (int64_t dy = -2; dy <= 2; ++dy) {
+        for (int64_t dx = -2; dx <= 2; ++dx) {
+          auto padded = torch::constant_pad_nd(x[i], {2, 2, 2, 2}, 0.0);  // [2, 9, 11]
+          auto window = padded.slice(1, 2 + dy, 2 + dy + 5).slice(2, 2 + dx, 2 + dx + 7);
+          if (torch::equal(window, y[i])) {
+            ++matches;
+            shifts.insert({dy, dx});
+          }
+        }
+      }
+      EXPECT_EQ(matches, 1) << "epoch " << epoch << " sample " << i;
+    }
+  }
+  EXPECT_GT(shifts.size(), 10u);
+  // A sample's draw depends on (seed, epoch, index) only, not on the rest of the batch.
+  EXPECT_TRUE(torch::equal(cropped.get({4}, Epoch{5, 3}).inputs[0],
+                           cropped.get(all, Epoch{5, 3}).inputs[4]));
+}
+
+TEST(MemoryImagesTest, NormalisesPerChannel) {
+  const auto images = test_images(4, 3, 4, 4);
+  std::vector<double> mean, std;
+  channel_stats(images, mean, std);
+  ASSERT_EQ(mean.size(), 3u);
+  ImageTransform t;
+  t.mean = mean;
+  t.std = std;
+  const MemoryImages d("t", images, torch::zeros({4}, torch::kInt64), t);
+  const auto x = d.get({0, 1, 2, 3}).inputs.to(torch::kFloat64);  // [4, 3, 4, 4]
+  for (int64_t c = 0; c < 3; ++c) {
+    auto ch = x.select(1, c);
+    EXPECT_NEAR(ch.mean().item<double>(), 0.0, 1e-5);
+    EXPECT_NEAR(ch.std(/*unbiased=*/false).item<double>(), 1.0, 1e-5);
+  }
+}
+
+class Cifar10Test : public ::testing::Test {
+ protected:
+  // `records` records with label i % 10 and pixel bytes (i + j) % 256.
+  void write_batch(const std::string& name, int records, int64_t truncate = 0) {
+    std::vector<uint8_t> bytes;
+    for (int i = 0; i < records; ++i) {
+      bytes.push_back(static_cast<uint8_t>(i % 10));
+      for (int j = 0; j < 3072; ++j) bytes.push_back(static_cast<uint8_t>((i + j) % 256));
+    }
+    bytes.resize(bytes.size() - static_cast<size_t>(truncate));
+    fs::create_directories(tmp_ / "cifar-10-batches-bin");
+    write_bytes(tmp_ / "cifar-10-batches-bin" / name, bytes, /*gzip=*/false);
+  }
+  void write_all() {
+    for (int k = 1; k <= 5; ++k) write_batch("data_batch_" + std::to_string(k) + ".bin", 3);
+    write_batch("test_batch.bin", 4);
+  }
+  config::DataConfig config() const {
+    config::DataConfig cfg;
+    cfg.name = "cifar10";
+    cfg.root = tmp_.path().string();  // the archive's parent folder
+    cfg.normalize = false;
+    return cfg;
+  }
+  test_support::TempDir tmp_{"cifar"};
+};
+
+TEST_F(Cifar10Test, ReadsTheBinaryVersion) {
+  write_all();
+  const Splits s = make(config(), 0);
+  EXPECT_EQ(s.train->size(), 15);
+  EXPECT_EQ(s.val->size(), 4);
+  EXPECT_EQ(s.spec.sample_shape, (std::vector<int64_t>{3, 32, 32}));
+  EXPECT_EQ(s.spec.num_classes, 10);
+  const Batch b = s.train->get({4});  // record 1 of data_batch_2
+  EXPECT_EQ(b.targets[0].item<int64_t>(), 1);
+  // Planar RGB: channel c, row y, column x is byte 1 + c * 1024 + y * 32 + x of the record.
+  const int64_t c = 2, y = 3, x = 5, j = c * 1024 + y * 32 + x;
+  EXPECT_FLOAT_EQ(b.inputs[0][c][y][x].item<float>(), static_cast<float>((1 + j) % 256) / 255.0f);
+}
+
+TEST_F(Cifar10Test, WrongSizeNamesTheFile) {
+  write_all();
+  write_batch("data_batch_3.bin", 3, /*truncate=*/100);
+  try {
+    make(config(), 0);
+    ADD_FAILURE() << "no DataError";
+  } catch (const DataError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("data_batch_3.bin: 9119 bytes is not a whole number of CIFAR-10 records"),
+              std::string::npos)
+        << msg;
+  }
+  auto cfg = config();
+  cfg.root = (tmp_ / "absent").string();
+  try {
+    make(cfg, 0);
+    ADD_FAILURE() << "no DataConfigError";
+  } catch (const DataConfigError& e) {
+    EXPECT_EQ(e.key(), "data.root");
+  }
 }
 
 }  // namespace

@@ -174,7 +174,11 @@ int train(int argc, char** argv) {
     return kRuntimeError;
   }
   const auto& e = result.last_eval;
-  if (e.samples > 0) {
+  if (e.samples > 0 && e.sequence) {
+    trainer::log::info(trainer::strprintf("done: %lld steps in %.1f s; test loss %.4f, ppl %.3f",
+                                          static_cast<long long>(result.steps), result.seconds,
+                                          e.loss, e.ppl));
+  } else if (e.samples > 0) {
     trainer::log::info(trainer::strprintf(
         "done: %lld steps in %.1f s; test loss %.4f, top-1 accuracy %.2f%%, top-5 %.2f%%",
         static_cast<long long>(result.steps), result.seconds, e.loss, 100.0 * e.top1,

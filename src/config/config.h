@@ -96,6 +96,20 @@ struct DataConfig {
   int64_t train_samples = 2048;              // synthetic: training set length
   int64_t val_samples = 512;                 // synthetic: validation set length
   double noise = 0.5;                        // synthetic: noise added to the class patterns
+  std::string on_error = "skip";    // an unreadable sample: skip (warn, count, substitute) or fail
+  std::vector<double> mean;         // per-channel normalisation mean; empty = the dataset's own
+  std::vector<double> stdev;        // (key `std`) per-channel normalisation std; empty = dataset's
+  int64_t crop_padding = 0;         // cifar10, fashion_mnist: zero-pad training images, random crop
+  double hflip = 0.0;               // probability of flipping a training image horizontally
+  std::string train_dir = "train";  // imagefolder: training sub-folder of root
+  std::string val_dir = "val";      // imagefolder: validation sub-folder of root
+  int64_t image_size = 224;         // imagefolder: side of the square train and eval crops
+  int64_t resize_size = 256;        // imagefolder: eval resizes the shorter side to this first
+  std::vector<double> crop_scale = {0.08, 1.0};  // imagefolder: random-resized-crop area range
+  std::vector<double> crop_ratio = {0.75, 4.0 / 3.0};  // imagefolder: crop aspect-ratio range
+  std::string token_format = "auto";  // tokens: uint16 (nanoGPT .bin), bytes, auto (by suffix)
+  int64_t seq_len = 0;                // tokens: tokens per sample; 0 = model.block_size
+  double val_fraction = 0.1;          // tokens: tail of a single file held out for validation
 
   template <class V>
   void visit(V& v) {
@@ -113,6 +127,20 @@ struct DataConfig {
     v("train_samples", train_samples);
     v("val_samples", val_samples);
     v("noise", noise);
+    v("on_error", on_error);
+    v("mean", mean);
+    v("std", stdev);
+    v("crop_padding", crop_padding);
+    v("hflip", hflip);
+    v("train_dir", train_dir);
+    v("val_dir", val_dir);
+    v("image_size", image_size);
+    v("resize_size", resize_size);
+    v("crop_scale", crop_scale);
+    v("crop_ratio", crop_ratio);
+    v("token_format", token_format);
+    v("seq_len", seq_len);
+    v("val_fraction", val_fraction);
   }
 };
 
@@ -163,6 +191,7 @@ struct OptimConfig {
 struct SchedConfig {
   std::string name = "constant";  // scheduler registry name: constant|step|multistep|cosine|linear
   int64_t warmup_steps = 0;       // linear warmup length in optimizer steps
+  double warmup_epochs = 0.0;     // warmup length in epochs instead (> 0 overrides warmup_steps)
   double warmup_start_factor = 0.0;  // warmup starts at lr * this factor
   int64_t step_size = 1000;          // step: steps after warmup between decays
   std::vector<int64_t> milestones;   // multistep: steps after warmup at which lr decays
@@ -173,6 +202,7 @@ struct SchedConfig {
   void visit(V& v) {
     v("name", name);
     v("warmup_steps", warmup_steps);
+    v("warmup_epochs", warmup_epochs);
     v("warmup_start_factor", warmup_start_factor);
     v("step_size", step_size);
     v("milestones", milestones);

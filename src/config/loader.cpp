@@ -1033,6 +1033,36 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   ge("data.train_samples", c.data.train_samples, 1);
   ge("data.val_samples", c.data.val_samples, 1);
   ge_d("data.noise", c.data.noise, 0.0);
+  one_of("data.on_error", c.data.on_error, {"skip", "fail"});
+  if (!c.data.mean.empty() && c.data.mean.size() != 1 && c.data.mean.size() != 3)
+    add("data.mean",
+        "must have 1 or 3 entries (one per channel), got " + std::to_string(c.data.mean.size()));
+  if (c.data.stdev.size() != c.data.mean.size())
+    add("data.std", "must have as many entries as data.mean (" +
+                        std::to_string(c.data.mean.size()) + "), got " +
+                        std::to_string(c.data.stdev.size()));
+  for (size_t i = 0; i < c.data.stdev.size(); ++i)
+    if (!(c.data.stdev[i] > 0.0))
+      add("data.std", "every entry must be > 0, got " + fmt(c.data.stdev[i]) + " at item " +
+                          std::to_string(i + 1));
+  ge("data.crop_padding", c.data.crop_padding, 0);
+  if (!(c.data.hflip >= 0.0 && c.data.hflip <= 1.0))
+    add("data.hflip", "must be a probability in [0, 1], got " + fmt(c.data.hflip));
+  ge("data.image_size", c.data.image_size, 1);
+  ge("data.resize_size", c.data.resize_size, 1);
+  if (c.data.resize_size >= 1 && c.data.image_size > c.data.resize_size)
+    add("data.resize_size", "must be >= data.image_size (" + fmt(c.data.image_size) + "), got " +
+                                fmt(c.data.resize_size));
+  auto range = [&](const std::string& key, const std::vector<double>& r, double lo, double hi) {
+    if (r.size() != 2 || !(r[0] > lo && r[0] <= r[1] && r[1] <= hi))
+      add(key, "must be two numbers [low, high] with " + fmt(lo) + " < low <= high <= " + fmt(hi));
+  };
+  range("data.crop_scale", c.data.crop_scale, 0.0, 1.0);
+  range("data.crop_ratio", c.data.crop_ratio, 0.0, 100.0);
+  one_of("data.token_format", c.data.token_format, {"auto", "uint16", "bytes"});
+  ge("data.seq_len", c.data.seq_len, 0);
+  if (!(c.data.val_fraction > 0.0 && c.data.val_fraction < 1.0))
+    add("data.val_fraction", "must be in (0, 1), got " + fmt(c.data.val_fraction));
 
   // train
   if (c.train.max_steps <= 0 && c.train.epochs < 1)
@@ -1062,6 +1092,9 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
 
   // sched
   ge("sched.warmup_steps", c.sched.warmup_steps, 0);
+  ge_d("sched.warmup_epochs", c.sched.warmup_epochs, 0.0);
+  if (c.sched.warmup_epochs > 0.0 && c.sched.warmup_steps > 0)
+    add("sched.warmup_epochs", "set either sched.warmup_steps or sched.warmup_epochs, not both");
   if (!(c.sched.warmup_start_factor >= 0.0 && c.sched.warmup_start_factor <= 1.0))
     add("sched.warmup_start_factor", "must be in [0, 1], got " + fmt(c.sched.warmup_start_factor));
   ge("sched.step_size", c.sched.step_size, 1);

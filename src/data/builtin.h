@@ -7,5 +7,8 @@ namespace trainer::data {
 
 void register_synthetic(DatasetRegistry& registry);
 void register_fashion_mnist(DatasetRegistry& registry);
+void register_cifar10(DatasetRegistry& registry);
+void register_imagefolder(DatasetRegistry& registry);
+void register_tokens(DatasetRegistry& registry);
 
 }  // namespace trainer::data

@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -20,10 +21,22 @@
 
 namespace trainer::data {
 
-// A batch on the host: inputs [B, ...sample_shape] float32, targets [B] int64.
+// A batch on the host: inputs [B, ...sample_shape] (float32 images or int64 tokens), targets
+// [B] int64 class indices or [B, T] int64 next tokens.
 struct Batch {
   torch::Tensor inputs;
   torch::Tensor targets;
+  int64_t bad_samples = 0;  // unreadable samples replaced by others in this batch
+};
+
+// Which epoch a batch belongs to: per-sample randomness (augmentation, window offsets) is drawn
+// from a generator seeded by (seed, epoch, index) alone, so it depends on neither the thread that
+// assembles the batch nor the number of workers.
+struct Epoch {
+  uint64_t seed = 0;  // the run's seed
+  int64_t index = 0;  // 0-based epoch number
+  // The seed of sample `sample` in this epoch.
+  uint64_t sample_seed(int64_t sample) const;
 };
 
 // Random-access samples. get() is called from several loader threads at once.
@@ -32,8 +45,13 @@ class Dataset {
   virtual ~Dataset() = default;
   // Number of samples.
   virtual int64_t size() const = 0;
-  // The samples at `indices` (each in [0, size())), stacked in that order.
-  virtual Batch get(const std::vector<int64_t>& indices) const = 0;
+  // The samples at `indices` (each in [0, size())), stacked in that order, as drawn in `epoch`.
+  Batch get(const std::vector<int64_t>& indices, const Epoch& epoch = Epoch{}) const {
+    return fetch(indices, epoch);
+  }
+
+ protected:
+  virtual Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const = 0;
 };
 
 // `indices` as a [B] int64 tensor for index_select; throws std::out_of_range naming `dataset`
@@ -43,8 +61,9 @@ torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
 
 // What a model needs to know about the data.
 struct DataSpec {
-  std::vector<int64_t> sample_shape;  // e.g. {1, 28, 28}
-  int64_t num_classes = 0;
+  std::vector<int64_t> sample_shape;  // e.g. {1, 28, 28}, or {T} for token sequences
+  int64_t num_classes = 0;            // classes, or the vocabulary size of token sequences
+  bool sequence = false;              // targets are [B, T] next tokens (language modelling)
 };
 
 struct Splits {
@@ -60,11 +79,27 @@ class DataError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown for settings the data rejects (a missing data.root, data.mean of the wrong length, ...);
+// the engine reports it as a config error at the key's YAML location.
+class DataConfigError : public std::invalid_argument {
+ public:
+  DataConfigError(std::string key, const std::string& message)
+      : std::invalid_argument(key + ": " + message), key_(std::move(key)), message_(message) {}
+  // The config key the problem is about, e.g. "data.root".
+  const std::string& key() const { return key_; }
+  // The message without the key.
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string key_;
+  std::string message_;
+};
+
 // Builds the splits from the data section; `seed` is the run's seed.
 using DatasetFactory = std::function<Splits(const config::DataConfig& cfg, int64_t seed)>;
 using DatasetRegistry = Registry<DatasetFactory>;
 
-// The built-in datasets (synthetic, fashion_mnist).
+// The built-in datasets (synthetic, fashion_mnist, cifar10, imagefolder, tokens).
 const DatasetRegistry& dataset_registry();
 
 struct LoaderOptions {
@@ -75,10 +110,19 @@ struct LoaderOptions {
   int64_t prefetch = 2;     // batches each worker keeps ready
   uint64_t seed = 0;        // the run's seed
   bool pin_memory = false;  // page-lock batches for asynchronous copies to a GPU
+  int64_t rank = 0;         // this process's shard of every epoch
+  int64_t world_size = 1;   // number of shards
 };
 
+// The sample indices rank `rank` of `world_size` sees in epoch `epoch`: the epoch's order (a
+// permutation from (seed, epoch) when shuffling, else 0..n-1), cut to a multiple of world_size
+// when drop_last, else padded with its own first indices, then every world_size-th entry from
+// `rank`. Across ranks, every sample appears exactly once per epoch (once or twice when padded).
+std::vector<int64_t> shard_order(int64_t n, bool shuffle, bool drop_last, uint64_t seed,
+                                 int64_t epoch, int64_t rank, int64_t world_size);
+
 // Hands out the batches of one epoch at a time, in an order that depends only on
-// (seed, epoch), never on the number of workers or on timing.
+// (seed, epoch, rank, world_size), never on the number of workers or on timing.
 class Loader {
  public:
   Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
@@ -86,9 +130,9 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // Batches in one epoch.
+  // Batches in one epoch of this rank.
   int64_t batches_per_epoch() const;
-  // Samples in one epoch (batches_per_epoch() batches; the last may be short).
+  // Samples in one epoch of this rank (batches_per_epoch() batches; the last may be short).
   int64_t samples_per_epoch() const;
 
   // Starts epoch `epoch` (0-based) at batch `first_batch`, abandoning any epoch in progress.

@@ -1,66 +1,23 @@
 // The `fashion_mnist` dataset: the four IDX files of Fashion-MNIST (raw or gzip-compressed),
-// held in memory as uint8 and converted to float per batch.
-#include <sys/stat.h>
+// held in memory as uint8 and converted to float per batch, with optional pad-and-crop and flip.
 #include <torch/torch.h>
 
-#include <array>
-#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "data/builtin.h"
 #include "data/dataset.h"
+#include "data/files.h"
 #include "data/idx.h"
+#include "data/memory_images.h"
 
 namespace trainer::data {
 namespace {
 
-// std::filesystem is avoided here: libtorch.so exports its own copies of some of its functions.
-bool is_file(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool is_directory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 constexpr const char* kDefaultRoot = "/usr/share/datasets/fashion-mnist";
 constexpr const char* kHint = "install the Debian package dataset-fashion-mnist or set data.root";
 constexpr int64_t kNumClasses = 10;
-
-struct Stats {
-  double mean = 0.0;
-  double std = 1.0;
-};
-
-class FashionMnist final : public Dataset {
- public:
-  // images: [N, 1, H, W] uint8, labels: [N] int64.
-  FashionMnist(torch::Tensor images, torch::Tensor labels, bool normalize, Stats stats)
-      : images_(std::move(images)),
-        labels_(std::move(labels)),
-        normalize_(normalize),
-        stats_(stats) {}
-
-  int64_t size() const override { return images_.size(0); }
-
-  Batch get(const std::vector<int64_t>& indices) const override {
-    auto idx = index_tensor(indices, size(), "fashion_mnist");  // [B] int64
-    // [B, 1, H, W] float32 in [0, 1]
-    auto x = images_.index_select(0, idx).to(torch::kFloat32).div_(255.0);
-    if (normalize_) x.sub_(stats_.mean).div_(stats_.std);
-    return Batch{x, labels_.index_select(0, idx)};
-  }
-
- private:
-  torch::Tensor images_;  // [N, 1, H, W] uint8
-  torch::Tensor labels_;  // [N] int64
-  bool normalize_;
-  Stats stats_;
-};
 
 // `dir/base.gz`, else `dir/base`; DataError naming both when neither exists.
 std::string find_file(const std::string& dir, const std::string& base) {
@@ -122,30 +79,13 @@ Split load_split(const std::string& dir, const std::string& prefix) {
   return split;
 }
 
-// Mean and standard deviation of the pixels scaled to [0, 1], from a histogram of the bytes.
-Stats pixel_stats(const torch::Tensor& images) {
-  std::array<int64_t, 256> hist{};
-  const auto* p = images.data_ptr<uint8_t>();
-  const int64_t n = images.numel();
-  for (int64_t i = 0; i < n; ++i) ++hist[p[i]];
-  double sum = 0.0, sum_sq = 0.0;
-  for (int v = 0; v < 256; ++v) {
-    const double x = v / 255.0;
-    sum += x * static_cast<double>(hist[v]);
-    sum_sq += x * x * static_cast<double>(hist[v]);
-  }
-  Stats s;
-  s.mean = sum / static_cast<double>(n);
-  const double var = sum_sq / static_cast<double>(n) - s.mean * s.mean;
-  s.std = var > 1e-12 ? std::sqrt(var) : 1.0;
-  return s;
-}
-
 Splits make_fashion_mnist(const config::DataConfig& cfg, int64_t /*seed*/) {
-  std::string dir = cfg.root.empty() ? std::string(kDefaultRoot) : cfg.root;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string dir = strip_slashes(cfg.root.empty() ? std::string(kDefaultRoot) : cfg.root);
   if (!is_directory(dir)) {
-    throw DataError(dir + ": no such directory (looking for train-images-idx3-ubyte.gz); " + kHint);
+    throw DataConfigError("data.root", dir +
+                                           ": no such directory (looking for "
+                                           "train-images-idx3-ubyte.gz); " +
+                                           kHint);
   }
   Split train = load_split(dir, "train");
   Split val = load_split(dir, "t10k");
@@ -155,14 +95,18 @@ Splits make_fashion_mnist(const config::DataConfig& cfg, int64_t /*seed*/) {
                     std::to_string(train.images.size(2)) + "x" +
                     std::to_string(train.images.size(3)));
   }
-  const Stats stats = pixel_stats(train.images);
+  std::vector<double> mean, std;
+  channel_stats(train.images, mean, std);
+  check_normalisation(cfg, /*channels=*/1);
   Splits splits;
   splits.spec.sample_shape = {1, train.images.size(2), train.images.size(3)};
   splits.spec.num_classes = kNumClasses;
-  splits.train = std::make_shared<FashionMnist>(std::move(train.images), std::move(train.labels),
-                                                cfg.normalize, stats);
-  splits.val = std::make_shared<FashionMnist>(std::move(val.images), std::move(val.labels),
-                                              cfg.normalize, stats);
+  splits.train =
+      std::make_shared<MemoryImages>("fashion_mnist", std::move(train.images),
+                                     std::move(train.labels), train_transform(cfg, mean, std));
+  splits.val =
+      std::make_shared<MemoryImages>("fashion_mnist", std::move(val.images), std::move(val.labels),
+                                     eval_transform(cfg, mean, std));
   return splits;
 }
 

@@ -36,7 +36,37 @@ std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t
   return order;
 }
 
+// The number of samples each rank sees per epoch.
+int64_t shard_size(int64_t n, bool drop_last, int64_t world_size) {
+  return drop_last ? n / world_size : (n + world_size - 1) / world_size;
+}
+
+// Stream identifier of per-sample seeds.
+constexpr uint64_t kSampleStream = 0x73616d706c65ULL;
+
 }  // namespace
+
+uint64_t Epoch::sample_seed(int64_t sample) const {
+  return mix_seed(mix_seed(mix_seed(seed, kSampleStream), static_cast<uint64_t>(index)),
+                  static_cast<uint64_t>(sample));
+}
+
+std::vector<int64_t> shard_order(int64_t n, bool shuffle, bool drop_last, uint64_t seed,
+                                 int64_t epoch, int64_t rank, int64_t world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("shard_order: rank " + std::to_string(rank) +
+                                " is not in [0, world_size " + std::to_string(world_size) + ")");
+  }
+  std::vector<int64_t> order = epoch_order(n, shuffle, seed, epoch);
+  const int64_t per_rank = shard_size(n, drop_last, world_size);
+  const int64_t total = per_rank * world_size;
+  // Padding repeats the order from its start (more than once when n < world_size).
+  for (int64_t i = n; i < total; ++i) order.push_back(order[static_cast<size_t>(i % n)]);
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(per_rank));
+  for (int64_t i = rank; i < total; i += world_size) mine.push_back(order[static_cast<size_t>(i)]);
+  return mine;
+}
 
 torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
                            const std::string& dataset) {
@@ -53,12 +83,13 @@ struct Loader::State {
   std::shared_ptr<const Dataset> dataset;
   LoaderOptions options;
   bool pin = false;  // options.pin_memory and a GPU is present
-  int64_t size = 0;  // dataset samples
+  int64_t size = 0;  // samples of this rank per epoch
   int64_t num_batches = 0;
 
   // The current epoch; written only by the caller's thread while no worker runs.
   bool started = false;
-  std::vector<int64_t> order;  // sample indices of the epoch
+  std::vector<int64_t> order;  // sample indices of the epoch on this rank
+  Epoch epoch;                 // seeds the samples' randomness
   int64_t next = 0;            // the next batch next() hands out
   int64_t end = 0;             // one past the last batch
 
@@ -74,7 +105,7 @@ struct Loader::State {
     const int64_t begin = k * options.batch_size;
     const int64_t stop_at = std::min(begin + options.batch_size, size);
     std::vector<int64_t> indices(order.begin() + begin, order.begin() + stop_at);
-    Batch b = dataset->get(indices);
+    Batch b = dataset->get(indices, epoch);
     if (pin) {
       b.inputs = b.inputs.pin_memory();
       b.targets = b.targets.pin_memory();
@@ -135,7 +166,12 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
   state_->dataset = std::move(dataset);
   state_->options = options;
   state_->pin = options.pin_memory && torch::cuda::is_available();
-  state_->size = state_->dataset->size();
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    throw std::invalid_argument("Loader: rank " + std::to_string(options.rank) +
+                                " is not in [0, world_size " + std::to_string(options.world_size) +
+                                ")");
+  }
+  state_->size = shard_size(state_->dataset->size(), options.drop_last, options.world_size);
   const int64_t b = options.batch_size;
   state_->num_batches = options.drop_last ? state_->size / b : (state_->size + b - 1) / b;
 }
@@ -161,7 +197,10 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
                             std::to_string(s.num_batches) + "]");
   }
   s.stop_workers();
-  s.order = epoch_order(s.size, s.options.shuffle, s.options.seed, epoch);
+  const auto& o = s.options;
+  s.order =
+      shard_order(s.dataset->size(), o.shuffle, o.drop_last, o.seed, epoch, o.rank, o.world_size);
+  s.epoch = Epoch{o.seed, epoch};
   s.next = first_batch;
   s.end = s.num_batches;
   s.started = true;

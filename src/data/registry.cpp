@@ -8,6 +8,9 @@ const DatasetRegistry& dataset_registry() {
     DatasetRegistry r("dataset");
     register_synthetic(r);
     register_fashion_mnist(r);
+    register_cifar10(r);
+    register_imagefolder(r);
+    register_tokens(r);
     return r;
   }();
   return registry;

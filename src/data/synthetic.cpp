@@ -4,7 +4,6 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -28,7 +27,8 @@ class SyntheticDataset final : public Dataset {
 
   int64_t size() const override { return inputs_.size(0); }
 
-  Batch get(const std::vector<int64_t>& indices) const override {
+ protected:
+  Batch fetch(const std::vector<int64_t>& indices, const Epoch& /*epoch*/) const override {
     auto idx = index_tensor(indices, size(), "synthetic");  // [B] int64
     return Batch{inputs_.index_select(0, idx), targets_.index_select(0, idx)};
   }
@@ -65,16 +65,16 @@ std::shared_ptr<const Dataset> make_split(const torch::Tensor& patterns, int64_t
 
 Splits make_synthetic(const config::DataConfig& cfg, int64_t seed) {
   if (cfg.shape.empty() || cfg.shape.size() > 3) {
-    throw std::invalid_argument("data.shape: synthetic samples need 1 to 3 dimensions, got " +
-                                std::to_string(cfg.shape.size()));
+    throw DataConfigError("data.shape", "synthetic samples need 1 to 3 dimensions, got " +
+                                            std::to_string(cfg.shape.size()));
   }
   for (int64_t d : cfg.shape) {
-    if (d <= 0) throw std::invalid_argument("data.shape: sizes must be positive");
+    if (d <= 0) throw DataConfigError("data.shape", "sizes must be positive");
   }
-  if (cfg.num_classes < 2) throw std::invalid_argument("data.num_classes: must be at least 2");
-  if (cfg.train_samples <= 0) throw std::invalid_argument("data.train_samples: must be positive");
-  if (cfg.val_samples < 0) throw std::invalid_argument("data.val_samples: must not be negative");
-  if (!(cfg.noise >= 0.0)) throw std::invalid_argument("data.noise: must not be negative");
+  if (cfg.num_classes < 2) throw DataConfigError("data.num_classes", "must be at least 2");
+  if (cfg.train_samples <= 0) throw DataConfigError("data.train_samples", "must be positive");
+  if (cfg.val_samples < 0) throw DataConfigError("data.val_samples", "must not be negative");
+  if (!(cfg.noise >= 0.0)) throw DataConfigError("data.noise", "must not be negative");
 
   const auto useed = static_cast<uint64_t>(seed);
   std::vector<int64_t> pattern_shape = {cfg.num_classes};

@@ -66,7 +66,8 @@ struct Trainer::State {
   std::vector<torch::Tensor> params;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  int64_t step = 0;  // optimizer steps taken
+  int64_t step = 0;         // optimizer steps taken
+  int64_t bad_samples = 0;  // unreadable samples replaced so far
 
   explicit State(const config::LoadedConfig& l) : loaded(l) {}
 
@@ -95,7 +96,18 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
   s_->device = pick_device(cfg.device);
 
   // Data (built before the model: the model's input and output sizes come from it).
-  s_->splits = data::dataset_registry().get(cfg.data.name)(cfg.data, cfg.seed);
+  config::DataConfig data_cfg = cfg.data;
+  if (data_cfg.seq_len == 0) data_cfg.seq_len = cfg.model.block_size;
+  if (data_cfg.seq_len > cfg.model.block_size && cfg.model.name == "gpt") {
+    config_error(loaded, "data.seq_len",
+                 "data.seq_len " + std::to_string(data_cfg.seq_len) + " exceeds model.block_size " +
+                     std::to_string(cfg.model.block_size) + "; use 0 to take the block size");
+  }
+  try {
+    s_->splits = data::dataset_registry().get(cfg.data.name)(data_cfg, cfg.seed);
+  } catch (const data::DataConfigError& e) {
+    config_error(loaded, e.key(), e.message());
+  }
   const bool cuda = s_->device.is_cuda();
   data::LoaderOptions train_opts;
   train_opts.batch_size = cfg.data.batch_size;
@@ -127,6 +139,13 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
   models::InputSpec input{s_->splits.spec.sample_shape, cfg.model.num_classes > 0
                                                             ? cfg.model.num_classes
                                                             : s_->splits.spec.num_classes};
+  if (s_->splits.spec.sequence && cfg.model.vocab_size > 0 &&
+      cfg.model.vocab_size < s_->splits.spec.num_classes) {
+    config_error(loaded, "model.vocab_size",
+                 "the token data has ids up to " + std::to_string(s_->splits.spec.num_classes - 1) +
+                     ", beyond model.vocab_size " + std::to_string(cfg.model.vocab_size) +
+                     "; use 0 to take the data's vocabulary");
+  }
   if (input.num_classes < s_->splits.spec.num_classes) {
     config_error(loaded, "model.num_classes",
                  "the dataset has " + std::to_string(s_->splits.spec.num_classes) +
@@ -143,7 +162,12 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
 
   // Optimizer, schedule, loss.
   s_->optimizer = optim::make_optimizer(*s_->model, cfg.optim);
-  s_->schedule = std::make_unique<optim::Schedule>(cfg.sched, cfg.optim.lr, s_->total_steps);
+  config::SchedConfig sched = cfg.sched;
+  if (sched.warmup_epochs > 0.0) {
+    sched.warmup_steps =
+        std::llround(sched.warmup_epochs * static_cast<double>(s_->steps_per_epoch));
+  }
+  s_->schedule = std::make_unique<optim::Schedule>(sched, cfg.optim.lr, s_->total_steps);
   s_->loss_fn = losses::loss_registry().get(cfg.train.loss)(cfg.train);
 }
 
@@ -171,7 +195,7 @@ torch::Tensor Trainer::State::train_step(const std::vector<data::Batch>& micro_b
   torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
   for (const auto& batch : micro_batches) {
     auto inputs = batch.inputs.to(device, /*non_blocking=*/true);    // [B, ...]
-    auto targets = batch.targets.to(device, /*non_blocking=*/true);  // [B]
+    auto targets = batch.targets.to(device, /*non_blocking=*/true);  // [B] or [B, T]
     auto loss = loss_fn(model->forward(inputs), targets) / accum;
     loss.backward();
     step_loss += loss.detach();
@@ -194,30 +218,36 @@ EvalResult Trainer::evaluate() {
   auto zero = [&] {
     return torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
   };
+  // Sums over predictions: one per sample, or one per token for sequences.
   torch::Tensor loss_sum = zero(), top1 = zero(), top5 = zero();
-  int64_t samples = 0;
+  int64_t predictions = 0;
   s_->val_loader->start_epoch(0);
   while (auto batch = s_->val_loader->next()) {
-    auto inputs = batch->inputs.to(device, /*non_blocking=*/true);    // [B, ...]
-    auto targets = batch->targets.to(device, /*non_blocking=*/true);  // [B]
-    auto logits = s_->model->forward(inputs);                         // [B, K]
+    s_->bad_samples += batch->bad_samples;
+    auto inputs = batch->inputs.to(device, /*non_blocking=*/true);  // [B, ...]
+    // [N] with N = B, or B * T for sequences
+    auto targets = batch->targets.to(device, /*non_blocking=*/true).flatten();
+    auto logits = s_->model->forward(inputs);                     // [B, K] or [B, T, K]
+    logits = logits.reshape({targets.size(0), logits.size(-1)});  // [N, K]
     loss_sum += torch::nn::functional::cross_entropy(
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     const int64_t k = std::min<int64_t>(5, logits.size(1));
-    auto topk = std::get<1>(logits.topk(k, /*dim=*/1));  // [B, k]
-    auto hit = topk.eq(targets.unsqueeze(1));            // [B, k]
+    auto topk = std::get<1>(logits.topk(k, /*dim=*/1));  // [N, k]
+    auto hit = topk.eq(targets.unsqueeze(1));            // [N, k]
     top1 += hit.select(/*dim=*/1, /*index=*/0).sum();
     top5 += hit.any(/*dim=*/1).sum();
-    samples += targets.size(0);
+    predictions += targets.size(0);
   }
   s_->model->train();
   EvalResult r;
-  r.samples = samples;
-  if (samples > 0) {
-    const double n = static_cast<double>(samples);
+  r.samples = predictions;
+  r.sequence = s_->splits.spec.sequence;
+  if (predictions > 0) {
+    const double n = static_cast<double>(predictions);
     r.loss = loss_sum.item<double>() / n;
     r.top1 = top1.item<double>() / n;
     r.top5 = top5.item<double>() / n;
+    r.ppl = std::exp(r.loss);
   }
   return r;
 }
@@ -248,6 +278,14 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
     result.last_eval = evaluate();
     last_eval_step = s.step;
     const auto& e = result.last_eval;
+    if (e.sequence) {
+      metrics.write(
+          {{"split", "val"}, {"step", s.step}, {"epoch", epoch}, {"loss", e.loss}, {"ppl", e.ppl}});
+      log::info(strprintf("eval step %lld epoch %lld: loss %.4f ppl %.3f (%lld tokens)",
+                          static_cast<long long>(s.step), static_cast<long long>(epoch), e.loss,
+                          e.ppl, static_cast<long long>(e.samples)));
+      return;
+    }
     metrics.write({{"split", "val"},
                    {"step", s.step},
                    {"epoch", epoch},
@@ -275,7 +313,8 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
                    {"epoch", epoch},
                    {"loss", last_loss},
                    {"lr", lr},
-                   {"samples_per_sec", last_sps}});
+                   {"samples_per_sec", last_sps},
+                   {"bad_samples", s.bad_samples}});
     const std::string line = strprintf(
         "step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s",
         static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
@@ -301,6 +340,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       for (int64_t m = 0; m < cfg.train.grad_accum_steps; ++m) {
         micro.push_back(*s.train_loader->next());
         window_samples += micro.back().targets.size(0);
+        s.bad_samples += micro.back().bad_samples;
       }
       window_loss += s.train_step(micro);
       ++window_steps;

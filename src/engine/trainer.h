@@ -11,12 +11,14 @@
 
 namespace trainer::engine {
 
-// One pass over the validation split.
+// One pass over the validation split. Predictions are samples, or tokens for language models.
 struct EvalResult {
-  double loss = 0.0;  // mean cross-entropy (no label smoothing)
-  double top1 = 0.0;  // fraction of samples whose target is the arg-max
-  double top5 = 0.0;  // fraction whose target is among the 5 highest logits
-  int64_t samples = 0;
+  double loss = 0.0;      // mean cross-entropy per prediction (no label smoothing)
+  double top1 = 0.0;      // fraction of predictions whose target is the arg-max
+  double top5 = 0.0;      // fraction whose target is among the 5 highest logits
+  double ppl = 0.0;       // perplexity, exp(loss)
+  int64_t samples = 0;    // predictions made
+  bool sequence = false;  // a language model: predictions are tokens, ppl is the headline
 };
 
 // What fit() did.

@@ -11,7 +11,10 @@ const LossRegistry& loss_registry() {
       const auto options =
           torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(cfg.label_smoothing);
       return [options](const torch::Tensor& logits, const torch::Tensor& targets) {
-        return torch::nn::functional::cross_entropy(logits, targets, options);
+        // Sequences: [B, T, K] logits and [B, T] targets become B * T predictions.
+        auto flat_targets = targets.flatten();                          // [N]
+        auto flat_logits = logits.reshape({flat_targets.size(0), -1});  // [N, K]
+        return torch::nn::functional::cross_entropy(flat_logits, flat_targets, options);
       };
     });
     return r;

@@ -10,7 +10,8 @@
 
 namespace trainer::losses {
 
-// Mean loss of a batch: logits [B, K], targets [B] int64 -> scalar.
+// Mean loss of a batch: logits [B, K] and targets [B] int64, or for sequences logits [B, T, K]
+// and targets [B, T] (the mean over all B * T tokens) -> scalar.
 using Loss =
     std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& targets)>;
 using LossFactory = std::function<Loss(const config::TrainConfig& cfg)>;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Loader throughput on real-sized JPEGs: the trainer's imagefolder pipeline (bench_data) beside
+# torchvision's ImageFolder + DataLoader, same files, same training transform, same worker count.
+#
+#   scripts/bench_loader.sh [DIR]      DIR: where the image folder is made (default
+#                                      ~/.cache/trainer/bench_jpeg_500x375), reused when present
+# Environment: WORKERS (2), BATCH (64), BATCHES (40), BUILD (build).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DIR=${1:-${TRAINER_CACHE:-$HOME/.cache/trainer}/bench_jpeg_500x375}
+WORKERS=${WORKERS:-2}
+BATCH=${BATCH:-64}
+BATCHES=${BATCHES:-40}
+BUILD=${BUILD:-$ROOT/build}
+PY="$ROOT/.venv/bin/python"
+
+"$PY" "$ROOT/scripts/bench_loader.py" make "$DIR"
+ninja -C "$BUILD" bench_data >/dev/null
+
+config=$(mktemp --suffix=.yaml)
+trap 'rm -f "$config"' EXIT
+cat >"$config" <<YAML
+data:
+  name: imagefolder
+  root: $DIR
+  batch_size: $BATCH
+  workers: $WORKERS
+  hflip: 0.5
+YAML
+
+ours=$("$BUILD/bench_data" --config "$config" --batches "$BATCHES")
+theirs=$("$PY" "$ROOT/scripts/bench_loader.py" torchvision "$DIR" --batch "$BATCH" \
+         --workers "$WORKERS" --batches "$BATCHES")
+"$PY" - "$ours" "$theirs" <<'PY'
+import json, os, platform, sys
+import torch, torchvision, PIL
+ours, theirs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(f"machine: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}, torchvision "
+      f"{torchvision.__version__}, Pillow {PIL.__version__}")
+print(f"trainer imagefolder: {ours['images_per_sec']:.0f} images/s ({ours['workers']} threads, batch {ours['batch_size']})")
+print(f"torchvision:         {theirs['images_per_sec']:.0f} images/s ({theirs['workers']} workers, batch {theirs['batch_size']})")
+print(f"ratio: {ours['images_per_sec'] / theirs['images_per_sec']:.2f}x")
+PY

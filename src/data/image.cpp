@@ -1,0 +1,245 @@
+#include "data/image.h"
+
+#include <spng.h>
+#include <torch/torch.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "data/dataset.h"
+
+namespace trainer::data {
+namespace {
+
+// The largest side accepted; larger headers are treated as corrupt.
+constexpr int64_t kMaxSide = 1 << 15;
+
+bool is_jpeg(const std::vector<uint8_t>& b) {
+  return b.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF;
+}
+
+bool is_png(const std::vector<uint8_t>& b) {
+  static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  return b.size() >= 8 && std::memcmp(b.data(), sig, 8) == 0;
+}
+
+[[noreturn]] void not_an_image(const std::string& path) {
+  throw DataError(path + ": not a JPEG or PNG image");
+}
+
+// One decompressor per thread: libjpeg-turbo handles are not thread-safe, and making one per
+// image costs an allocation of some kilobytes.
+tjhandle jpeg_decoder() {
+  thread_local std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), &tjDestroy);
+  if (!handle) throw DataError(std::string("libjpeg-turbo: ") + tjGetErrorStr2(nullptr));
+  return handle.get();
+}
+
+struct JpegHeader {
+  int width = 0, height = 0, colorspace = 0;
+};
+
+JpegHeader jpeg_header(const std::vector<uint8_t>& bytes, const std::string& path) {
+  JpegHeader h;
+  int subsamp = 0;
+  tjhandle tj = jpeg_decoder();
+  if (tjDecompressHeader3(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), &h.width,
+                          &h.height, &subsamp, &h.colorspace) != 0) {
+    throw DataError(path + ": corrupt JPEG header: " + tjGetErrorStr2(tj));
+  }
+  if (h.width <= 0 || h.height <= 0 || h.width > kMaxSide || h.height > kMaxSide) {
+    throw DataError(path + ": corrupt JPEG: size " + std::to_string(h.width) + "x" +
+                    std::to_string(h.height) + " in the header is out of range");
+  }
+  return h;
+}
+
+// The smallest DCT scale keeping `region` at least min_side on both sides.
+tjscalingfactor pick_scale(const Rect& region, int64_t min_side) {
+  int count = 0;
+  const tjscalingfactor* factors = tjGetScalingFactors(&count);
+  tjscalingfactor best{1, 1};
+  double best_value = 1.0;
+  for (int i = 0; i < count; ++i) {
+    const double f = static_cast<double>(factors[i].num) / factors[i].denom;
+    if (f > 1.0 || f >= best_value) continue;
+    if (std::floor(static_cast<double>(region.width) * f) >= static_cast<double>(min_side) &&
+        std::floor(static_cast<double>(region.height) * f) >= static_cast<double>(min_side)) {
+      best = factors[i];
+      best_value = f;
+    }
+  }
+  return best;
+}
+
+Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
+                  int64_t min_side) {
+  const JpegHeader h = jpeg_header(bytes, path);
+  const tjscalingfactor sf = min_side > 0 ? pick_scale(region, min_side) : tjscalingfactor{1, 1};
+  Image img;
+  img.width = TJSCALED(h.width, sf);
+  img.height = TJSCALED(h.height, sf);
+  const bool cmyk = h.colorspace == TJCS_CMYK || h.colorspace == TJCS_YCCK;
+  const int channels = cmyk ? 4 : 3;
+  std::vector<uint8_t> pixels(static_cast<size_t>(img.width * img.height * channels));
+  tjhandle tj = jpeg_decoder();
+  const int rc =
+      tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), pixels.data(),
+                    static_cast<int>(img.width), /*pitch=*/0, static_cast<int>(img.height),
+                    cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_FASTDCT);
+  if (rc != 0) {
+    const std::string why = tjGetErrorStr2(tj);
+    // Warnings leave a usable image (e.g. extraneous bytes before a marker), except a truncated
+    // file, whose missing rows come out grey.
+    if (tjGetErrorCode(tj) != TJERR_WARNING || why.find("Premature end") != std::string::npos) {
+      throw DataError(path + ": corrupt JPEG: " + why);
+    }
+  }
+  if (cmyk) {
+    // Adobe's inverted CMYK, as JPEG files store it: channel = C * K / 255.
+    img.rgb.resize(static_cast<size_t>(img.width * img.height * 3));
+    for (size_t i = 0, n = static_cast<size_t>(img.width * img.height); i < n; ++i) {
+      const unsigned k = pixels[4 * i + 3];
+      for (size_t c = 0; c < 3; ++c)
+        img.rgb[3 * i + c] = static_cast<uint8_t>(pixels[4 * i + c] * k / 255);
+    }
+  } else {
+    img.rgb = std::move(pixels);
+  }
+  if (sf.num != sf.denom) {
+    // The region in decoded pixels, kept inside the image.
+    const double f = static_cast<double>(sf.num) / sf.denom;
+    Rect r;
+    r.x = std::min<int64_t>(static_cast<int64_t>(std::floor(region.x * f)), img.width - 1);
+    r.y = std::min<int64_t>(static_cast<int64_t>(std::floor(region.y * f)), img.height - 1);
+    r.width = std::clamp<int64_t>(std::llround(region.width * f), 1, img.width - r.x);
+    r.height = std::clamp<int64_t>(std::llround(region.height * f), 1, img.height - r.y);
+    region = r;
+  }
+  return img;
+}
+
+struct SpngDeleter {
+  void operator()(spng_ctx* ctx) const { spng_ctx_free(ctx); }
+};
+using SpngContext = std::unique_ptr<spng_ctx, SpngDeleter>;
+
+SpngContext png_context(const std::vector<uint8_t>& bytes, const std::string& path,
+                        spng_ihdr& ihdr) {
+  SpngContext ctx(spng_ctx_new(0));
+  if (!ctx) throw DataError(path + ": out of memory for the PNG decoder");
+  spng_set_image_limits(ctx.get(), kMaxSide, kMaxSide);
+  int rc = spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size());
+  if (rc == 0) rc = spng_get_ihdr(ctx.get(), &ihdr);
+  if (rc != 0) throw DataError(path + ": corrupt PNG: " + spng_strerror(rc));
+  return ctx;
+}
+
+Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path) {
+  spng_ihdr ihdr{};
+  SpngContext ctx = png_context(bytes, path, ihdr);
+  // RGBA8 is the output format libspng converts every PNG colour type and depth to.
+  size_t size = 0;
+  int rc = spng_decoded_image_size(ctx.get(), SPNG_FMT_RGBA8, &size);
+  std::vector<uint8_t> rgba(size);
+  if (rc == 0) rc = spng_decode_image(ctx.get(), rgba.data(), size, SPNG_FMT_RGBA8, 0);
+  if (rc != 0) throw DataError(path + ": corrupt PNG: " + spng_strerror(rc));
+  Image img;
+  img.width = ihdr.width;
+  img.height = ihdr.height;
+  img.rgb.resize(static_cast<size_t>(img.width * img.height * 3));
+  for (size_t i = 0, n = static_cast<size_t>(img.width * img.height); i < n; ++i) {
+    std::memcpy(&img.rgb[3 * i], &rgba[4 * i], 3);
+  }
+  return img;
+}
+
+}  // namespace
+
+void image_size(const std::vector<uint8_t>& bytes, const std::string& path, int64_t& width,
+                int64_t& height) {
+  if (is_jpeg(bytes)) {
+    const JpegHeader h = jpeg_header(bytes, path);
+    width = h.width;
+    height = h.height;
+  } else if (is_png(bytes)) {
+    spng_ihdr ihdr{};
+    png_context(bytes, path, ihdr);
+    width = ihdr.width;
+    height = ihdr.height;
+  } else {
+    not_an_image(path);
+  }
+}
+
+Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
+                   int64_t min_side) {
+  if (is_jpeg(bytes)) return decode_jpeg(bytes, path, region, min_side);
+  if (is_png(bytes)) return decode_png(bytes, path);
+  not_an_image(path);
+}
+
+Rect random_resized_crop(int64_t width, int64_t height, const std::vector<double>& scale,
+                         const std::vector<double>& ratio, Rng& rng) {
+  const double area = static_cast<double>(width * height);
+  const double log_lo = std::log(ratio[0]), log_hi = std::log(ratio[1]);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * rng.uniform(scale[0], scale[1]);
+    const double aspect = std::exp(rng.uniform(log_lo, log_hi));
+    const auto w = static_cast<int64_t>(std::llround(std::sqrt(target * aspect)));
+    const auto h = static_cast<int64_t>(std::llround(std::sqrt(target / aspect)));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      const int64_t y = rng.below(height - h + 1);
+      const int64_t x = rng.below(width - w + 1);
+      return Rect{x, y, w, h};
+    }
+  }
+  // Fallback: the whole image, narrowed to the ratio range.
+  const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+  int64_t w = width, h = height;
+  if (in_ratio < ratio[0]) {
+    h = std::llround(static_cast<double>(w) / ratio[0]);
+  } else if (in_ratio > ratio[1]) {
+    w = std::llround(static_cast<double>(h) * ratio[1]);
+  }
+  return Rect{(width - w) / 2, (height - h) / 2, w, h};
+}
+
+Rect center_crop(int64_t width, int64_t height, int64_t resize, int64_t crop) {
+  // Resize: the shorter side becomes `resize`, the longer one int(resize * long / short).
+  const int64_t shorter = std::min(width, height);
+  const double f = static_cast<double>(shorter) / static_cast<double>(resize);  // source px per
+  const int64_t rw = width <= height ? resize : resize * width / height;
+  const int64_t rh = width <= height ? resize * height / width : resize;
+  // CenterCrop: offsets rounded half to even, as Python's round() in torchvision.
+  const double left = std::nearbyint(static_cast<double>(rw - crop) / 2.0);
+  const double top = std::nearbyint(static_cast<double>(rh - crop) / 2.0);
+  Rect r;
+  r.x = std::clamp<int64_t>(std::llround(left * f), 0, width - 1);
+  r.y = std::clamp<int64_t>(std::llround(top * f), 0, height - 1);
+  r.width = std::clamp<int64_t>(std::llround(static_cast<double>(crop) * f), 1, width - r.x);
+  r.height = std::clamp<int64_t>(std::llround(static_cast<double>(crop) * f), 1, height - r.y);
+  return r;
+}
+
+void crop_resize(const Image& image, const Rect& region, int64_t size, bool flip,
+                 torch::Tensor out) {
+  auto full = torch::from_blob(const_cast<uint8_t*>(image.rgb.data()),
+                               {image.height, image.width, 3}, torch::kUInt8);  // [H, W, 3]
+  // [1, 3, h, w] with channels last in memory, the layout of the vectorised uint8 kernels.
+  auto crop = full.slice(0, region.y, region.y + region.height)
+                  .slice(1, region.x, region.x + region.width)
+                  .permute({2, 0, 1})
+                  .unsqueeze(0)
+                  .contiguous(at::MemoryFormat::ChannelsLast);
+  auto resized = (region.width == size && region.height == size)
+                     ? crop
+                     : at::_upsample_bilinear2d_aa(crop, {size, size}, /*align_corners=*/false);
+  if (flip) resized = resized.flip({3});
+  out.copy_(resized[0]);
+}
+
+}  // namespace trainer::data

@@ -1,0 +1,55 @@
+// Image decoding (JPEG through libjpeg-turbo, PNG through libspng) and the crops of the image
+// transforms: torchvision's RandomResizedCrop for training, resize + center crop for evaluation.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "util/random.h"
+
+namespace trainer::data {
+
+// An 8-bit RGB image, rows of width * 3 bytes.
+struct Image {
+  int64_t width = 0;
+  int64_t height = 0;
+  std::vector<uint8_t> rgb;  // [height, width, 3]
+};
+
+// A rectangle in pixels.
+struct Rect {
+  int64_t x = 0, y = 0, width = 0, height = 0;
+};
+
+// Width and height from the header; throws DataError naming `path` for anything that is not a
+// readable JPEG or PNG.
+void image_size(const std::vector<uint8_t>& bytes, const std::string& path, int64_t& width,
+                int64_t& height);
+
+// Decodes `bytes`. A JPEG is decoded at the smallest of libjpeg-turbo's DCT scales (1/8 .. 1)
+// that keeps `region` (in full-size pixels) at least `min_side` pixels on both sides, so large
+// photos that end up as small crops decode several times faster; `region` is rescaled to the
+// decoded size. Throws DataError naming `path` for corrupt or truncated data.
+Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
+                   int64_t min_side);
+
+// torchvision's RandomResizedCrop.get_params: up to 10 tries at a random area in
+// scale[0..1] x (width * height) and a log-uniform aspect ratio in ratio[0..1], else the largest
+// central crop within the ratio range.
+Rect random_resized_crop(int64_t width, int64_t height, const std::vector<double>& scale,
+                         const std::vector<double>& ratio, Rng& rng);
+
+// torchvision's Resize(resize) + CenterCrop(crop) as one region of the original image: the
+// shorter side scaled to `resize`, then the central crop x crop.
+Rect center_crop(int64_t width, int64_t height, int64_t resize, int64_t crop);
+
+// `region` of `image`, resized to size x size with antialiased bilinear filtering (as
+// torchvision's tensor and PIL resizes), optionally mirrored, written to `out` ([3, size, size]
+// uint8, any strides).
+void crop_resize(const Image& image, const Rect& region, int64_t size, bool flip,
+                 torch::Tensor out);
+
+}  // namespace trainer::data

@@ -1,0 +1,222 @@
+// The `imagefolder` dataset: torchvision's ImageFolder layout, root/<train_dir>/<class>/**/image
+// and root/<val_dir>/<class>/**/image, JPEG or PNG. Classes are the sub-folder names sorted
+// (so class indices agree with torchvision's), files are found recursively and sorted.
+//
+// Training samples: random-resized crop (data.crop_scale, data.crop_ratio) to image_size, flip
+// with probability data.hflip; evaluation: shorter side to resize_size, center crop image_size.
+// Both normalise with data.mean/std (ImageNet's by default).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/builtin.h"
+#include "data/dataset.h"
+#include "data/files.h"
+#include "data/image.h"
+#include "util/log.h"
+#include "util/random.h"
+
+namespace trainer::data {
+namespace {
+
+const std::vector<double> kImagenetMean = {0.485, 0.456, 0.406};
+const std::vector<double> kImagenetStd = {0.229, 0.224, 0.225};
+// Unreadable images in a row (each replaced by the next one) before the run stops.
+constexpr int kMaxConsecutiveBad = 16;
+
+bool has_image_extension(const std::string& name) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  std::string ext = name.substr(dot + 1);
+  for (auto& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext == "jpg" || ext == "jpeg" || ext == "png";
+}
+
+// Image files under `dir`, recursively, in sorted order.
+void find_images(const std::string& dir, std::vector<std::string>& out) {
+  for (const auto& name : list_dir(dir)) {
+    const std::string path = dir + "/" + name;
+    if (is_directory(path)) {
+      find_images(path, out);
+    } else if (has_image_extension(name) && is_file(path)) {
+      out.push_back(path);
+    }
+  }
+}
+
+struct Index {
+  std::vector<std::string> classes;  // sorted class names
+  std::vector<std::string> paths;    // every image
+  std::vector<int64_t> labels;       // its class index
+};
+
+// Scans `dir`. `classes` given: the class folders must be among them (the validation split
+// uses the training split's class indices).
+Index scan(const std::string& dir, const std::vector<std::string>* classes) {
+  Index index;
+  for (const auto& name : list_dir(dir)) {
+    if (is_directory(dir + "/" + name)) index.classes.push_back(name);
+  }
+  if (index.classes.empty()) {
+    throw DataError(dir +
+                    ": no class folders; an image folder holds one sub-folder of images "
+                    "per class (" +
+                    dir + "/<class>/<image>.jpg)");
+  }
+  std::map<std::string, int64_t> label_of;
+  const auto& names = classes ? *classes : index.classes;
+  for (size_t i = 0; i < names.size(); ++i) label_of[names[i]] = static_cast<int64_t>(i);
+  for (const auto& cls : index.classes) {
+    auto it = label_of.find(cls);
+    if (it == label_of.end()) {
+      throw DataError(dir + "/" + cls + ": class '" + cls +
+                      "' is not among the training split's classes");
+    }
+    const size_t before = index.paths.size();
+    find_images(dir + "/" + cls, index.paths);
+    if (index.paths.size() == before) {
+      throw DataError(dir + "/" + cls + ": no images (.jpg, .jpeg or .png) in this class folder");
+    }
+    index.labels.resize(index.paths.size(), it->second);
+  }
+  if (classes) index.classes = *classes;
+  return index;
+}
+
+struct FolderOptions {
+  bool train = false;        // random-resized crop and flip; else resize + center crop
+  int64_t image_size = 224;  // output side
+  int64_t resize_size = 256;
+  std::vector<double> crop_scale, crop_ratio;
+  double hflip = 0.0;
+  bool fail_on_error = false;
+  std::vector<double> mean, std;  // empty = only scale to [0, 1]
+};
+
+class ImageFolder final : public Dataset {
+ public:
+  ImageFolder(Index index, FolderOptions options)
+      : index_(std::move(index)), options_(std::move(options)) {}
+
+  int64_t size() const override { return static_cast<int64_t>(index_.paths.size()); }
+
+ protected:
+  Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const override {
+    const auto b = static_cast<int64_t>(indices.size());
+    const int64_t s = options_.image_size;
+    auto pixels = torch::empty({b, 3, s, s}, torch::kUInt8);  // [B, 3, S, S]
+    auto labels = torch::empty({b}, torch::kInt64);           // [B]
+    Batch batch;
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t n = indices[static_cast<size_t>(i)];
+      if (n < 0 || n >= size()) index_tensor({n}, size(), "imagefolder");  // throws
+      Rng rng(epoch.sample_seed(n));
+      for (int bad = 0;; ++bad) {
+        try {
+          load(n, rng, pixels[i]);
+          break;
+        } catch (const DataError& e) {
+          if (options_.fail_on_error) throw;
+          if (bad + 1 >= kMaxConsecutiveBad) {
+            throw DataError(std::string(e.what()) + " (and " + std::to_string(bad) +
+                            " unreadable images before it in a row; check the data set)");
+          }
+          log::warn(std::string(e.what()) + "; skipped (data.on_error: skip)");
+          ++batch.bad_samples;
+          n = (n + 1) % size();
+        }
+      }
+      labels[i] = index_.labels[static_cast<size_t>(n)];
+    }
+    batch.inputs = normalise(pixels);
+    batch.targets = labels;
+    return batch;
+  }
+
+ private:
+  // Decodes sample n and writes its transformed pixels to `out` ([3, S, S] uint8).
+  void load(int64_t n, Rng& rng, torch::Tensor out) const {
+    const std::string& path = index_.paths[static_cast<size_t>(n)];
+    const std::vector<uint8_t> bytes = read_file(path);
+    int64_t width = 0, height = 0;
+    image_size(bytes, path, width, height);
+    const auto& o = options_;
+    Rect region = o.train ? random_resized_crop(width, height, o.crop_scale, o.crop_ratio, rng)
+                          : center_crop(width, height, o.resize_size, o.image_size);
+    const bool flip = o.train && rng.bernoulli(o.hflip);
+    const Image image = decode_image(bytes, path, region, o.image_size);
+    crop_resize(image, region, o.image_size, flip, std::move(out));
+  }
+
+  // [B, 3, S, S] uint8 -> float32, scaled to [0, 1] and normalised per channel.
+  torch::Tensor normalise(const torch::Tensor& pixels) const {
+    auto x = pixels.to(torch::kFloat32);
+    if (options_.mean.empty()) return x.div_(255.0);
+    std::vector<float> scale(3), shift(3);
+    for (size_t c = 0; c < 3; ++c) {
+      const size_t k = options_.mean.size() == 1 ? 0 : c;
+      scale[c] = static_cast<float>(1.0 / (255.0 * options_.std[k]));
+      shift[c] = static_cast<float>(-options_.mean[k] / options_.std[k]);
+    }
+    auto sc = torch::tensor(scale).view({1, 3, 1, 1});
+    auto sh = torch::tensor(shift).view({1, 3, 1, 1});
+    return x.mul_(sc).add_(sh);
+  }
+
+  Index index_;
+  FolderOptions options_;
+};
+
+Splits make_imagefolder(const config::DataConfig& cfg, int64_t /*seed*/) {
+  const std::string layout = "expected " + cfg.train_dir + "/<class>/<image> and " + cfg.val_dir +
+                             "/<class>/<image> under it";
+  if (cfg.root.empty()) throw DataConfigError("data.root", "set it to the image folder; " + layout);
+  const std::string root = strip_slashes(cfg.root);
+  if (!is_directory(root)) throw DataConfigError("data.root", root + ": no such directory");
+  const std::string train_dir = root + "/" + cfg.train_dir;
+  const std::string val_dir = root + "/" + cfg.val_dir;
+  if (!is_directory(train_dir)) {
+    throw DataConfigError("data.train_dir", train_dir + ": no such directory; " + layout);
+  }
+  if (!is_directory(val_dir)) {
+    throw DataConfigError("data.val_dir", val_dir + ": no such directory; " + layout);
+  }
+  if (cfg.mean.size() > 1 && cfg.mean.size() != 3) {
+    throw DataConfigError("data.mean", "give 3 entries (R, G, B) or a single value");
+  }
+  Index train = scan(train_dir, nullptr);
+  Index val = scan(val_dir, &train.classes);
+
+  FolderOptions options;
+  options.image_size = cfg.image_size;
+  options.resize_size = cfg.resize_size;
+  options.crop_scale = cfg.crop_scale;
+  options.crop_ratio = cfg.crop_ratio;
+  options.hflip = cfg.hflip;
+  options.fail_on_error = cfg.on_error == "fail";
+  if (cfg.normalize) {
+    options.mean = cfg.mean.empty() ? kImagenetMean : cfg.mean;
+    options.std = cfg.mean.empty() ? kImagenetStd : cfg.stdev;
+  }
+  Splits splits;
+  splits.spec.sample_shape = {3, cfg.image_size, cfg.image_size};
+  splits.spec.num_classes = static_cast<int64_t>(train.classes.size());
+  FolderOptions train_options = options;
+  train_options.train = true;
+  splits.train = std::make_shared<ImageFolder>(std::move(train), train_options);
+  splits.val = std::make_shared<ImageFolder>(std::move(val), options);
+  return splits;
+}
+
+}  // namespace
+
+void register_imagefolder(DatasetRegistry& registry) {
+  registry.add("imagefolder", make_imagefolder);
+}
+
+}  // namespace trainer::data

@@ -1,0 +1,196 @@
+// The `tokens` dataset for language models: a token stream, either a flat file of little-endian
+// uint16 token ids (nanoGPT's train.bin/val.bin) or the raw bytes of a text file (vocabulary
+// 256). data.root is such a file, whose last data.val_fraction is held out for validation, or a
+// folder with train.bin and val.bin. Files are memory-mapped, so corpora larger than memory work.
+//
+// A sample is a window of seq_len + 1 tokens: inputs the first seq_len, targets the last seq_len.
+// An epoch has (tokens - 1) / seq_len samples. Training windows start at random offsets drawn
+// from (seed, epoch, index); validation windows tile the split in order.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "data/builtin.h"
+#include "data/dataset.h"
+#include "data/files.h"
+#include "util/random.h"
+
+namespace trainer::data {
+namespace {
+
+// A read-only memory map of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) : path_(path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw DataError(path + ": cannot open: " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw DataError(path + ": not a regular file");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const int err = errno;
+        ::close(fd);
+        throw DataError(path + ": cannot map: " + std::strerror(err));
+      }
+      data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Tokens [begin, end) of a mapped file, 1 or 2 bytes each.
+struct TokenRange {
+  std::shared_ptr<const MappedFile> file;
+  int64_t width = 1;  // bytes per token
+  int64_t begin = 0, end = 0;
+
+  int64_t size() const { return end - begin; }
+  int64_t at(int64_t i) const {
+    const uint8_t* p = file->data() + (begin + i) * width;
+    return width == 1 ? p[0] : static_cast<int64_t>(p[0] | (p[1] << 8));  // little-endian
+  }
+  int64_t max_token() const {
+    int64_t m = 0;
+    for (int64_t i = 0; i < size(); ++i) m = std::max(m, at(i));
+    return m;
+  }
+};
+
+class Tokens final : public Dataset {
+ public:
+  Tokens(TokenRange tokens, int64_t seq_len, bool random_windows)
+      : tokens_(std::move(tokens)), seq_len_(seq_len), random_(random_windows) {}
+
+  int64_t size() const override { return (tokens_.size() - 1) / seq_len_; }
+
+ protected:
+  Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const override {
+    index_tensor(indices, size(), "tokens");  // range check
+    const auto b = static_cast<int64_t>(indices.size());
+    const int64_t t = seq_len_;
+    auto inputs = torch::empty({b, t}, torch::kInt64);   // [B, T]
+    auto targets = torch::empty({b, t}, torch::kInt64);  // [B, T]
+    auto* in = inputs.data_ptr<int64_t>();
+    auto* out = targets.data_ptr<int64_t>();
+    const int64_t last_start = tokens_.size() - t - 1;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t n = indices[static_cast<size_t>(i)];
+      int64_t start = n * t;
+      if (random_) {
+        Rng rng(epoch.sample_seed(n));
+        start = rng.below(last_start + 1);
+      }
+      for (int64_t j = 0; j < t; ++j) {
+        in[i * t + j] = tokens_.at(start + j);
+        out[i * t + j] = tokens_.at(start + j + 1);
+      }
+    }
+    return Batch{inputs, targets};
+  }
+
+ private:
+  TokenRange tokens_;
+  int64_t seq_len_;
+  bool random_;
+};
+
+TokenRange open_tokens(const std::string& path, const std::string& format) {
+  const bool uint16 = format == "uint16" || (format == "auto" && path.size() >= 4 &&
+                                             path.compare(path.size() - 4, 4, ".bin") == 0);
+  TokenRange r;
+  r.file = std::make_shared<const MappedFile>(path);
+  r.width = uint16 ? 2 : 1;
+  if (uint16 && r.file->size() % 2 != 0) {
+    throw DataError(path + ": " + std::to_string(r.file->size()) +
+                    " bytes is not a whole number of uint16 tokens; the file is truncated or "
+                    "not a token file (set data.token_format: bytes for text)");
+  }
+  r.end = static_cast<int64_t>(r.file->size()) / r.width;
+  return r;
+}
+
+void check_length(const TokenRange& r, int64_t seq_len, const std::string& what) {
+  if (r.size() < seq_len + 1) {
+    throw DataError(r.file->path() + ": " + what + " has " + std::to_string(r.size()) +
+                    " tokens, fewer than data.seq_len + 1 = " + std::to_string(seq_len + 1));
+  }
+}
+
+Splits make_tokens(const config::DataConfig& cfg, int64_t /*seed*/) {
+  if (cfg.root.empty()) {
+    throw DataConfigError("data.root",
+                          "set it to a token file (uint16 .bin, or text read as bytes) or a "
+                          "folder with train.bin and val.bin");
+  }
+  if (cfg.seq_len < 1) throw DataConfigError("data.seq_len", "must be >= 1");
+  const std::string root = strip_slashes(cfg.root);
+  TokenRange train, val;
+  if (is_directory(root)) {
+    for (const char* name : {"train.bin", "val.bin"}) {
+      if (!is_file(root + "/" + name)) {
+        throw DataConfigError("data.root", root + ": no " + name +
+                                               " in this folder (a token folder holds train.bin "
+                                               "and val.bin)");
+      }
+    }
+    train = open_tokens(root + "/train.bin", cfg.token_format);
+    val = open_tokens(root + "/val.bin", cfg.token_format);
+    check_length(train, cfg.seq_len, "the training split");
+    check_length(val, cfg.seq_len, "the validation split");
+  } else if (is_file(root)) {
+    train = open_tokens(root, cfg.token_format);
+    val = train;
+    const auto held_out =
+        static_cast<int64_t>(static_cast<double>(train.size()) * cfg.val_fraction);
+    train.end = train.begin + train.size() - held_out;
+    val.begin = train.end;
+    check_length(train, cfg.seq_len, "the training part (before data.val_fraction)");
+    check_length(val, cfg.seq_len, "the validation part (data.val_fraction)");
+  } else {
+    throw DataConfigError("data.root", root + ": no such file or directory");
+  }
+  Splits splits;
+  splits.spec.sample_shape = {cfg.seq_len};
+  splits.spec.sequence = true;
+  splits.spec.num_classes =
+      train.width == 1 ? 256 : std::max(train.max_token(), val.max_token()) + 1;
+  splits.train = std::make_shared<Tokens>(std::move(train), cfg.seq_len, /*random_windows=*/true);
+  splits.val = std::make_shared<Tokens>(std::move(val), cfg.seq_len, /*random_windows=*/false);
+  return splits;
+}
+
+}  // namespace
+
+void register_tokens(DatasetRegistry& registry) {
+  registry.add("tokens", make_tokens);
+}
+
+}  // namespace trainer::data

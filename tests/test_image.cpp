@@ -1,0 +1,367 @@
+// Image decoding and transforms (data/image.h) and the imagefolder dataset.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "data/dataset.h"
+#include "data/image.h"
+#include "image_files.h"
+#include "temp_dir.h"
+
+namespace trainer::data {
+namespace {
+
+namespace fs = std::filesystem;
+using test_support::encode_jpeg;
+using test_support::encode_png;
+using test_support::ramp_image;
+using test_support::write_file;
+
+// Mean absolute difference of two RGB buffers of the same size.
+double mean_abs_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  double sum = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) sum += std::abs(int(a[i]) - int(b[i]));
+  return sum / static_cast<double>(a.size());
+}
+
+std::string error_of(const std::vector<uint8_t>& bytes) {
+  Rect region{0, 0, 1, 1};
+  try {
+    decode_image(bytes, "img/x.jpg", region, /*min_side=*/0);
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no DataError";
+  return "";
+}
+
+TEST(ImageDecodeTest, JpegRoundTrip) {
+  const auto rgb = ramp_image(64, 48);
+  Rect region{0, 0, 64, 48};
+  const Image img = decode_image(encode_jpeg(rgb, 64, 48), "a.jpg", region, /*min_side=*/0);
+  EXPECT_EQ(img.width, 64);
+  EXPECT_EQ(img.height, 48);
+  ASSERT_EQ(img.rgb.size(), rgb.size());
+  EXPECT_LT(mean_abs_diff(img.rgb, rgb), 3.0);
+  EXPECT_EQ(region.width, 64);  // decoded at full size: region unchanged
+}
+
+TEST(ImageDecodeTest, PngRoundTripIsExact) {
+  const auto rgb = ramp_image(33, 17);
+  Rect region{0, 0, 33, 17};
+  const Image img = decode_image(encode_png(rgb, 33, 17), "a.png", region, /*min_side=*/0);
+  EXPECT_EQ(img.width, 33);
+  EXPECT_EQ(img.height, 17);
+  EXPECT_EQ(img.rgb, rgb);
+}
+
+TEST(ImageDecodeTest, ImageSizeFromHeader) {
+  int64_t w = 0, h = 0;
+  image_size(encode_jpeg(ramp_image(40, 30), 40, 30), "a.jpg", w, h);
+  EXPECT_EQ(w, 40);
+  EXPECT_EQ(h, 30);
+  image_size(encode_png(ramp_image(7, 9), 7, 9), "a.png", w, h);
+  EXPECT_EQ(w, 7);
+  EXPECT_EQ(h, 9);
+}
+
+TEST(ImageDecodeTest, JpegDecodesAtReducedScaleForSmallTargets) {
+  const auto jpeg = encode_jpeg(ramp_image(400, 300), 400, 300);
+  // 300 px tall to at least 50: 1/8 gives 37 (too small), 1/4 gives 75.
+  Rect region{0, 0, 400, 300};
+  const Image img = decode_image(jpeg, "a.jpg", region, /*min_side=*/50);
+  EXPECT_EQ(img.width, 100);
+  EXPECT_EQ(img.height, 75);
+  EXPECT_EQ(region.width, 100);
+  EXPECT_EQ(region.height, 75);
+  // A region in full-size pixels is mapped to the decoded pixels.
+  Rect part{200, 100, 200, 200};
+  const Image half = decode_image(jpeg, "a.jpg", part, /*min_side=*/100);
+  EXPECT_EQ(half.width, 200);
+  EXPECT_EQ(part.x, 100);
+  EXPECT_EQ(part.y, 50);
+  EXPECT_EQ(part.width, 100);
+  // The content survives: the red ramp at the region's left edge is about half way.
+  EXPECT_NEAR(half.rgb[static_cast<size_t>((part.y * half.width + part.x) * 3)], 128, 8);
+}
+
+TEST(ImageDecodeTest, CorruptDataIsDataErrorNamingThePath) {
+  EXPECT_NE(error_of({'h', 'e', 'l', 'l', 'o'}).find("img/x.jpg: not a JPEG or PNG"),
+            std::string::npos);
+  EXPECT_NE(error_of({}).find("img/x.jpg"), std::string::npos);
+  auto jpeg = encode_jpeg(ramp_image(64, 64), 64, 64);
+  jpeg.resize(jpeg.size() / 2);  // truncated mid-scan
+  EXPECT_NE(error_of(jpeg).find("img/x.jpg: corrupt JPEG"), std::string::npos);
+  auto header_only = encode_jpeg(ramp_image(64, 64), 64, 64);
+  header_only.resize(20);
+  EXPECT_NE(error_of(header_only).find("img/x.jpg: corrupt JPEG"), std::string::npos)
+      << error_of(header_only);
+  auto png = encode_png(ramp_image(16, 16), 16, 16);
+  png[png.size() / 2] ^= 0xFF;  // a flipped byte in the image data fails its CRC
+  EXPECT_NE(error_of(png).find("img/x.jpg: corrupt PNG"), std::string::npos);
+}
+
+TEST(ImageTransformTest, RandomResizedCropStaysInRangeAndIsReproducible) {
+  const std::vector<double> scale = {0.08, 1.0}, ratio = {3.0 / 4.0, 4.0 / 3.0};
+  Rng a(5), b(5);
+  std::set<int64_t> widths;
+  for (int i = 0; i < 200; ++i) {
+    const Rect r = random_resized_crop(500, 375, scale, ratio, a);
+    const Rect s = random_resized_crop(500, 375, scale, ratio, b);
+    EXPECT_EQ(r.x, s.x);
+    EXPECT_EQ(r.width, s.width);
+    ASSERT_GE(r.x, 0);
+    ASSERT_GE(r.y, 0);
+    ASSERT_LE(r.x + r.width, 500);
+    ASSERT_LE(r.y + r.height, 375);
+    const double area = static_cast<double>(r.width * r.height) / (500.0 * 375.0);
+    EXPECT_GE(area, 0.07);
+    EXPECT_LE(area, 1.0);
+    const double aspect = static_cast<double>(r.width) / static_cast<double>(r.height);
+    EXPECT_GE(aspect, 0.74);
+    EXPECT_LE(aspect, 1.35);
+    widths.insert(r.width);
+  }
+  EXPECT_GT(widths.size(), 50u);
+}
+
+TEST(ImageTransformTest, RandomResizedCropFallsBackToCentralCrop) {
+  // Scale range above what fits: every try fails, the fallback narrows a 10:1 image to 4:3.
+  Rng rng(1);
+  const Rect r = random_resized_crop(1000, 100, {0.99, 1.0}, {0.75, 4.0 / 3.0}, rng);
+  EXPECT_EQ(r.height, 100);
+  EXPECT_EQ(r.width, 133);
+  EXPECT_EQ(r.x, (1000 - 133) / 2);
+  EXPECT_EQ(r.y, 0);
+}
+
+TEST(ImageTransformTest, CenterCropMatchesResizeThenCrop) {
+  // 500x375 -> Resize(256) = 341x256 -> CenterCrop(224) at left 58 (round half to even), top 16.
+  const Rect r = center_crop(500, 375, 256, 224);
+  const double f = 375.0 / 256.0;
+  EXPECT_EQ(r.x, std::lround(58 * f));
+  EXPECT_EQ(r.y, std::lround(16 * f));
+  EXPECT_EQ(r.width, std::lround(224 * f));
+  EXPECT_EQ(r.height, std::lround(224 * f));
+  // Portrait: the width is the shorter side.
+  const Rect p = center_crop(100, 200, 50, 50);
+  EXPECT_EQ(p.x, 0);
+  EXPECT_EQ(p.width, 100);
+  EXPECT_EQ(p.y, 50);
+  EXPECT_EQ(p.height, 100);
+}
+
+TEST(ImageTransformTest, CropResizeAndFlip) {
+  Image img;
+  img.width = 40;
+  img.height = 20;
+  img.rgb = ramp_image(40, 20);
+  auto out = torch::empty({3, 10, 10}, torch::kUInt8);
+  crop_resize(img, Rect{0, 0, 40, 20}, 10, /*flip=*/false, out);
+  auto red = out[0].to(torch::kFloat32);  // [10, 10]
+  // Red rises left to right, green top to bottom, blue is constant.
+  EXPECT_LT(red[0][0].item<float>(), red[0][9].item<float>());
+  EXPECT_LT(out[1][0][0].item<uint8_t>(), out[1][9][0].item<uint8_t>());
+  EXPECT_TRUE(torch::all(out[2] == 64).item<bool>());
+  auto flipped = torch::empty({3, 10, 10}, torch::kUInt8);
+  crop_resize(img, Rect{0, 0, 40, 20}, 10, /*flip=*/true, flipped);
+  EXPECT_TRUE(torch::equal(flipped, out.flip({2})));
+  // A crop of the right half only holds the upper half of the red ramp.
+  crop_resize(img, Rect{20, 0, 20, 20}, 10, /*flip=*/false, out);
+  EXPECT_GT(out[0].min().item<uint8_t>(), 120);
+}
+
+// --- imagefolder -----------------------------------------------------------------------------
+
+class ImageFolderTest : public ::testing::Test {
+ protected:
+  // root/<split>/<cls>/<name>: a ramp JPEG whose blue channel is `blue`.
+  void add(const std::string& split, const std::string& cls, const std::string& name,
+           uint8_t blue = 64, int width = 60, int height = 45) {
+    fs::create_directories((root() / split / cls / name).parent_path());
+    const auto rgb = ramp_image(width, height, blue);
+    const bool png = name.size() > 4 && name.substr(name.size() - 4) == ".png";
+    write_file((root() / split / cls / name).string(),
+               png ? encode_png(rgb, width, height) : encode_jpeg(rgb, width, height));
+  }
+
+  // Two classes in each split; "b_dog" sorts after "a_cat" whatever the creation order.
+  void standard_tree() {
+    add("train", "b_dog", "1.jpg", 200);
+    add("train", "b_dog", "0.JPEG", 200);
+    add("train", "a_cat", "x.png", 10);
+    add("train", "a_cat", "sub/y.jpg", 10);
+    add("train", "a_cat", "z.jpeg", 10);
+    add("val", "a_cat", "v.jpg", 10);
+    add("val", "b_dog", "w.jpg", 200);
+    write_file((root() / "train" / "a_cat" / "notes.txt").string(), {'h', 'i'});
+  }
+
+  config::DataConfig config() const {
+    config::DataConfig cfg;
+    cfg.name = "imagefolder";
+    cfg.root = root().string();
+    cfg.image_size = 16;
+    cfg.resize_size = 20;
+    cfg.hflip = 0.5;
+    return cfg;
+  }
+
+  Splits make(const config::DataConfig& cfg) const {
+    return dataset_registry().get("imagefolder")(cfg, /*seed=*/0);
+  }
+
+  const fs::path& root() const { return tmp_.path(); }
+  test_support::TempDir tmp_{"imagefolder"};
+};
+
+std::vector<int64_t> range(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+TEST_F(ImageFolderTest, ClassesSortedFilesRecursiveLabels) {
+  standard_tree();
+  const Splits s = make(config());
+  EXPECT_EQ(s.spec.num_classes, 2);
+  EXPECT_EQ(s.spec.sample_shape, (std::vector<int64_t>{3, 16, 16}));
+  EXPECT_EQ(s.train->size(), 5);  // notes.txt is not an image
+  EXPECT_EQ(s.val->size(), 2);
+  const Batch b = s.train->get(range(5));
+  EXPECT_EQ(b.inputs.sizes(), (std::vector<int64_t>{5, 3, 16, 16}));
+  EXPECT_EQ(b.inputs.dtype(), torch::kFloat32);
+  EXPECT_EQ(b.targets.sizes(), (std::vector<int64_t>{5}));
+  std::vector<int64_t> labels(b.targets.data_ptr<int64_t>(), b.targets.data_ptr<int64_t>() + 5);
+  EXPECT_EQ(labels, (std::vector<int64_t>{0, 0, 0, 1, 1}));
+  // Blue, normalised with ImageNet's statistics: 10 for cats, 200 for dogs.
+  const double cat = (10 / 255.0 - 0.406) / 0.225, dog = (200 / 255.0 - 0.406) / 0.225;
+  EXPECT_NEAR(b.inputs[0][2].mean().item<double>(), cat, 0.05);
+  EXPECT_NEAR(b.inputs[4][2].mean().item<double>(), dog, 0.05);
+  const Batch v = s.val->get({0, 1});
+  EXPECT_EQ(v.targets[0].item<int64_t>(), 0);
+  EXPECT_EQ(v.targets[1].item<int64_t>(), 1);
+  EXPECT_EQ(b.bad_samples, 0);
+}
+
+TEST_F(ImageFolderTest, TrainAugmentationDependsOnSeedEpochAndIndexOnly) {
+  standard_tree();
+  const Splits s = make(config());
+  const Epoch e0{7, 0}, e1{7, 1};
+  const Batch all = s.train->get(range(5), e0);
+  const Batch one = s.train->get({3}, e0);
+  EXPECT_TRUE(torch::equal(all.inputs[3], one.inputs[0]));
+  EXPECT_TRUE(torch::equal(all.inputs, s.train->get(range(5), e0).inputs));
+  EXPECT_FALSE(torch::equal(all.inputs, s.train->get(range(5), e1).inputs));
+  // Evaluation is deterministic: the epoch plays no part.
+  EXPECT_TRUE(torch::equal(s.val->get({0, 1}, e0).inputs, s.val->get({0, 1}, e1).inputs));
+}
+
+TEST_F(ImageFolderTest, EvalIsResizeAndCenterCrop) {
+  add("train", "a", "0.png", 0, 40, 20);
+  add("val", "a", "0.png", 0, 40, 20);
+  auto cfg = config();
+  cfg.normalize = false;
+  cfg.image_size = 10;
+  cfg.resize_size = 10;  // 40x20 -> 20x10 -> central 10x10: the middle of the red ramp
+  const Batch b = make(cfg).val->get({0});
+  const auto red = b.inputs[0][0];  // [10, 10] in [0, 1]
+  EXPECT_NEAR(red.mean().item<double>(), 0.5, 0.05);
+  EXPECT_GT(red.min().item<double>(), 0.2);
+  EXPECT_LT(red.max().item<double>(), 0.8);
+}
+
+TEST_F(ImageFolderTest, CorruptImageIsSkippedAndCounted) {
+  standard_tree();
+  write_file((root() / "train" / "a_cat" / "z.jpeg").string(), {0xFF, 0xD8, 0xFF, 0x00, 0x01});
+  const Splits s = make(config());
+  // Sample 2 (a_cat/z.jpeg) is replaced by the next one, b_dog/0.JPEG.
+  const Batch b = s.train->get({2, 4});
+  EXPECT_EQ(b.bad_samples, 1);
+  EXPECT_EQ(b.targets[0].item<int64_t>(), 1);
+  EXPECT_EQ(b.inputs.size(0), 2);
+  // on_error: fail stops with the file's path.
+  auto cfg = config();
+  cfg.on_error = "fail";
+  try {
+    make(cfg).train->get({2});
+    ADD_FAILURE() << "no DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("a_cat/z.jpeg: corrupt JPEG"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(ImageFolderTest, LayoutErrorsNameThePath) {
+  auto key_of = [&](const config::DataConfig& cfg) -> std::string {
+    try {
+      make(cfg);
+    } catch (const DataConfigError& e) {
+      return e.key() + " | " + e.what();
+    } catch (const DataError& e) {
+      return std::string("DataError | ") + e.what();
+    }
+    return "no error";
+  };
+  std::string r = key_of(config());
+  EXPECT_EQ(r.rfind("data.train_dir", 0), 0u) << r;
+  EXPECT_NE(r.find((root() / "train").string()), std::string::npos) << r;
+
+  fs::create_directories(root() / "train");
+  fs::create_directories(root() / "val");
+  r = key_of(config());
+  EXPECT_NE(r.find("DataError | " + (root() / "train").string() + ": no class folders"),
+            std::string::npos)
+      << r;
+
+  add("train", "cat", "0.jpg");
+  fs::create_directories(root() / "train" / "dog");
+  r = key_of(config());
+  EXPECT_NE(r.find((root() / "train" / "dog").string() + ": no images"), std::string::npos) << r;
+
+  add("train", "dog", "0.jpg");
+  add("val", "cow", "0.jpg");
+  r = key_of(config());
+  EXPECT_NE(r.find("class 'cow' is not among the training split's classes"), std::string::npos)
+      << r;
+
+  auto cfg = config();
+  cfg.root = (root() / "absent").string();
+  r = key_of(cfg);
+  EXPECT_EQ(r.rfind("data.root", 0), 0u) << r;
+}
+
+TEST_F(ImageFolderTest, SameBatchesWithOneAndFourWorkers) {
+  for (int i = 0; i < 12; ++i) add("train", i % 3 ? "a" : "b", std::to_string(i) + ".jpg", i * 20);
+  add("val", "a", "0.jpg");
+  const Splits s = make(config());
+  auto batches = [&](int64_t workers) {
+    LoaderOptions o;
+    o.batch_size = 5;
+    o.workers = workers;
+    o.drop_last = false;
+    o.seed = 3;
+    Loader loader(s.train, o);
+    std::vector<torch::Tensor> out;
+    for (int64_t epoch : {0, 1}) {
+      loader.start_epoch(epoch);
+      while (auto b = loader.next())
+        out.push_back(torch::cat({b->inputs.flatten(), b->targets.to(torch::kFloat32)}));
+    }
+    return out;
+  };
+  const auto one = batches(1), four = batches(4);
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(four.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(torch::equal(one[i], four[i])) << i;
+  EXPECT_FALSE(torch::equal(one[0], one[3]));  // epoch 1 is another draw
+}
+
+}  // namespace
+}  // namespace trainer::data

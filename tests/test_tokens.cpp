@@ -1,0 +1,142 @@
+// The tokens dataset: byte-level text and uint16 token files.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "data/dataset.h"
+#include "temp_dir.h"
+
+namespace trainer::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TokensTest : public ::testing::Test {
+ protected:
+  std::string write(const std::string& name, const std::string& bytes) {
+    const fs::path p = tmp_ / name;
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p.string();
+  }
+  std::string write_u16(const std::string& name, const std::vector<uint16_t>& tokens) {
+    std::string bytes;
+    for (uint16_t t : tokens) {
+      bytes.push_back(static_cast<char>(t & 0xFF));  // little-endian
+      bytes.push_back(static_cast<char>(t >> 8));
+    }
+    return write(name, bytes);
+  }
+  config::DataConfig config(const std::string& root, int64_t seq_len) const {
+    config::DataConfig cfg;
+    cfg.name = "tokens";
+    cfg.root = root;
+    cfg.seq_len = seq_len;
+    cfg.val_fraction = 0.25;
+    return cfg;
+  }
+  Splits make(const config::DataConfig& cfg) const {
+    return dataset_registry().get("tokens")(cfg, /*seed=*/0);
+  }
+  test_support::TempDir tmp_{"tokens"};
+};
+
+std::vector<int64_t> row(const torch::Tensor& t) {
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+TEST_F(TokensTest, TextFileAsBytesWithTailValidation) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text.push_back(static_cast<char>('a' + i % 26));
+  const Splits s = make(config(write("corpus.txt", text), /*seq_len=*/4));
+  EXPECT_TRUE(s.spec.sequence);
+  EXPECT_EQ(s.spec.num_classes, 256);
+  EXPECT_EQ(s.spec.sample_shape, (std::vector<int64_t>{4}));
+  // 30 training bytes -> (30 - 1) / 4 = 7 windows; 10 validation bytes -> 2.
+  EXPECT_EQ(s.train->size(), 7);
+  EXPECT_EQ(s.val->size(), 2);
+  // Validation windows tile the last 10 bytes in order; targets are inputs shifted by one.
+  const Batch v = s.val->get({0, 1});
+  EXPECT_EQ(v.inputs.sizes(), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(v.inputs.dtype(), torch::kInt64);
+  EXPECT_EQ(row(v.inputs[0]), (std::vector<int64_t>{text[30], text[31], text[32], text[33]}));
+  EXPECT_EQ(row(v.targets[0]), (std::vector<int64_t>{text[31], text[32], text[33], text[34]}));
+  EXPECT_EQ(row(v.inputs[1]), (std::vector<int64_t>{text[34], text[35], text[36], text[37]}));
+}
+
+TEST_F(TokensTest, TrainingWindowsAreRandomReproducibleAndInside) {
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text.push_back(static_cast<char>(i % 251));
+  const Splits s = make(config(write("corpus.txt", text), /*seq_len=*/8));
+  std::vector<int64_t> all(static_cast<size_t>(s.train->size()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  const Epoch e0{1, 0}, e1{1, 1};
+  const Batch a = s.train->get(all, e0);
+  EXPECT_TRUE(torch::equal(a.inputs, s.train->get(all, e0).inputs));
+  EXPECT_FALSE(torch::equal(a.inputs, s.train->get(all, e1).inputs));
+  EXPECT_TRUE(torch::equal(a.inputs[5], s.train->get({5}, e0).inputs[0]));
+  std::set<int64_t> starts;
+  for (int64_t i = 0; i < a.inputs.size(0); ++i) {
+    const auto in = row(a.inputs[i]), out = row(a.targets[i]);
+    // Byte k of the corpus is k % 251, so a window is consecutive and within the 750 training
+    // bytes.
+    const int64_t start = in[0];
+    for (int64_t j = 0; j < 8; ++j) {
+      EXPECT_EQ(in[static_cast<size_t>(j)], (start + j) % 251);
+      EXPECT_EQ(out[static_cast<size_t>(j)], (start + j + 1) % 251);
+    }
+    starts.insert(start);
+  }
+  EXPECT_GT(starts.size(), 50u);
+}
+
+TEST_F(TokensTest, Uint16FolderLayout) {
+  fs::create_directories(tmp_ / "owt");
+  std::vector<uint16_t> train, val;
+  for (uint16_t i = 0; i < 100; ++i) train.push_back(static_cast<uint16_t>(1000 + i * 300));
+  for (uint16_t i = 0; i < 20; ++i) val.push_back(static_cast<uint16_t>(50000 + i));
+  write_u16("owt/train.bin", train);
+  write_u16("owt/val.bin", val);
+  const Splits s = make(config((tmp_ / "owt").string(), /*seq_len=*/5));
+  EXPECT_EQ(s.spec.num_classes, 50020);  // the largest id + 1
+  EXPECT_EQ(s.train->size(), 19);
+  EXPECT_EQ(s.val->size(), 3);
+  const Batch v = s.val->get({1});
+  EXPECT_EQ(row(v.inputs[0]), (std::vector<int64_t>{50005, 50006, 50007, 50008, 50009}));
+  EXPECT_EQ(row(v.targets[0]), (std::vector<int64_t>{50006, 50007, 50008, 50009, 50010}));
+}
+
+TEST_F(TokensTest, BadFilesAreClearErrors) {
+  auto message = [&](const config::DataConfig& cfg) -> std::string {
+    try {
+      make(cfg);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string odd = write("odd.bin", "abc");
+  EXPECT_NE(message(config(odd, 2)).find(odd + ": 3 bytes is not a whole number of uint16"),
+            std::string::npos);
+  const std::string tiny = write("tiny.txt", "0123456789");
+  EXPECT_NE(message(config(tiny, 4)).find(tiny + ": the validation part"), std::string::npos)
+      << message(config(tiny, 4));
+  EXPECT_NE(message(config((tmp_ / "absent").string(), 4)).find("no such file or directory"),
+            std::string::npos);
+  fs::create_directories(tmp_ / "empty");
+  EXPECT_NE(message(config((tmp_ / "empty").string(), 4)).find("no train.bin"), std::string::npos);
+  try {
+    make(config("", 4));
+    ADD_FAILURE() << "no error";
+  } catch (const DataConfigError& e) {
+    EXPECT_EQ(e.key(), "data.root");
+  }
+}
+
+}  // namespace
+}  // namespace trainer::data
