@@ -2,7 +2,8 @@
 # Installs what building and testing trainer needs. Idempotent: quiet, and a few seconds, when
 # everything is already there.
 #
-#   Debian packages  the libraries, tools and the Fashion-MNIST data set (apt-get, as root or via sudo)
+#   Debian packages  the libraries, tools, the Fashion-MNIST data set and the fortunes text corpus
+#                    (configs/gpt_char.yaml) (apt-get, as root or via sudo)
 #   LibTorch         the pinned `torch` wheel, in a virtual environment kept in a cache outside the
 #                    repository (one per torch version, shared by every clone), linked as .venv
 #
