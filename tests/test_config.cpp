@@ -44,6 +44,14 @@ class ConfigTest : public ::testing::Test {
     return p.string();
   }
 
+  // The validation issues of a one-line config with `sets` applied, one per line.
+  std::string issues_for(const std::vector<std::string>& sets) {
+    auto l = load(write("base.yaml", "seed: 1\n"), sets);
+    std::string all;
+    for (const auto& i : validate(l, Environment{})) all += i.str() + "\n";
+    return all;
+  }
+
   // Loads and expects failure; returns the issues.
   std::vector<Issue> fail(const std::string& path, const std::vector<std::string>& overrides = {}) {
     try {
@@ -554,13 +562,6 @@ TEST_F(ConfigTest, RangeErrorsCollected) {
 }
 
 TEST_F(ConfigTest, MoreRangeRules) {
-  auto path = write("r2.yaml", "seed: 1\n");
-  auto issues_for = [&](const std::vector<std::string>& sets) {
-    auto l = load(path, sets);
-    std::string all;
-    for (const auto& i : validate(l, Environment{})) all += i.str() + "\n";
-    return all;
-  };
   EXPECT_HAS(issues_for({"train.epochs=0"}), "train.epochs: must be >= 1");
   EXPECT_EQ(issues_for({"train.epochs=0", "train.max_steps=10"}), "");
   EXPECT_HAS(issues_for({"optim.nesterov=true", "optim.momentum=0"}), "optim.nesterov:");
@@ -577,13 +578,6 @@ TEST_F(ConfigTest, MoreRangeRules) {
 }
 
 TEST_F(ConfigTest, DataPipelineRules) {
-  auto path = write("d.yaml", "seed: 1\n");
-  auto issues_for = [&](const std::vector<std::string>& sets) {
-    auto l = load(path, sets);
-    std::string all;
-    for (const auto& i : validate(l, Environment{})) all += i.str() + "\n";
-    return all;
-  };
   EXPECT_EQ(
       issues_for({"data.hflip=1", "data.crop_padding=4", "data.mean=[0.5]", "data.std=[0.2]"}), "");
   EXPECT_HAS(issues_for({"data.hflip=1.5"}), "data.hflip: must be a probability in [0, 1]");
