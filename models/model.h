@@ -57,6 +57,19 @@ std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module);
 // Total number of parameter elements, tied weights counted once.
 int64_t parameter_count(const torch::nn::Module& module);
 
+// Parameters, then buffers, under their dotted state-dict names (torchvision's and nanoGPT's
+// spelling for the built-in models; a tied weight appears under each of its names).
+std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::Module& module);
+
+// Copies `weights` into the parameters and buffers of `module` by name, converting dtype and
+// device. Every name must match in both directions with equal shapes; with `skip_head`, the
+// tensors of the final layer (the prefix of the last parameter, e.g. `fc.`) may be missing or
+// differ in shape and keep their initial values. Returns "" on success, else a description of
+// every missing, unexpected and mis-shaped name, and then copies nothing.
+std::string load_weights(torch::nn::Module& module,
+                         const std::vector<std::pair<std::string, torch::Tensor>>& weights,
+                         bool skip_head);
+
 // One line per direct submodule plus `parameters: <N>`.
 std::string summary(const torch::nn::Module& module, const std::string& name);
 

@@ -20,7 +20,7 @@ say() { echo "setup: $*" >&2; }
 
 # --- Debian packages ---------------------------------------------------------------------------
 PACKAGES=(cmake ninja-build g++ ccache lld pkg-config libyaml-cpp-dev libspdlog-dev libcxxopts-dev
-          libgtest-dev nlohmann-json3-dev zlib1g-dev libturbojpeg0-dev libspng-dev
+          libgtest-dev nlohmann-json3-dev zlib1g-dev libturbojpeg0-dev libspng-dev libxxhash-dev
           dataset-fashion-mnist fortunes)
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -42,9 +42,10 @@ if [[ -n "${Torch_DIR:-}" ]]; then
   exit 0
 fi
 VENV="$CACHE/venv-torch-$TORCH_VERSION"
-# Beside torch: numpy, tensorboard (reads our event files in a test), matplotlib (plots) and
-# torchvision (the reference state-dict lists in tests/data, scripts/torchvision_reference.py).
-EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0)
+# Beside torch: numpy, tensorboard (reads our event files in a test), matplotlib (plots),
+# torchvision (the reference state-dict lists in tests/data, scripts/torchvision_reference.py, and
+# the weight-exchange test) and safetensors (the weight-exchange test).
+EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0 safetensors==0.8.0)
 have_torch() {
   local v
   v=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null) &&

@@ -15,76 +15,18 @@
 #include <string>
 #include <vector>
 
+#include "cli_fixture.h"
 #include "image_files.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using trainer::test_support::Cli;
 using trainer::test_support::encode_jpeg;
 using trainer::test_support::ramp_image;
+using trainer::test_support::read_file;
 using trainer::test_support::write_file;
-
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::random_device rd;
-    dir_ = fs::temp_directory_path() / ("trainer_cli_" + std::to_string(rd()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // Runs `trainer <args>` from the source dir; stdout and stderr captured separately.
-  Result run(const std::string& args) {
-    const fs::path err_file = dir_ / "stderr.txt";
-    const std::string cmd = std::string("cd '") + TRAINER_SOURCE_DIR + "' && '" + TRAINER_BIN +
-                            "' " + args + " 2>'" + err_file.string() + "'";
-    Result r;
-    FILE* pipe = popen(cmd.c_str(), "r");
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) r.out.append(buf, n);
-    const int status = pclose(pipe);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.err = read_file(err_file);
-    return r;
-  }
-
-  fs::path write(const std::string& name, const std::string& text) {
-    const fs::path p = dir_ / name;
-    std::ofstream(p) << text;
-    return p;
-  }
-
-  static std::vector<nlohmann::json> metrics(const fs::path& run_dir, const std::string& split) {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(run_dir / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j["split"] == split) out.push_back(j);
-    }
-    return out;
-  }
-
-  static std::vector<double> losses(const fs::path& run_dir) {
-    std::vector<double> out;
-    for (const auto& j : metrics(run_dir, "train")) out.push_back(j["loss"].get<double>());
-    return out;
-  }
-
-  fs::path dir_;
-};
+using trainer::test_support::write_image_folder;
 
 TEST_F(Cli, TrainsOnSyntheticDataAndWritesTheRunDir) {
   const auto run_dir = dir_ / "run";
@@ -160,6 +102,15 @@ TEST_F(Cli, SetOverridesTheConfig) {
   EXPECT_NE(saved.find("max_steps: 6"), std::string::npos) << saved;
 }
 
+TEST_F(Cli, SetTakesListsWithCommas) {
+  auto r =
+      run("--config configs/synthetic.yaml --print-config --set data.shape=[1,4,4] "
+          "--set model.hidden=[16,8]");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("shape: [1, 4, 4]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("hidden: [16, 8]"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, DryRunPrintsParametersAndWritesNothing) {
   const auto run_dir = dir_ / "never";
   auto r = run("--config configs/synthetic.yaml --dry-run --run-dir '" + run_dir.string() + "'");
@@ -220,21 +171,6 @@ TEST_F(Cli, MissingDataRootIsAConfigErrorWithAHint) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("data.root"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("dataset-fashion-mnist"), std::string::npos) << r.err;
-}
-
-// root/<split>/<class>/<i>.jpg for two classes, `per_class` training images each and one
-// validation image.
-void write_image_folder(const fs::path& root, int per_class, int width, int height) {
-  for (const char* split : {"train", "val"}) {
-    for (int c = 0; c < 2; ++c) {
-      const fs::path dir = root / split / ("class" + std::to_string(c));
-      fs::create_directories(dir);
-      for (int i = 0; i < (split == std::string("train") ? per_class : 1); ++i) {
-        const auto rgb = ramp_image(width, height, static_cast<uint8_t>(c * 200 + i));
-        write_file((dir / (std::to_string(i) + ".jpg")).string(), encode_jpeg(rgb, width, height));
-      }
-    }
-  }
 }
 
 TEST_F(Cli, ResNet50ImagenetRecipeDryRunsAgainstAnImageFolder) {

@@ -1,7 +1,8 @@
 // trainer: reads a YAML config and trains.
 //
 //   trainer --config FILE [--set KEY.PATH=VALUE]... [--run-dir DIR] [--device D] [--dry-run]
-//           [--print-config] [--log-level L]
+//           [--print-config] [--resume auto|PATH] [--log-level L]
+//   trainer export --checkpoint PATH --out FILE.safetensors
 //   trainer --help | --version
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
@@ -10,12 +11,15 @@
 
 #include <atomic>
 #include <csignal>
+// Each --set is one value, commas included (--set data.shape=[3,32,32]).
+#define CXXOPTS_VECTOR_DELIMITER '\0'
 #include <cxxopts.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "config/loader.h"
 #include "data/dataset.h"
 #include "engine/trainer.h"
@@ -23,6 +27,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "util/fileio.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -41,7 +46,7 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Set by SIGINT/SIGTERM; the training loop stops after the current step.
+// Set by SIGINT/SIGTERM; the training loop stops after the current step and writes a checkpoint.
 std::atomic<bool> g_stop_requested{false};
 
 void on_stop_signal(int sig) {
@@ -88,24 +93,14 @@ cxxopts::Options train_options() {
        "D")
       ("dry-run", "validate, build the model and data, print the config and model summary, exit")
       ("print-config", "print the resolved config as YAML and exit")
+      ("resume", "continue from the newest valid checkpoint of the run dir (auto; a fresh start "
+       "when there is none) or from a checkpoint file", cxxopts::value<std::string>(), "auto|PATH")
       ("log-level", "trace|debug|info|warn|error", cxxopts::value<std::string>()->default_value("info"),
        "L")
       ("h,help", "print this help")
       ("version", "print the trainer, LibTorch and CUDA versions");
   // clang-format on
   return options;
-}
-
-// Writes `text` to `path` through a temporary file and a rename, so the file is never partial.
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error(tmp.string() + ": cannot write");
-  }
-  fs::rename(tmp, path);
 }
 
 int train(int argc, char** argv) {
@@ -143,6 +138,12 @@ int train(int argc, char** argv) {
   if (args.count("run-dir")) overrides.push_back("run.dir=" + args["run-dir"].as<std::string>());
   if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
 
+  if (args.count("resume")) {
+    const auto resume = args["resume"].as<std::string>();
+    if (resume != "auto" && !fs::is_regular_file(resume)) {
+      throw UsageError("--resume: " + resume + " is not a checkpoint file (or use --resume auto)");
+    }
+  }
   auto loaded = trainer::config::load(args["config"].as<std::string>(), overrides);
   trainer::config::check(loaded, environment());
   const std::string resolved = trainer::config::to_yaml(loaded.cfg);
@@ -159,19 +160,21 @@ int train(int argc, char** argv) {
 
   const fs::path run_dir = loaded.cfg.run.dir;
   fs::create_directories(run_dir);
-  write_atomically(run_dir / "config.yaml", resolved);
+  trainer::write_text_atomically((run_dir / "config.yaml").string(), resolved);
   trainer::log::add_file((run_dir / "train.log").string(), /*rank=*/0);
   trainer::log::info("trainer " TRAINER_VERSION ", LibTorch " TORCH_VERSION ", config " +
                      loaded.source + ", run dir " + run_dir.string());
   std::istringstream summary(engine.summary());
   for (std::string line; std::getline(summary, line);) trainer::log::info(line);
 
+  if (args.count("resume")) engine.resume(args["resume"].as<std::string>());
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   const auto result = engine.fit(&g_stop_requested);
   if (result.stopped) {
-    trainer::log::warn("stopped by a signal after step " + std::to_string(result.steps));
-    return kRuntimeError;
+    trainer::log::info("stopped after step " + std::to_string(result.steps) + "; checkpoint " +
+                       engine.last_checkpoint());
+    return kOk;
   }
   const auto& e = result.last_eval;
   if (e.samples > 0 && e.sequence) {
@@ -190,10 +193,62 @@ int train(int argc, char** argv) {
   return kOk;
 }
 
+// trainer export: the model weights of a checkpoint as a plain safetensors file with PyTorch
+// state-dict names (torchvision's for the ResNets, nanoGPT's for gpt).
+int export_weights(int argc, char** argv) {
+  cxxopts::Options options("trainer export",
+                           "Writes the model weights of a checkpoint as safetensors.");
+  // clang-format off
+  options.add_options()
+      ("checkpoint", "a checkpoint file (<run.dir>/checkpoints/step_*.safetensors)",
+       cxxopts::value<std::string>(), "PATH")
+      ("out", "the safetensors file to write", cxxopts::value<std::string>(), "FILE")
+      ("h,help", "print this help");
+  // clang-format on
+  cxxopts::ParseResult args;
+  try {
+    args = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw UsageError(e.what());
+  }
+  if (args.count("help")) {
+    std::cout << options.help();
+    return kOk;
+  }
+  if (!args.unmatched().empty()) {
+    throw UsageError("unexpected argument '" + args.unmatched().front() + "'");
+  }
+  if (!args.count("checkpoint") || !args.count("out")) {
+    throw UsageError("export needs --checkpoint PATH and --out FILE");
+  }
+  trainer::log::setup(trainer::log::Level::info, /*rank=*/0);
+  const auto path = args["checkpoint"].as<std::string>();
+  const auto out = args["out"].as<std::string>();
+  if (!fs::is_regular_file(path)) throw UsageError("--checkpoint: " + path + " is not a file");
+  const auto state = trainer::checkpoint::load(path);
+  trainer::checkpoint::NamedTensors weights;
+  const std::string prefix = "model.";
+  for (const auto& [name, tensor] : state.tensors) {
+    if (name.compare(0, prefix.size(), prefix) == 0) {
+      weights.emplace_back(name.substr(prefix.size()), tensor);
+    }
+  }
+  const std::string model = state.meta.at("config").value("model.name", "?");
+  trainer::write_atomically(out, [&](const trainer::ByteSink& sink) {
+    trainer::checkpoint::write_safetensors(
+        weights, {{"format", "pt"}, {"model", model}, {"step", state.meta.at("step").dump()}},
+        sink);
+  });
+  std::cout << "wrote " << out << ": " << weights.size() << " tensors of " << model << " at step "
+            << state.meta.at("step").dump() << "\n";
+  return kOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "export") return export_weights(argc - 1, argv + 1);
     if (argc > 1 && argv[1][0] != '-') {
       throw UsageError(std::string("unknown command '") + argv[1] + "'");
     }
@@ -207,6 +262,9 @@ int main(int argc, char** argv) {
   } catch (const trainer::UnknownName& e) {
     std::cerr << "trainer: " << e.what() << "\n";
     return kUsageError;
+  } catch (const trainer::checkpoint::CorruptCheckpoint& e) {
+    std::cerr << "trainer: " << e.what() << "\n";
+    return kRuntimeError;
   } catch (const c10::Error& e) {
     std::cerr << "trainer: " << e.what_without_backtrace() << "\n";
     return kRuntimeError;

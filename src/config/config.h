@@ -12,12 +12,14 @@
 namespace trainer::config {
 
 struct RunConfig {
-  std::string dir;                // run directory; empty = runs/<config file stem>
-  int64_t log_every = 10;         // optimizer steps between train metric lines
-  int64_t eval_every = 0;         // optimizer steps between evaluations; 0 = end of each epoch
-  int64_t checkpoint_every = 0;   // optimizer steps between checkpoints; 0 = end of each epoch
-  int64_t keep_last = 3;          // training checkpoints kept
-  int64_t threads = 0;            // intra-op CPU threads; 0 = LibTorch's default
+  std::string dir;               // run directory; empty = runs/<config file stem>
+  int64_t log_every = 10;        // optimizer steps between train metric lines
+  int64_t eval_every = 0;        // optimizer steps between evaluations; 0 = end of each epoch
+  int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = end of each epoch
+  int64_t keep_last = 3;         // training checkpoints kept
+  std::string keep_best;  // also keep the best checkpoint by this val metric: top1|top5|loss|ppl
+  bool continue_on_save_error = false;  // a failed checkpoint save: log and train on (else exit 1)
+  int64_t threads = 0;                  // intra-op CPU threads; 0 = LibTorch's default
   std::string progress = "auto";  // progress bar: auto (when stderr is a terminal)|always|never
   bool tensorboard = true;        // also write the metrics as TensorBoard events to <dir>/tb/
 
@@ -28,6 +30,8 @@ struct RunConfig {
     v("eval_every", eval_every);
     v("checkpoint_every", checkpoint_every);
     v("keep_last", keep_last);
+    v("keep_best", keep_best);
+    v("continue_on_save_error", continue_on_save_error);
     v("threads", threads);
     v("progress", progress);
     v("tensorboard", tensorboard);
@@ -35,10 +39,12 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string name = "mlp";                  // model registry name
-  int64_t num_classes = 0;                   // output classes; 0 = the dataset's class count
-  std::string checkpointing = "none";        // activation checkpointing: none|blocks|every:N
-  std::string pretrained;                    // safetensors file to initialise from; empty = none
+  std::string name = "mlp";            // model registry name
+  int64_t num_classes = 0;             // output classes; 0 = the dataset's class count
+  std::string checkpointing = "none";  // activation checkpointing: none|blocks|every:N
+  std::string pretrained;              // safetensors file to initialise from; empty = none
+  bool pretrained_skip_head =
+      false;  // re-initialise a classifier whose shape differs (fine-tuning)
   std::vector<int64_t> hidden = {256, 128};  // mlp: hidden layer widths
   std::vector<int64_t> channels = {32, 64};  // lenet: output channels of the two conv layers
   int64_t kernel_size = 5;                   // lenet: conv kernel size (odd; padded to keep size)
@@ -62,6 +68,7 @@ struct ModelConfig {
     v("num_classes", num_classes);
     v("checkpointing", checkpointing);
     v("pretrained", pretrained);
+    v("pretrained_skip_head", pretrained_skip_head);
     v("hidden", hidden);
     v("channels", channels);
     v("kernel_size", kernel_size);
@@ -147,6 +154,8 @@ struct DataConfig {
 struct TrainConfig {
   int64_t epochs = 1;            // passes over the training set
   int64_t max_steps = 0;         // >0: stop after this many optimizer steps (overrides epochs)
+  int64_t stop_at_step = 0;      // >0: end this process after that step, with a checkpoint, as if
+                                 // preempted; the schedule still spans the whole run
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
   double clip_grad_norm = 0.0;   // clip gradients to this global L2 norm; 0 = off
   double label_smoothing = 0.0;  // label smoothing of the classification loss
@@ -157,6 +166,7 @@ struct TrainConfig {
   void visit(V& v) {
     v("epochs", epochs);
     v("max_steps", max_steps);
+    v("stop_at_step", stop_at_step);
     v("grad_accum_steps", grad_accum_steps);
     v("clip_grad_norm", clip_grad_norm);
     v("label_smoothing", label_smoothing);

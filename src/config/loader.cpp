@@ -915,6 +915,18 @@ std::vector<std::string> key_paths() {
   return leaves;
 }
 
+std::vector<std::pair<std::string, std::string>> flatten(const Config& cfg) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& key : key_paths()) {
+    std::optional<std::string> value;
+    Config copy = cfg;
+    StringGetter g{key, "", &value};
+    copy.visit(g);
+    out.emplace_back(key, value.value_or(""));
+  }
+  return out;
+}
+
 std::string to_yaml(const Config& cfg) {
   Config c = cfg;
   std::ostringstream os;
@@ -970,6 +982,8 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   ge("run.eval_every", c.run.eval_every, 0);
   ge("run.checkpoint_every", c.run.checkpoint_every, 0);
   ge("run.keep_last", c.run.keep_last, 1);
+  if (!c.run.keep_best.empty())
+    one_of("run.keep_best", c.run.keep_best, {"top1", "top5", "loss", "ppl"});
   ge("run.threads", c.run.threads, 0);
   one_of("run.progress", c.run.progress, {"auto", "always", "never"});
 
@@ -1068,6 +1082,7 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   if (c.train.max_steps <= 0 && c.train.epochs < 1)
     add("train.epochs", "must be >= 1 (or set train.max_steps > 0), got " + fmt(c.train.epochs));
   ge("train.max_steps", c.train.max_steps, 0);
+  ge("train.stop_at_step", c.train.stop_at_step, 0);
   ge("train.grad_accum_steps", c.train.grad_accum_steps, 1);
   ge_d("train.clip_grad_norm", c.train.clip_grad_norm, 0.0);
   in01("train.label_smoothing", c.train.label_smoothing);

@@ -8,6 +8,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -80,5 +81,8 @@ std::string to_yaml(const Config& cfg);
 
 // Every valid leaf key path ("seed", "optim.lr", ...), in declaration order.
 std::vector<std::string> key_paths();
+
+// Every leaf as (key path, value as to_yaml writes it), in declaration order.
+std::vector<std::pair<std::string, std::string>> flatten(const Config& cfg);
 
 }  // namespace trainer::config

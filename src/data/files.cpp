@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "data/dataset.h"
+#include "util/fileio.h"
 
 namespace trainer::data {
 
@@ -30,16 +30,11 @@ int64_t file_size(const std::string& path) {
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!f) throw DataError(path + ": cannot open: " + std::strerror(errno));
-  std::vector<uint8_t> data;
-  uint8_t chunk[1 << 16];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, f.get())) > 0) {
-    data.insert(data.end(), chunk, chunk + n);
+  try {
+    return read_bytes(path);
+  } catch (const IoError& e) {
+    throw DataError(e.what());
   }
-  if (std::ferror(f.get())) throw DataError(path + ": read error: " + std::strerror(errno));
-  return data;
 }
 
 std::vector<std::string> list_dir(const std::string& path) {

@@ -5,15 +5,32 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
+#include "util/fileio.h"
 #include "util/format.h"
 
 namespace trainer::engine {
 
-MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard) {
+MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step) {
   const auto path = std::filesystem::path(run_dir) / "metrics.jsonl";
-  out_.open(path, std::ios::out | std::ios::trunc);
+  if (resume_step >= 0) {
+    // Lines past the checkpoint's step will be written again by the resumed run.
+    std::string kept;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      try {
+        if (nlohmann::json::parse(line).at("step").get<int64_t>() <= resume_step) {
+          kept += line + "\n";
+        }
+      } catch (const nlohmann::json::exception&) {
+        // A line cut short by a crash.
+      }
+    }
+    write_text_atomically(path.string(), kept);
+  }
+  out_.open(path, std::ios::out | (resume_step >= 0 ? std::ios::app : std::ios::trunc));
   if (!out_) throw std::runtime_error(path.string() + ": cannot open for writing");
   if (tensorboard) {
     events_ = std::make_unique<tensorboard::EventWriter>(

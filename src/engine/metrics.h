@@ -18,8 +18,9 @@ namespace trainer::engine {
 // crash loses nothing already written.
 class MetricsWriter {
  public:
-  // Creates (truncates) metrics.jsonl in `run_dir`, and the event file when `tensorboard`.
-  MetricsWriter(const std::string& run_dir, bool tensorboard);
+  // Creates (truncates) metrics.jsonl in `run_dir`, and the event file when `tensorboard`. With
+  // resume_step >= 0, keeps the existing lines up to that step and appends after them.
+  MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step = -1);
   ~MetricsWriter();
 
   // `record` has "split" ("train" or "val"), "step", "epoch" and numeric fields. TensorBoard

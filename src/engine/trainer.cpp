@@ -1,12 +1,17 @@
 #include "engine/trainer.h"
 
+#include <sys/stat.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "data/dataset.h"
 #include "engine/metrics.h"
 #include "losses/loss.h"
@@ -69,9 +74,25 @@ struct Trainer::State {
   int64_t step = 0;         // optimizer steps taken
   int64_t bad_samples = 0;  // unreadable samples replaced so far
 
+  // Where training goes on: the epoch, its next step, and the metrics window in progress. A
+  // checkpoint saves exactly these, so a resumed run continues bit for bit.
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;
+  int64_t last_eval_step = -1;
+  int64_t window_steps = 0;
+  int64_t window_samples = 0;
+  torch::Tensor window_loss;  // summed step losses, a device scalar
+  int64_t resumed_step = -1;  // the step of the checkpoint resumed from; -1 = a fresh run
+  std::unique_ptr<checkpoint::Directory> checkpoints;
+  std::string last_checkpoint;
+
   explicit State(const config::LoadedConfig& l) : loaded(l) {}
 
   torch::Tensor train_step(const std::vector<data::Batch>& micro_batches);
+  checkpoint::State snapshot() const;
+  void restore(const checkpoint::State& ckpt, const std::string& path);
+  // Writes a checkpoint of the current state; false when it failed and the run may go on.
+  bool save(const EvalResult* eval);
 };
 
 Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State>(config)) {
@@ -85,10 +106,6 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
   if (cfg.model.checkpointing != "none") {
     config_error(loaded, "model.checkpointing",
                  "model '" + cfg.model.name + "' has no blocks to checkpoint; use none");
-  }
-  if (!cfg.model.pretrained.empty()) {
-    config_error(loaded, "model.pretrained",
-                 "loading pretrained weights is not available in this build; leave it empty");
   }
 
   // Device.
@@ -157,6 +174,25 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
   } catch (const models::ModelError& e) {
     config_error(loaded, e.key(), e.what());
   }
+  if (!cfg.model.pretrained.empty()) {
+    checkpoint::SafetensorsFile weights;
+    try {
+      weights = checkpoint::read_safetensors(cfg.model.pretrained);
+    } catch (const checkpoint::FormatError& e) {
+      config_error(loaded, "model.pretrained", e.what());
+    }
+    const std::string problems =
+        models::load_weights(*s_->model, weights.tensors, cfg.model.pretrained_skip_head);
+    if (!problems.empty()) {
+      config_error(loaded, "model.pretrained",
+                   cfg.model.pretrained + " does not fit model " + cfg.model.name + ": " +
+                       problems +
+                       (cfg.model.pretrained_skip_head
+                            ? ""
+                            : " (model.pretrained_skip_head: true re-initialises the classifier)"));
+    }
+    log::info("initialised from " + cfg.model.pretrained);
+  }
   s_->model->to(s_->device);
   s_->params = models::unique_parameters(*s_->model);
 
@@ -169,6 +205,9 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
   }
   s_->schedule = std::make_unique<optim::Schedule>(sched, cfg.optim.lr, s_->total_steps);
   s_->loss_fn = losses::loss_registry().get(cfg.train.loss)(cfg.train);
+  s_->window_loss = torch::zeros({}, torch::TensorOptions().device(s_->device));
+  s_->checkpoints = std::make_unique<checkpoint::Directory>(cfg.run.dir + "/checkpoints",
+                                                            cfg.run.keep_last, cfg.run.keep_best);
 }
 
 Trainer::~Trainer() = default;
@@ -209,6 +248,202 @@ torch::Tensor Trainer::State::train_step(const std::vector<data::Batch>& micro_b
   optimizer->step();
   ++step;
   return step_loss;
+}
+
+namespace {
+
+constexpr const char* kModelPrefix = "model.";
+
+// Config keys whose change makes a checkpoint unusable: the weights' layout and what they mean.
+bool must_match(const std::string& key) {
+  return key.rfind("model.", 0) == 0 || key == "optim.name" || key == "data.name" ||
+         key == "train.loss";
+}
+
+// A byte string as a [N] uint8 tensor.
+torch::Tensor bytes_tensor(const std::string& bytes) {
+  auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+// The optimizer's state (moments, step counts, hyper-parameters) as LibTorch serialises it.
+std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::string bytes;
+  archive.save_to([&](const void* data, size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  return bytes;
+}
+
+int cuda_device_count() {
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+}  // namespace
+
+checkpoint::State Trainer::State::snapshot() const {
+  checkpoint::State out;
+  for (const auto& [name, tensor] : models::state_dict(*model)) {
+    out.tensors.emplace_back(kModelPrefix + name, tensor);
+  }
+  out.tensors.emplace_back("optimizer", bytes_tensor(optimizer_bytes(*optimizer)));
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.tensors.emplace_back("rng.cpu", gen.get_state());
+  }
+  for (int i = 0; i < cuda_device_count(); ++i) {
+    auto gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.tensors.emplace_back("rng.cuda." + std::to_string(i), gen.get_state());
+  }
+  out.tensors.emplace_back("engine.window_loss", window_loss);
+  nlohmann::json config = nlohmann::json::object();
+  for (const auto& [key, value] : config::flatten(cfg)) config[key] = value;
+  out.meta = {{"format", 1},
+              {"step", step},
+              {"epoch", epoch},
+              {"step_in_epoch", step_in_epoch},
+              {"last_eval_step", last_eval_step},
+              {"window_steps", window_steps},
+              {"window_samples", window_samples},
+              {"bad_samples", bad_samples},
+              {"config", config},
+              {"versions",
+               {{"trainer", TRAINER_VERSION},
+                {"libtorch", TORCH_VERSION},
+                {"cuda_devices", cuda_device_count()}}}};
+  return out;
+}
+
+void Trainer::State::restore(const checkpoint::State& ckpt, const std::string& path) {
+  const auto& meta = ckpt.meta;
+  if (!meta.is_object() || meta.value("format", 0) != 1 || !meta.contains("config")) {
+    throw checkpoint::CorruptCheckpoint(path + ": not a checkpoint of this trainer version");
+  }
+  // The config: what must match, and what changed harmlessly.
+  const auto& saved = meta.at("config");
+  std::vector<config::Issue> conflicts;
+  for (const auto& [key, value] : config::flatten(cfg)) {
+    if (!saved.contains(key)) continue;
+    const std::string before = saved[key].get<std::string>();
+    if (before == value) continue;
+    if (must_match(key)) {
+      conflicts.push_back(config::Issue{loaded.where(key), key,
+                                        "is " + value + " but the checkpoint " + path +
+                                            " was written with " + before +
+                                            "; resume with the same value or start a new run"});
+    } else {
+      log::info("resuming with " + key + " changed: " + before + " -> " + value);
+    }
+  }
+  if (!conflicts.empty()) throw config::ConfigError(std::move(conflicts));
+
+  std::map<std::string, torch::Tensor> tensors(ckpt.tensors.begin(), ckpt.tensors.end());
+  auto take = [&](const std::string& name) {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      throw checkpoint::CorruptCheckpoint(path + ": no '" + name + "' tensor");
+    }
+    return it->second;
+  };
+  std::vector<std::pair<std::string, torch::Tensor>> weights;
+  const std::string prefix = kModelPrefix;
+  for (const auto& [name, tensor] : ckpt.tensors) {
+    if (name.compare(0, prefix.size(), prefix) == 0) {
+      weights.emplace_back(name.substr(prefix.size()), tensor);
+    }
+  }
+  const std::string problems = models::load_weights(*model, weights, /*skip_head=*/false);
+  if (!problems.empty()) {
+    throw config::ConfigError({config::Issue{
+        loaded.where("model.name"), "model.name",
+        "the checkpoint " + path + " does not fit model " + cfg.model.name + ": " + problems}});
+  }
+  const auto opt = take("optimizer");
+  torch::serialize::InputArchive archive;
+  archive.load_from(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel()));
+  optimizer->load(archive);
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(take("rng.cpu"));
+  }
+  for (int i = 0; i < cuda_device_count(); ++i) {
+    auto it = tensors.find("rng.cuda." + std::to_string(i));
+    if (it == tensors.end()) continue;  // written without this device
+    auto gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(it->second);
+  }
+  window_loss = take("engine.window_loss").to(device);
+  step = meta.at("step").get<int64_t>();
+  epoch = meta.at("epoch").get<int64_t>();
+  step_in_epoch = meta.at("step_in_epoch").get<int64_t>();
+  last_eval_step = meta.at("last_eval_step").get<int64_t>();
+  window_steps = meta.at("window_steps").get<int64_t>();
+  window_samples = meta.at("window_samples").get<int64_t>();
+  bad_samples = meta.at("bad_samples").get<int64_t>();
+  if (step_in_epoch > steps_per_epoch) {
+    throw config::ConfigError({config::Issue{
+        loaded.where("data.batch_size"), "data.batch_size",
+        "the checkpoint " + path + " stopped after step " + std::to_string(step_in_epoch) +
+            " of an epoch, which now has only " + std::to_string(steps_per_epoch) +
+            " steps; resume with the batch size and data it was written with"}});
+  }
+  resumed_step = step;
+  last_checkpoint = path;
+}
+
+bool Trainer::State::save(const EvalResult* eval) {
+  std::map<std::string, double> metrics;
+  if (eval && eval->samples > 0) {
+    metrics = {
+        {"loss", eval->loss}, {"top1", eval->top1}, {"top5", eval->top5}, {"ppl", eval->ppl}};
+  }
+  try {
+    const auto start = Clock::now();
+    last_checkpoint = checkpoints->save(step, snapshot(), metrics);
+    struct stat st;
+    const double mb = ::stat(last_checkpoint.c_str(), &st) == 0 ? st.st_size / 1e6 : 0.0;
+    log::info(strprintf("checkpoint %s (%.1f MB in %.3f s)", last_checkpoint.c_str(), mb,
+                        seconds_since(start)));
+    return true;
+  } catch (const std::exception& e) {
+    const std::string msg = "checkpoint at step " + std::to_string(step) +
+                            " not saved: " + e.what() + "; the previous checkpoint is intact";
+    if (!cfg.run.continue_on_save_error) {
+      throw std::runtime_error(msg + " (run.continue_on_save_error: true trains on)");
+    }
+    log::error(msg);
+    return false;
+  }
+}
+
+bool Trainer::resume(const std::string& spec) {
+  if (spec == "auto") {
+    auto latest = s_->checkpoints->load_latest();
+    if (!latest) {
+      log::info("no checkpoint in " + s_->checkpoints->path() + "; starting from step 0");
+      return false;
+    }
+    s_->restore(latest->second, latest->first);
+  } else {
+    s_->restore(checkpoint::load(spec), spec);
+  }
+  log::info(strprintf("resumed from %s at step %lld (epoch %lld, after its step %lld)",
+                      s_->last_checkpoint.c_str(), static_cast<long long>(s_->step),
+                      static_cast<long long>(s_->epoch),
+                      static_cast<long long>(s_->step_in_epoch)));
+  return true;
+}
+
+std::string Trainer::last_checkpoint() const {
+  return s_->last_checkpoint;
 }
 
 EvalResult Trainer::evaluate() {
@@ -255,28 +490,32 @@ EvalResult Trainer::evaluate() {
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   auto& s = *s_;
   const auto& cfg = s.cfg;
-  MetricsWriter metrics(cfg.run.dir, cfg.run.tensorboard);
+  MetricsWriter metrics(cfg.run.dir, cfg.run.tensorboard, s.resumed_step);
   Progress progress(cfg.run.progress);
   FitResult result;
   const auto start = Clock::now();
+  const int64_t first_step = s.step;
   s.model->train();
 
-  // The current log window: steps, samples, summed device losses and when it started.
-  int64_t window_steps = 0, window_samples = 0;
-  torch::Tensor window_loss = torch::zeros({}, torch::TensorOptions().device(s.device));
   auto window_start = Clock::now();
   double last_loss = NAN, last_sps = 0.0;
-  int64_t last_eval_step = -1;
+  EvalResult last_eval;  // of the current step, for the checkpoint's metrics
+  int64_t saved_step = s.resumed_step;
 
-  // Seconds left at the average step time so far.
+  // Seconds left at the average step time of this process.
   auto eta = [&] {
-    return seconds_since(start) / static_cast<double>(s.step) *
+    return seconds_since(start) / static_cast<double>(s.step - first_step) *
            static_cast<double>(s.total_steps - s.step);
+  };
+  auto checkpoint = [&] {
+    if (saved_step == s.step) return;
+    s.save(s.last_eval_step == s.step ? &last_eval : nullptr);
+    saved_step = s.step;
   };
   auto run_eval = [&](int64_t epoch) {
     progress.clear();
-    result.last_eval = evaluate();
-    last_eval_step = s.step;
+    last_eval = result.last_eval = evaluate();
+    s.last_eval_step = s.step;
     const auto& e = result.last_eval;
     if (e.sequence) {
       metrics.write(
@@ -299,8 +538,8 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   };
   auto log_train = [&](int64_t epoch) {
     const double seconds = seconds_since(window_start);
-    last_loss = window_loss.item<double>() / static_cast<double>(window_steps);
-    last_sps = seconds > 0 ? static_cast<double>(window_samples) / seconds : 0.0;
+    last_loss = s.window_loss.item<double>() / static_cast<double>(s.window_steps);
+    last_sps = seconds > 0 ? static_cast<double>(s.window_samples) / seconds : 0.0;
     const double lr = s.schedule->lr(s.step - 1);
     if (!std::isfinite(last_loss)) {
       progress.clear();
@@ -324,39 +563,54 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
     } else {
       log::info(line);
     }
-    window_steps = window_samples = 0;
-    window_loss.zero_();
+    s.window_steps = s.window_samples = 0;
+    s.window_loss.zero_();
     window_start = Clock::now();
   };
 
   log::info(strprintf("training %lld steps (%lld per epoch) on %s",
-                      static_cast<long long>(s.total_steps),
+                      static_cast<long long>(s.total_steps - s.step),
                       static_cast<long long>(s.steps_per_epoch), s.device.str().c_str()));
   std::vector<data::Batch> micro;
-  for (int64_t epoch = 0; s.step < s.total_steps && !result.stopped; ++epoch) {
-    s.train_loader->start_epoch(epoch);
-    for (int64_t i = 0; i < s.steps_per_epoch && s.step < s.total_steps; ++i) {
+  for (; s.step < s.total_steps && !result.stopped; ++s.epoch, s.step_in_epoch = 0) {
+    const int64_t epoch = s.epoch;
+    s.train_loader->start_epoch(epoch, s.step_in_epoch * cfg.train.grad_accum_steps);
+    while (s.step_in_epoch < s.steps_per_epoch && s.step < s.total_steps) {
       micro.clear();
       for (int64_t m = 0; m < cfg.train.grad_accum_steps; ++m) {
         micro.push_back(*s.train_loader->next());
-        window_samples += micro.back().targets.size(0);
+        s.window_samples += micro.back().targets.size(0);
         s.bad_samples += micro.back().bad_samples;
       }
-      window_loss += s.train_step(micro);
-      ++window_steps;
+      s.window_loss += s.train_step(micro);
+      ++s.window_steps;
+      ++s.step_in_epoch;
       if (s.step % cfg.run.log_every == 0 || s.step == s.total_steps) log_train(epoch);
       progress.update(s.step, s.total_steps, epoch, last_loss, last_sps, eta());
       if (cfg.run.eval_every > 0 && s.step % cfg.run.eval_every == 0) run_eval(epoch);
-      if (stop && stop->load()) {
+      if (cfg.run.checkpoint_every > 0 && s.step % cfg.run.checkpoint_every == 0) checkpoint();
+      const bool stop_here =
+          cfg.train.stop_at_step > 0 && s.step == cfg.train.stop_at_step && s.step < s.total_steps;
+      if ((stop && stop->load()) || stop_here) {
+        progress.clear();
+        log::warn(strprintf("stopping after step %lld (%s); resume with --resume auto",
+                            static_cast<long long>(s.step),
+                            stop_here ? "train.stop_at_step" : "signal"));
         result.stopped = true;
         break;
       }
     }
-    if (cfg.run.eval_every == 0 && !result.stopped && last_eval_step != s.step) run_eval(epoch);
+    if (result.stopped) break;
+    if (cfg.run.eval_every == 0 && s.last_eval_step != s.step) run_eval(epoch);
+    // Resuming from the end of an epoch runs no step of it and goes on with the next.
+    if (cfg.run.checkpoint_every == 0 && s.step_in_epoch == s.steps_per_epoch) checkpoint();
   }
-  if (cfg.train.eval_at_end && !result.stopped && last_eval_step != s.step) {
-    run_eval(s.total_steps > 0 ? (s.step - 1) / s.steps_per_epoch : 0);
+  if (!result.stopped) {
+    if (cfg.train.eval_at_end && s.last_eval_step != s.step) {
+      run_eval(s.total_steps > 0 ? (s.step - 1) / s.steps_per_epoch : 0);
+    }
   }
+  checkpoint();
   progress.clear();
   result.steps = s.step;
   result.seconds = seconds_since(start);

@@ -23,8 +23,8 @@ struct EvalResult {
 
 // What fit() did.
 struct FitResult {
-  int64_t steps = 0;     // optimizer steps taken
-  bool stopped = false;  // ended early by the stop flag
+  int64_t steps = 0;     // optimizer steps taken, counted from the start of the run
+  bool stopped = false;  // ended early (stop flag or train.stop_at_step), after a checkpoint
   EvalResult last_eval;  // the last evaluation (samples == 0 when none ran)
   double seconds = 0.0;  // wall time of the loop
 };
@@ -41,9 +41,21 @@ class Trainer {
   // Device, data sizes, steps and the model summary (with its `parameters: N` line).
   std::string summary() const;
 
-  // Trains to the end (or until *stop becomes true), evaluating and logging as configured.
-  // Writes <run.dir>/metrics.jsonl; the run dir must exist.
+  // Continues from a checkpoint: "auto" takes the newest one of <run.dir>/checkpoints that
+  // verifies (returns false, a fresh start, when there is none); anything else is a checkpoint
+  // file. Restores the model, optimizer, RNG, data position and metrics window, so the run goes on
+  // exactly as if never interrupted. Throws config::ConfigError when the checkpoint belongs to
+  // another model or optimizer, checkpoint::CorruptCheckpoint for a damaged file.
+  bool resume(const std::string& spec);
+
+  // Trains to the end (or until *stop becomes true, or train.stop_at_step), evaluating, logging
+  // and checkpointing as configured; a stop writes a checkpoint first. Writes
+  // <run.dir>/metrics.jsonl (after a resume: keeps its lines up to the checkpoint's step and
+  // appends); the run dir must exist.
   FitResult fit(const std::atomic<bool>* stop = nullptr);
+
+  // The newest checkpoint written or resumed from; "" when none.
+  std::string last_checkpoint() const;
 
   // Evaluates the current model on the validation split.
   EvalResult evaluate();

@@ -1,0 +1,86 @@
+// Model weights by name: the state dict and loading one into a model.
+#include <torch/torch.h>
+
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+
+namespace trainer::models {
+namespace {
+
+std::string shape_of(const torch::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+// "a, b, c" (at most `limit` names, then "and N more").
+std::string list(const std::vector<std::string>& names, size_t limit = 6) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > limit) out += " and " + std::to_string(names.size() - limit) + " more";
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : module.named_parameters(/*recurse=*/true))
+    out.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+std::string load_weights(torch::nn::Module& module,
+                         const std::vector<std::pair<std::string, torch::Tensor>>& weights,
+                         bool skip_head) {
+  const auto own = state_dict(module);
+  std::string head;
+  const auto params = module.named_parameters(/*recurse=*/true);
+  if (skip_head && params.size() > 0) {
+    const std::string last = params.keys().back();
+    head = last.substr(0, last.rfind('.') + 1);
+  }
+  auto in_head = [&](const std::string& name) {
+    return !head.empty() && name.compare(0, head.size(), head) == 0;
+  };
+  std::map<std::string, torch::Tensor> given(weights.begin(), weights.end());
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (destination, source)
+  for (const auto& [name, tensor] : own) {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      if (!in_head(name)) missing.push_back(name);
+      continue;
+    }
+    if (it->second.sizes() != tensor.sizes()) {
+      if (!in_head(name)) {
+        mismatched.push_back(name + " " + shape_of(it->second) + " in the file, " +
+                             shape_of(tensor) + " in the model");
+      }
+    } else {
+      copies.emplace_back(tensor, it->second);
+    }
+    given.erase(it);
+  }
+  for (const auto& [name, tensor] : given) unexpected.push_back(name);
+  std::string problems;
+  auto add = [&](const std::string& what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    problems += (problems.empty() ? "" : "; ") + std::to_string(names.size()) + " " + what + ": " +
+                list(names);
+  };
+  add("missing", missing);
+  add("unexpected", unexpected);
+  add("with other shapes", mismatched);
+  if (!problems.empty()) return problems;
+  torch::NoGradGuard no_grad;
+  for (auto& [dst, src] : copies) dst.copy_(src);
+  return "";
+}
+
+}  // namespace trainer::models

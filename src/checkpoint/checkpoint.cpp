@@ -1,0 +1,237 @@
+#include "checkpoint/checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include "util/fileio.h"
+#include "util/format.h"
+#include "util/log.h"
+
+namespace trainer::checkpoint {
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kMetaKey = "trainer";
+constexpr int kFormat = 1;
+
+std::string hex64(uint64_t v) {
+  return strprintf("%016llx", static_cast<unsigned long long>(v));
+}
+
+std::string file_name(int64_t step) {
+  return strprintf("step_%08lld.safetensors", static_cast<long long>(step));
+}
+
+bool lower_is_better(const std::string& metric) {
+  return metric == "loss" || metric == "ppl";
+}
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string base_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::vector<Entry> read_manifest(const std::string& dir) {
+  const std::string path = dir + "/" + kManifest;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return {};
+  std::vector<Entry> out;
+  try {
+    const auto bytes = read_bytes(path);
+    const auto j = nlohmann::json::parse(bytes.begin(), bytes.end());
+    for (const auto& e : j.at("checkpoints")) {
+      Entry entry;
+      entry.file = e.at("file").get<std::string>();
+      entry.step = e.at("step").get<int64_t>();
+      entry.bytes = e.at("bytes").get<uint64_t>();
+      entry.xxh64 = e.at("xxh64").get<std::string>();
+      if (e.contains("metrics")) entry.metrics = e["metrics"].get<std::map<std::string, double>>();
+      out.push_back(std::move(entry));
+    }
+  } catch (const std::exception& e) {
+    // The manifest is written atomically, so this means it was edited or damaged by hand.
+    log::warn(path + ": unreadable manifest (" + e.what() + "); ignoring it");
+    return {};
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step < b.step; });
+  return out;
+}
+
+State parse(const std::vector<uint8_t>& bytes, const std::string& path) {
+  SafetensorsFile f;
+  try {
+    f = parse_safetensors(bytes, path);
+  } catch (const FormatError& e) {
+    throw CorruptCheckpoint(e.what());
+  }
+  auto it = f.metadata.find(kMetaKey);
+  if (it == f.metadata.end()) {
+    throw CorruptCheckpoint(path + ": not a trainer checkpoint (no '" + std::string(kMetaKey) +
+                            "' metadata); for weights use model.pretrained");
+  }
+  State s;
+  try {
+    s.meta = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptCheckpoint(path + ": checkpoint metadata is not JSON: " + e.what());
+  }
+  s.tensors = std::move(f.tensors);
+  return s;
+}
+
+// Loads and verifies one file against its manifest entry (when given).
+State load_verified(const std::string& path, const Entry* entry) {
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_bytes(path);
+  } catch (const IoError& e) {
+    throw CorruptCheckpoint(e.what());
+  }
+  if (entry) {
+    if (bytes.size() != entry->bytes) {
+      throw CorruptCheckpoint(path + ": " + std::to_string(bytes.size()) +
+                              " bytes, the manifest says " + std::to_string(entry->bytes) +
+                              " (truncated?)");
+    }
+    const std::string sum = xxh64_hex(bytes);
+    if (sum != entry->xxh64) {
+      throw CorruptCheckpoint(path + ": checksum " + sum + " differs from the manifest's " +
+                              entry->xxh64 + " (the file is corrupt)");
+    }
+  }
+  return parse(bytes, path);
+}
+
+}  // namespace
+
+std::string xxh64_hex(const std::vector<uint8_t>& bytes) {
+  return hex64(XXH64(bytes.data(), bytes.size(), /*seed=*/0));
+}
+
+Directory::Directory(std::string dir, int64_t keep_last, std::string keep_best)
+    : dir_(std::move(dir)),
+      keep_last_(std::max<int64_t>(keep_last, 1)),
+      keep_best_(std::move(keep_best)) {}
+
+void Directory::remove_stale_temporaries() const {
+  // Left by a process killed mid-write; one process writes a run's checkpoints at a time.
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(dir_.c_str()), &::closedir);
+  if (!dir) return;
+  while (const dirent* e = ::readdir(dir.get())) {
+    const std::string name = e->d_name;
+    if (name.find(".tmp.") != std::string::npos) ::unlink((dir_ + "/" + name).c_str());
+  }
+}
+
+std::vector<Entry> Directory::entries() const {
+  return read_manifest(dir_);
+}
+
+void Directory::write_manifest(const std::vector<Entry>& entries) const {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& e : entries) {
+    nlohmann::json j = {{"file", e.file}, {"step", e.step}, {"bytes", e.bytes}, {"xxh64", e.xxh64}};
+    if (!e.metrics.empty()) j["metrics"] = e.metrics;
+    list.push_back(std::move(j));
+  }
+  const nlohmann::json manifest = {{"format", kFormat}, {"checkpoints", list}};
+  write_text_atomically(dir_ + "/" + kManifest, manifest.dump(2) + "\n");
+}
+
+std::string Directory::save(int64_t step, const State& state,
+                            const std::map<std::string, double>& metrics) {
+  if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw IoError(dir_ + ": cannot create: " + std::strerror(errno));
+  }
+  remove_stale_temporaries();
+  Entry entry;
+  entry.file = file_name(step);
+  entry.step = step;
+  entry.metrics = metrics;
+  const std::string path = dir_ + "/" + entry.file;
+  XXH64_state_t* hash = XXH64_createState();
+  XXH64_reset(hash, /*seed=*/0);
+  try {
+    write_atomically(
+        path,
+        [&](const ByteSink& sink) {
+          write_safetensors(state.tensors, {{kMetaKey, state.meta.dump()}}, sink);
+        },
+        [&](const void* data, size_t size) {
+          XXH64_update(hash, data, size);
+          entry.bytes += size;
+        });
+  } catch (...) {
+    XXH64_freeState(hash);
+    throw;
+  }
+  entry.xxh64 = hex64(XXH64_digest(hash));
+  XXH64_freeState(hash);
+
+  // The manifest: the new entry replaces any of the same step, then pruning.
+  std::vector<Entry> all;
+  for (auto& e : read_manifest(dir_)) {
+    if (e.step != step) all.push_back(std::move(e));
+  }
+  all.push_back(entry);
+  std::sort(all.begin(), all.end(), [](const Entry& a, const Entry& b) { return a.step < b.step; });
+  std::set<std::string> keep;
+  for (size_t i = all.size() > static_cast<size_t>(keep_last_) ? all.size() - keep_last_ : 0;
+       i < all.size(); ++i) {
+    keep.insert(all[i].file);
+  }
+  if (!keep_best_.empty()) {
+    const Entry* best = nullptr;
+    for (const auto& e : all) {
+      auto it = e.metrics.find(keep_best_);
+      if (it == e.metrics.end()) continue;
+      const double v = it->second;
+      const double b = best ? best->metrics.at(keep_best_) : 0.0;
+      if (!best || (lower_is_better(keep_best_) ? v < b : v > b)) best = &e;
+    }
+    if (best) keep.insert(best->file);
+  }
+  std::vector<Entry> kept, dropped;
+  for (auto& e : all) (keep.count(e.file) ? kept : dropped).push_back(std::move(e));
+  write_manifest(kept);
+  // Only once the manifest no longer names them.
+  for (const auto& e : dropped) ::unlink((dir_ + "/" + e.file).c_str());
+  return path;
+}
+
+std::optional<std::pair<std::string, State>> Directory::load_latest() const {
+  const auto all = read_manifest(dir_);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string path = dir_ + "/" + it->file;
+    try {
+      return std::make_pair(path, load_verified(path, &*it));
+    } catch (const CorruptCheckpoint& e) {
+      log::warn(std::string(e.what()) + "; trying the previous checkpoint");
+    }
+  }
+  return std::nullopt;
+}
+
+State load(const std::string& path) {
+  for (const auto& e : read_manifest(dir_of(path))) {
+    if (e.file == base_of(path)) return load_verified(path, &e);
+  }
+  log::warn(path + ": not listed in a manifest beside it; its checksum cannot be verified");
+  return load_verified(path, nullptr);
+}
+
+}  // namespace trainer::checkpoint

@@ -1,0 +1,78 @@
+// Training checkpoints in <run.dir>/checkpoints/: one safetensors file per checkpoint
+// (step_00001234.safetensors, the engine's tensors plus its JSON metadata) and manifest.json,
+// which lists them with their step, size, xxHash64 checksum and validation metrics.
+//
+// Every file is written atomically (util/fileio.h), the checkpoint before the manifest that names
+// it, so a crash at any moment leaves a manifest whose checkpoints are all complete.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+
+namespace trainer::checkpoint {
+
+// What a checkpoint holds: named tensors and a JSON document (the engine decides both).
+struct State {
+  NamedTensors tensors;
+  nlohmann::json meta;
+};
+
+// A checkpoint that fails its checksum or cannot be parsed; the message names the file.
+class CorruptCheckpoint : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One manifest entry.
+struct Entry {
+  std::string file;  // name within the directory
+  int64_t step = 0;
+  uint64_t bytes = 0;
+  std::string xxh64;                      // hex checksum of the whole file
+  std::map<std::string, double> metrics;  // the validation metrics at that step, if any
+};
+
+class Directory {
+ public:
+  // keep_last: checkpoints kept besides the best; keep_best: a validation metric (top1, top5:
+  // higher is better; loss, ppl: lower is better) whose best checkpoint is kept too, or "".
+  Directory(std::string dir, int64_t keep_last, std::string keep_best);
+
+  const std::string& path() const { return dir_; }
+
+  // Writes the checkpoint of `step` and the manifest, then removes checkpoints no longer kept.
+  // Throws IoError (util/fileio.h) when writing fails; the previous checkpoints stay intact.
+  std::string save(int64_t step, const State& state, const std::map<std::string, double>& metrics);
+
+  // The manifest's entries, oldest first; empty when there is no manifest.
+  std::vector<Entry> entries() const;
+
+  // The newest checkpoint that loads and verifies, with its path. Corrupt ones are skipped with
+  // a warning naming them. nullopt when there is none.
+  std::optional<std::pair<std::string, State>> load_latest() const;
+
+ private:
+  void write_manifest(const std::vector<Entry>& entries) const;
+  void remove_stale_temporaries() const;
+
+  std::string dir_;
+  int64_t keep_last_;
+  std::string keep_best_;
+};
+
+// Loads `path`, verifying its checksum against the manifest of its directory when that lists it
+// (else only its structure, with a warning). Throws CorruptCheckpoint or FormatError.
+State load(const std::string& path);
+
+// The xxHash64 of `bytes` as 16 hex digits.
+std::string xxh64_hex(const std::vector<uint8_t>& bytes);
+
+}  // namespace trainer::checkpoint

@@ -1,0 +1,35 @@
+// Whole-file reads and crash-safe writes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+// An I/O failure; the message names the path and the system's reason.
+class IoError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The whole file.
+std::vector<uint8_t> read_bytes(const std::string& path);
+
+// Receives the bytes of a file being written, in pieces.
+using ByteSink = std::function<void(const void* data, size_t size)>;
+
+// Writes `path` so that a crash at any moment leaves either the old file or the complete new one:
+// the bytes `produce` passes to its sink go to a temporary file in the same directory, which is
+// flushed to disk (fsync), renamed over `path`, and the directory entry is flushed too. On any
+// failure the temporary file is removed, `path` is untouched, and IoError names the problem.
+// `on_bytes`, when given, also sees every byte (e.g. to checksum them).
+void write_atomically(const std::string& path, const std::function<void(const ByteSink&)>& produce,
+                      const ByteSink& on_bytes = nullptr);
+
+// write_atomically for a string.
+void write_text_atomically(const std::string& path, const std::string& text);
+
+}  // namespace trainer

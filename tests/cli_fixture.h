@@ -1,0 +1,112 @@
+// The fixture of the end-to-end suites: runs the trainer binary in a fresh directory.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "image_files.h"
+
+namespace trainer::test_support {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+inline std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::random_device rd;
+    dir_ = fs::temp_directory_path() / ("trainer_cli_" + std::to_string(rd()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs `trainer <args>` from the source dir; stdout and stderr captured separately.
+  Result run(const std::string& args) { return sh(std::string("'") + TRAINER_BIN + "' " + args); }
+
+  // Runs a bash script from the source dir, with $TRAINER set to the binary.
+  Result sh(const std::string& script) {
+    const fs::path err_file = dir_ / "stderr.txt";
+    const fs::path script_file = dir_ / "script.sh";
+    std::ofstream(script_file) << "TRAINER='" << TRAINER_BIN << "'\n" << script << "\n";
+    const std::string cmd = std::string("cd '") + TRAINER_SOURCE_DIR + "' && bash '" +
+                            script_file.string() + "' 2>'" + err_file.string() + "'";
+    Result r;
+    FILE* pipe = popen(cmd.c_str(), "r");
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) r.out.append(buf, n);
+    const int status = pclose(pipe);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.err = read_file(err_file);
+    return r;
+  }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+  static std::vector<nlohmann::json> metrics(const fs::path& run_dir, const std::string& split) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(run_dir / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["split"] == split) out.push_back(j);
+    }
+    return out;
+  }
+
+  static std::vector<double> losses(const fs::path& run_dir) {
+    std::vector<double> out;
+    for (const auto& j : metrics(run_dir, "train")) out.push_back(j["loss"].get<double>());
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+// The name of the checkpoint of `step`.
+inline std::string step_file(int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "step_%08lld.safetensors", static_cast<long long>(step));
+  return name;
+}
+
+// root/<split>/<class>/<i>.jpg for two classes, `per_class` training images each and one
+// validation image.
+inline void write_image_folder(const fs::path& root, int per_class, int width, int height) {
+  for (const char* split : {"train", "val"}) {
+    for (int c = 0; c < 2; ++c) {
+      const fs::path dir = root / split / ("class" + std::to_string(c));
+      fs::create_directories(dir);
+      for (int i = 0; i < (split == std::string("train") ? per_class : 1); ++i) {
+        const auto rgb = ramp_image(width, height, static_cast<uint8_t>(c * 200 + i));
+        write_file((dir / (std::to_string(i) + ".jpg")).string(), encode_jpeg(rgb, width, height));
+      }
+    }
+  }
+}
+
+}  // namespace trainer::test_support

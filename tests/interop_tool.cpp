@@ -1,0 +1,51 @@
+// Helper of tests/interop_check.py: the logits of a built-in model with given weights.
+//
+//   interop_tool MODEL NUM_CLASSES WEIGHTS.safetensors INPUT.safetensors OUT.safetensors
+//
+// Builds MODEL (e.g. resnet18) for NUM_CLASSES, loads WEIGHTS strictly by name, runs the tensor
+// "x" of INPUT through it in eval mode and writes {"logits": ...} to OUT. Exit 1 with a message
+// on any problem.
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "checkpoint/safetensors.h"
+#include "config/config.h"
+#include "models/model.h"
+#include "util/fileio.h"
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::cerr << "usage: interop_tool MODEL NUM_CLASSES WEIGHTS INPUT OUT\n";
+    return 2;
+  }
+  try {
+    using namespace trainer;
+    config::ModelConfig cfg;
+    cfg.name = argv[1];
+    cfg.num_classes = std::atoll(argv[2]);
+    const auto input = checkpoint::read_safetensors(argv[4]);
+    torch::Tensor x;
+    for (const auto& [name, t] : input.tensors)
+      if (name == "x") x = t;
+    if (!x.defined()) throw std::runtime_error(std::string(argv[4]) + ": no tensor 'x'");
+    std::vector<int64_t> shape(x.sizes().begin() + 1, x.sizes().end());
+    auto model =
+        models::model_registry().get(cfg.name)(cfg, models::InputSpec{shape, cfg.num_classes});
+    const std::string problems =
+        models::load_weights(*model, checkpoint::read_safetensors(argv[3]).tensors, false);
+    if (!problems.empty()) throw std::runtime_error(problems);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const auto logits = model->forward(x);
+    write_atomically(argv[5], [&](const ByteSink& sink) {
+      checkpoint::write_safetensors({{"logits", logits}}, {}, sink);
+    });
+  } catch (const std::exception& e) {
+    std::cerr << "interop_tool: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

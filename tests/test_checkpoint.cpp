@@ -1,0 +1,186 @@
+// Checkpoint files: the safetensors format, atomic writes, the manifest, verification, pruning.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "temp_dir.h"
+#include "util/fileio.h"
+
+namespace trainer::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<uint8_t> to_bytes(const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata = {}) {
+  std::vector<uint8_t> out;
+  write_safetensors(tensors, metadata, [&](const void* p, size_t n) {
+    out.insert(out.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  });
+  return out;
+}
+
+TEST(SafetensorsTest, RoundTripsEveryDtypeAndMetadata) {
+  NamedTensors in = {
+      {"f32", torch::randn({3, 4})},
+      {"f64", torch::randn({2}, torch::kFloat64)},
+      {"f16", torch::randn({5}).to(torch::kFloat16)},
+      {"bf16", torch::randn({2, 2}).to(torch::kBFloat16)},
+      {"i64", torch::arange(7, torch::kInt64)},
+      {"i32", torch::arange(3, torch::kInt32)},
+      {"u8", torch::tensor({1, 2, 255}, torch::kUInt8)},
+      {"bool", torch::tensor({true, false})},
+      {"scalar", torch::tensor(3.5)},
+      {"empty", torch::empty({0, 3})},
+      {"strided", torch::randn({4, 6}).t()},  // non-contiguous input
+  };
+  const auto bytes = to_bytes(in, {{"k", "v"}});
+  // The data section starts 8-byte aligned, after a JSON header.
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<size_t>(i)];
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(bytes[8], '{');
+  const auto out = parse_safetensors(bytes, "x");
+  EXPECT_EQ(out.metadata.at("k"), "v");
+  ASSERT_EQ(out.tensors.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(out.tensors[i].first, in[i].first);
+    EXPECT_EQ(out.tensors[i].second.scalar_type(), in[i].second.scalar_type()) << in[i].first;
+    EXPECT_TRUE(torch::equal(out.tensors[i].second, in[i].second)) << in[i].first;
+  }
+}
+
+TEST(SafetensorsTest, MalformedFilesAreFormatErrors) {
+  const auto good = to_bytes({{"a", torch::ones({16})}, {"b", torch::zeros({4})}});
+  auto error_of = [](std::vector<uint8_t> bytes) -> std::string {
+    try {
+      parse_safetensors(bytes, "w.safetensors");
+    } catch (const FormatError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto truncated = good;
+  truncated.resize(good.size() - 5);
+  EXPECT_NE(error_of(truncated).find("w.safetensors: not a valid safetensors file"),
+            std::string::npos);
+  EXPECT_NE(error_of({1, 2, 3}).find("only 3 bytes"), std::string::npos);
+  auto long_header = good;
+  long_header[3] = 0x7F;
+  EXPECT_NE(error_of(long_header).find("does not fit"), std::string::npos);
+  auto not_json = good;
+  not_json[8] = '[';
+  EXPECT_NE(error_of(not_json).find("w.safetensors"), std::string::npos);
+  auto extra = good;
+  extra.push_back(0);
+  EXPECT_NE(error_of(extra).find("1 bytes after the last tensor"), std::string::npos);
+  EXPECT_THROW(to_bytes({{"a", torch::ones(1)}, {"a", torch::ones(1)}}), std::invalid_argument);
+}
+
+class DirectoryTest : public ::testing::Test {
+ protected:
+  State state(int64_t step) const {
+    State s;
+    s.tensors = {{"w", torch::full({64}, static_cast<float>(step))}};
+    s.meta = {{"step", step}};
+    return s;
+  }
+  std::string dir() const { return (tmp_ / "checkpoints").string(); }
+  test_support::TempDir tmp_{"ckpt"};
+};
+
+TEST_F(DirectoryTest, SavesLoadsAndKeepsTheLastAndTheBest) {
+  Directory d(dir(), /*keep_last=*/2, /*keep_best=*/"top1");
+  const std::vector<double> top1 = {0.5, 0.9, 0.6, 0.7, 0.8};
+  for (int64_t step = 1; step <= 5; ++step) {
+    d.save(step * 10, state(step * 10), {{"top1", top1[static_cast<size_t>(step - 1)]}});
+  }
+  std::vector<int64_t> steps;
+  for (const auto& e : d.entries()) steps.push_back(e.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{20, 40, 50}));  // the best (0.9 at 20) and the last two
+  EXPECT_FALSE(fs::exists(tmp_ / "checkpoints" / "step_00000010.safetensors"));
+  EXPECT_FALSE(fs::exists(tmp_ / "checkpoints" / "step_00000030.safetensors"));
+  auto latest = d.load_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->second.meta["step"], 50);
+  EXPECT_TRUE(torch::equal(latest->second.tensors[0].second, torch::full({64}, 50.0f)));
+  // Lower is better for loss.
+  Directory by_loss((tmp_ / "l").string(), 1, "loss");
+  by_loss.save(1, state(1), {{"loss", 0.2}});
+  by_loss.save(2, state(2), {{"loss", 0.4}});
+  by_loss.save(3, state(3), {{"loss", 0.3}});
+  EXPECT_EQ(by_loss.entries().front().step, 1);
+  EXPECT_EQ(by_loss.entries().size(), 2u);
+}
+
+TEST_F(DirectoryTest, FallsBackWhenTheNewestIsTruncatedOrFlipped) {
+  Directory d(dir(), 3, "");
+  for (int64_t step : {1, 2, 3}) d.save(step, state(step), {});
+  const auto newest = tmp_ / "checkpoints" / "step_00000003.safetensors";
+  const auto middle = tmp_ / "checkpoints" / "step_00000002.safetensors";
+  fs::resize_file(newest, fs::file_size(newest) - 10);
+  auto latest = d.load_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->second.meta["step"], 2);
+  EXPECT_THROW(load(newest.string()), CorruptCheckpoint);
+  {
+    // One flipped bit in the tensor data: the structure still parses, the checksum does not.
+    std::fstream f(middle, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-20, std::ios::end);
+    char c;
+    f.get(c);
+    f.seekp(-20, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  latest = d.load_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->second.meta["step"], 1);
+  try {
+    load(middle.string());
+    ADD_FAILURE() << "no CorruptCheckpoint";
+  } catch (const CorruptCheckpoint& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  fs::remove(tmp_ / "checkpoints" / "step_00000001.safetensors");
+  EXPECT_FALSE(d.load_latest().has_value());
+}
+
+TEST_F(DirectoryTest, AFailedWriteLeavesThePreviousCheckpoint) {
+  Directory d(dir(), 3, "");
+  d.save(1, state(1), {});
+  // The next checkpoint's name is taken by a directory: the rename fails.
+  fs::create_directories(tmp_ / "checkpoints" / "step_00000002.safetensors" / "x");
+  EXPECT_THROW(d.save(2, state(2), {}), IoError);
+  ASSERT_EQ(d.entries().size(), 1u);
+  EXPECT_EQ(d.load_latest()->second.meta["step"], 1);
+  for (const auto& entry : fs::directory_iterator(tmp_ / "checkpoints")) {
+    EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();
+  }
+  // A directory that cannot be created.
+  std::ofstream(tmp_ / "file") << "x";
+  Directory blocked((tmp_ / "file" / "checkpoints").string(), 3, "");
+  EXPECT_THROW(blocked.save(1, state(1), {}), IoError);
+}
+
+TEST_F(DirectoryTest, UnlistedFileLoadsWithoutChecksum) {
+  Directory d(dir(), 3, "");
+  const std::string path = d.save(7, state(7), {});
+  fs::copy_file(path, tmp_ / "copy.safetensors");
+  EXPECT_EQ(load((tmp_ / "copy.safetensors").string()).meta["step"], 7);
+  // Not a checkpoint: plain weights.
+  write_text_atomically(
+      (tmp_ / "w.safetensors").string(),
+      std::string(reinterpret_cast<const char*>(to_bytes({{"a", torch::ones(2)}}).data()),
+                  to_bytes({{"a", torch::ones(2)}}).size()));
+  EXPECT_THROW(load((tmp_ / "w.safetensors").string()), CorruptCheckpoint);
+}
+
+}  // namespace
+}  // namespace trainer::checkpoint

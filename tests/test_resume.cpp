@@ -1,0 +1,204 @@
+// Checkpoints and resume, end to end: exact continuation after a planned stop, SIGTERM and
+// kill -9, corrupt checkpoints, mismatched configs, failing saves, export.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_fixture.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using trainer::test_support::Cli;
+using trainer::test_support::read_file;
+using trainer::test_support::write_image_folder;
+
+// Every record of metrics.jsonl without its timing field, one string per line.
+std::vector<std::string> records(const fs::path& run_dir) {
+  std::vector<std::string> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    j.erase("samples_per_sec");
+    out.push_back(j.dump());
+  }
+  return out;
+}
+
+// Synthetic data with dropout, gradient accumulation, AdamW, warmup + cosine, 2 loader workers.
+const std::string kSynthetic =
+    "--config configs/synthetic.yaml --set train.grad_accum_steps=2 --set model.dropout=0.2 "
+    "--set optim.name=adamw --set optim.lr=0.01 --set sched.name=cosine "
+    "--set sched.warmup_steps=3 --set data.workers=2 --set run.log_every=1 --set train.epochs=3 "
+    "--set run.progress=never";
+
+TEST_F(Cli, ResumeAfterAPlannedStopIsBitwiseExact) {
+  const auto a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run(kSynthetic + " --run-dir '" + a.string() + "'").code, 0);
+  // 512 samples / (32 x 2) = 8 steps per epoch: stop mid-epoch 2.
+  auto r = run(kSynthetic + " --run-dir '" + b.string() + "' --set train.stop_at_step=11");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(b / "checkpoints" / "step_00000011.safetensors"));
+  EXPECT_EQ(records(b).size(), 11u + 1u);  // 11 train lines, the evaluation after epoch 1
+  r = run(kSynthetic + " --run-dir '" + b.string() + "' --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("resumed from"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("train.stop_at_step changed: 11 -> 0"), std::string::npos) << r.err;
+  ASSERT_EQ(records(a).size(), 24u + 3u);
+  EXPECT_EQ(records(a), records(b));
+}
+
+TEST_F(Cli, ResumeWithAugmentationAndSeveralWorkersIsBitwiseExact) {
+  write_image_folder(dir_ / "images", /*per_class=*/10, /*width=*/40, /*height=*/30);
+  const std::string config =
+      "--config configs/synthetic.yaml --set model.hidden=[32] --set data.name=imagefolder "
+      "--set data.root='" +
+      (dir_ / "images").string() +
+      "' --set data.image_size=12 --set data.resize_size=14 --set data.hflip=0.5 "
+      "--set data.batch_size=4 --set data.workers=3 --set run.log_every=1 "
+      "--set run.progress=never --set train.epochs=2";
+  const auto a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run(config + " --run-dir '" + a.string() + "'").code, 0);
+  ASSERT_EQ(run(config + " --run-dir '" + b.string() + "' --set train.stop_at_step=7").code, 0);
+  auto r = run(config + " --run-dir '" + b.string() + "' --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(records(a).size(), 10u + 2u);
+  EXPECT_EQ(records(a), records(b));
+}
+
+// A run long enough to be interrupted: 50 ms steps, constant learning rate (so the step limit does
+// not shape the schedule), a checkpoint after every step.
+const std::string kSlow =
+    "--config configs/synthetic.yaml --set model.hidden=[1024,1024] --set data.shape=[1,32,32] "
+    "--set data.train_samples=4096 --set data.batch_size=256 --set data.workers=1 "
+    "--set run.log_every=1 --set run.progress=never --set run.checkpoint_every=1 "
+    "--set run.keep_last=2 --set optim.lr=0.01 --set data.noise=4 --set data.num_classes=10";
+
+TEST_F(Cli, SigtermMidEpochCheckpointsExitsZeroAndResumesExactly) {
+  const auto a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run(kSlow + " --set train.max_steps=40 --run-dir '" + a.string() + "'").code, 0);
+  // Interrupted once two steps are logged; the long max_steps keeps it running until then.
+  auto r = sh("\"$TRAINER\" " + kSlow + " --set train.max_steps=100000 --run-dir '" + b.string() +
+              "' & pid=$!\n"
+              "until [ \"$(grep -c train '" +
+              (b / "metrics.jsonl").string() +
+              "' 2>/dev/null)\" -ge 2 ]; do sleep 0.02; done\n"
+              "kill -TERM $pid; wait $pid; echo \"exit=$?\"");
+  EXPECT_NE(r.out.find("exit=0"), std::string::npos) << r.out << r.err;
+  const auto stopped = trainer::test_support::Cli::metrics(b, "train");
+  ASSERT_FALSE(stopped.empty());
+  const int64_t k = stopped.back()["step"].get<int64_t>();
+  ASSERT_LT(k, 40) << "the signal came too late to test a resume";
+  EXPECT_TRUE(fs::exists(b / "checkpoints" / trainer::test_support::step_file(k)));
+  r = run(kSlow + " --set train.max_steps=40 --run-dir '" + b.string() + "' --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(records(a), records(b));
+}
+
+TEST_F(Cli, KillNineAtRandomMomentsNeverLeavesAnUnloadableCheckpoint) {
+  const auto a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run(kSlow + " --set train.max_steps=30 --run-dir '" + a.string() + "'").code, 0);
+  std::mt19937 gen(12345);
+  int killed_rounds = 0;
+  for (int round = 0; round < 8; ++round) {
+    // Killed after a random 0.3 .. 1.5 s: start-up, loading, training or writing a checkpoint.
+    const double delay = 0.3 + 1.2 * std::uniform_real_distribution<double>(0, 1)(gen);
+    auto r = sh("\"$TRAINER\" " + kSlow + " --set train.max_steps=30 --run-dir '" + b.string() +
+                "' --resume auto 2>>'" + (dir_ / "rounds.log").string() + "' & pid=$!\nsleep " +
+                std::to_string(delay) + "; kill -9 $pid; wait $pid; echo \"exit=$?\"");
+    // Each round either ran to the end or was killed; none failed on a bad checkpoint.
+    const bool killed = r.out.find("exit=137") != std::string::npos;
+    killed_rounds += killed;
+    EXPECT_TRUE(killed || r.out.find("exit=0") != std::string::npos) << r.out;
+  }
+  EXPECT_GE(killed_rounds, 3);
+  const std::string rounds = read_file(dir_ / "rounds.log");
+  EXPECT_NE(rounds.find("resumed from"), std::string::npos) << rounds;
+  EXPECT_EQ(rounds.find("trying the previous checkpoint"), std::string::npos) << rounds;
+  EXPECT_EQ(rounds.find("error"), std::string::npos) << rounds;
+  auto r = run(kSlow + " --set train.max_steps=30 --run-dir '" + b.string() + "' --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(records(a), records(b));
+}
+
+TEST_F(Cli, CorruptNewestCheckpointFallsBackToThePreviousOne) {
+  const auto b = dir_ / "b";
+  ASSERT_EQ(run(kSynthetic + " --run-dir '" + b.string() +
+                "' --set run.checkpoint_every=4 "
+                "--set train.stop_at_step=12")
+                .code,
+            0);
+  const auto newest = b / "checkpoints" / "step_00000012.safetensors";
+  fs::resize_file(newest, fs::file_size(newest) / 2);
+  auto r =
+      run(kSynthetic + " --run-dir '" + b.string() + "' --resume auto --set train.max_steps=13");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("step_00000012.safetensors"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("trying the previous checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(
+      r.err.find("resumed from " + (b / "checkpoints" / "step_00000008.safetensors").string()),
+      std::string::npos)
+      << r.err;
+  // Asked for by path, the corrupt file is an error.
+  r = run(kSynthetic + " --run-dir '" + (dir_ / "c").string() + "' --resume '" + newest.string() +
+          "'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(newest.string()), std::string::npos) << r.err;
+  r = run(kSynthetic + " --resume '" + (dir_ / "absent").string() + "'");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--resume"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, ResumingIntoAnotherModelNamesWhatDiffers) {
+  const auto b = dir_ / "b";
+  ASSERT_EQ(run(kSynthetic + " --run-dir '" + b.string() + "' --set train.stop_at_step=3").code, 0);
+  auto r = run(kSynthetic + " --run-dir '" + b.string() +
+               "' --resume auto --set model.hidden=[128] --set optim.name=sgd");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("model.hidden: is [128] but the checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("was written with [64]"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("optim.name: is sgd"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, FailedSaveStopsTheRunUnlessAskedToContinue) {
+  const auto b = dir_ / "b";
+  fs::create_directories(b);
+  std::ofstream(b / "checkpoints") << "a file where the checkpoint folder goes";
+  auto r = run(kSynthetic + " --run-dir '" + b.string() + "'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("checkpoint at step 8 not saved"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("run.continue_on_save_error"), std::string::npos) << r.err;
+  r = run(kSynthetic + " --run-dir '" + b.string() + "' --set run.continue_on_save_error=true");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Cli::metrics(b, "train").back()["step"], 24);
+}
+
+TEST_F(Cli, ExportWritesPlainWeights) {
+  const auto b = dir_ / "b";
+  ASSERT_EQ(run(kSynthetic + " --run-dir '" + b.string() + "' --set train.max_steps=2").code, 0);
+  const auto out = dir_ / "w.safetensors";
+  auto r =
+      run("export --checkpoint '" + (b / "checkpoints" / "step_00000002.safetensors").string() +
+          "' --out '" + out.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("tensors of mlp at step 2"), std::string::npos) << r.out;
+  // The weights initialise a new run (and are rejected by a model of another shape).
+  r = run(kSynthetic + " --dry-run --set model.pretrained='" + out.string() + "'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = run(kSynthetic + " --dry-run --set model.pretrained='" + out.string() +
+          "' --set data.num_classes=5");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("with other shapes"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("pretrained_skip_head"), std::string::npos) << r.err;
+  r = run(kSynthetic + " --dry-run --set model.pretrained='" + out.string() +
+          "' --set data.num_classes=5 --set model.pretrained_skip_head=true");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(run("export --checkpoint nowhere --out x").code, 2);
+}
+
+}  // namespace
