@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
@@ -260,23 +261,16 @@ bool must_match(const std::string& key) {
          key == "train.loss";
 }
 
-// A byte string as a [N] uint8 tensor.
-torch::Tensor bytes_tensor(const std::string& bytes) {
-  auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
-  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
-}
+constexpr const char* kOptimPrefix = "optim.";
 
-// The optimizer's state (moments, step counts, hyper-parameters) as LibTorch serialises it.
-std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::string bytes;
-  archive.save_to([&](const void* data, size_t size) {
-    bytes.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  return bytes;
+// The parameters the optimizer steps, each under its first name (tied weights appear once).
+optim::NamedTensors optimizer_params(const torch::nn::Module& model) {
+  std::set<const c10::TensorImpl*> seen;
+  optim::NamedTensors out;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
+  }
+  return out;
 }
 
 int cuda_device_count() {
@@ -290,7 +284,9 @@ checkpoint::State Trainer::State::snapshot() const {
   for (const auto& [name, tensor] : models::state_dict(*model)) {
     out.tensors.emplace_back(kModelPrefix + name, tensor);
   }
-  out.tensors.emplace_back("optimizer", bytes_tensor(optimizer_bytes(*optimizer)));
+  for (auto& [name, tensor] : optim::optimizer_state(*optimizer, optimizer_params(*model))) {
+    out.tensors.emplace_back(kOptimPrefix + name, tensor);
+  }
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -364,10 +360,18 @@ void Trainer::State::restore(const checkpoint::State& ckpt, const std::string& p
         loaded.where("model.name"), "model.name",
         "the checkpoint " + path + " does not fit model " + cfg.model.name + ": " + problems}});
   }
-  const auto opt = take("optimizer");
-  torch::serialize::InputArchive archive;
-  archive.load_from(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel()));
-  optimizer->load(archive);
+  std::map<std::string, torch::Tensor> optim_state;
+  const std::string optim_prefix = kOptimPrefix;
+  for (const auto& [name, tensor] : ckpt.tensors) {
+    if (name.compare(0, optim_prefix.size(), optim_prefix) == 0) {
+      optim_state.emplace(name.substr(optim_prefix.size()), tensor);
+    }
+  }
+  try {
+    optim::load_optimizer_state(*optimizer, optimizer_params(*model), optim_state);
+  } catch (const std::runtime_error& e) {
+    throw checkpoint::CorruptCheckpoint(path + ": " + e.what());
+  }
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <stdexcept>
+
 #include "models/model.h"
 
 namespace trainer::optim {
@@ -67,6 +69,103 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::nn::Module&
 
 void set_lr(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+namespace {
+
+const void* key_of(const torch::Tensor& param) {
+  return param.unsafeGetTensorImpl();
+}
+
+// The fields of one parameter's state, by name; undefined tensors are left out.
+NamedTensors fields_of(const torch::optim::OptimizerParamState& state) {
+  auto step_tensor = [](int64_t step) { return torch::tensor(step, torch::kInt64); };
+  NamedTensors out;
+  auto add = [&](const char* name, const torch::Tensor& t) {
+    if (t.defined()) out.emplace_back(name, t);
+  };
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
+    add("momentum_buffer", sgd->momentum_buffer());
+  } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
+    add("step", step_tensor(adam->step()));
+    add("exp_avg", adam->exp_avg());
+    add("exp_avg_sq", adam->exp_avg_sq());
+    add("max_exp_avg_sq", adam->max_exp_avg_sq());
+  } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
+    add("step", step_tensor(adamw->step()));
+    add("exp_avg", adamw->exp_avg());
+    add("exp_avg_sq", adamw->exp_avg_sq());
+    add("max_exp_avg_sq", adamw->max_exp_avg_sq());
+  } else {
+    throw std::runtime_error("optimizer state of an unknown type cannot be saved");
+  }
+  return out;
+}
+
+}  // namespace
+
+NamedTensors optimizer_state(const torch::optim::Optimizer& optimizer, const NamedTensors& params) {
+  NamedTensors out;
+  const auto& state = optimizer.state();
+  for (const auto& [name, param] : params) {
+    auto it = state.find(const_cast<void*>(key_of(param)));
+    if (it == state.end()) continue;
+    for (auto& [field, tensor] : fields_of(*it->second)) {
+      out.emplace_back(name + "." + field, tensor);
+    }
+  }
+  return out;
+}
+
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const NamedTensors& params,
+                          const std::map<std::string, torch::Tensor>& state) {
+  auto get = [&](const std::string& name, const torch::Tensor& like) -> torch::Tensor {
+    auto it = state.find(name);
+    if (it == state.end()) return {};
+    if (like.defined() && it->second.sizes() != like.sizes()) {
+      throw std::runtime_error("optimizer state " + name + " has another shape than its parameter");
+    }
+    return like.defined() ? it->second.to(like.options()).clone() : it->second.clone();
+  };
+  auto step_of = [&](const std::string& name) {
+    auto t = get(name + ".step", {});
+    if (!t.defined()) throw std::runtime_error("optimizer state " + name + ".step is missing");
+    return t.item<int64_t>();
+  };
+  auto& own = optimizer.state();
+  own.clear();
+  const bool sgd = dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr;
+  const bool adam = dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr;
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  for (const auto& [name, param] : params) {
+    void* key = const_cast<void*>(key_of(param));
+    if (sgd) {
+      auto buf = get(name + ".momentum_buffer", param);
+      if (!buf.defined()) continue;  // no momentum, or never stepped
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(buf);
+      own[key] = std::move(s);
+    } else if (adam || adamw) {
+      auto exp_avg = get(name + ".exp_avg", param);
+      if (!exp_avg.defined()) continue;  // never stepped
+      auto exp_avg_sq = get(name + ".exp_avg_sq", param);
+      auto max_sq = get(name + ".max_exp_avg_sq", param);
+      if (!exp_avg_sq.defined()) {
+        throw std::runtime_error("optimizer state " + name + ".exp_avg_sq is missing");
+      }
+      if (adam) {
+        auto s = std::make_unique<torch::optim::AdamParamState>();
+        s->step(step_of(name)).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq).max_exp_avg_sq(max_sq);
+        own[key] = std::move(s);
+      } else {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        s->step(step_of(name)).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq).max_exp_avg_sq(max_sq);
+        own[key] = std::move(s);
+      }
+    } else {
+      throw std::runtime_error("optimizer state of an unknown optimizer type cannot be loaded");
+    }
+  }
 }
 
 }  // namespace trainer::optim

@@ -5,7 +5,10 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -36,5 +39,17 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::nn::Module&
 
 // Sets the learning rate of every parameter group.
 void set_lr(torch::optim::Optimizer& optimizer, double lr);
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// The per-parameter state of `optimizer` (sgd: momentum_buffer; adam, adamw: step, exp_avg,
+// exp_avg_sq, max_exp_avg_sq) as tensors named "<parameter name>.<field>", for the parameters
+// `params` (name, tensor) that have state. The tensors are the optimizer's own, not copies.
+NamedTensors optimizer_state(const torch::optim::Optimizer& optimizer, const NamedTensors& params);
+
+// Replaces the state of `optimizer` by `state` as optimizer_state() names it. Throws
+// std::runtime_error naming a field that is missing or of another shape.
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const NamedTensors& params,
+                          const std::map<std::string, torch::Tensor>& state);
 
 }  // namespace trainer::optim
