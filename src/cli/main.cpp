@@ -116,8 +116,10 @@ int train(int argc, char** argv) {
   }
   if (args.count("help")) {
     std::cout << options.help()
-              << "\nExit codes: 0 success, 1 runtime failure, 2 usage or "
-                 "configuration error.\n";
+              << "\nOther commands:\n  trainer export --checkpoint PATH --out FILE.safetensors"
+                 "   model weights with PyTorch names\n"
+              << "\nExit codes: 0 success (also: stopped by SIGINT/SIGTERM after a checkpoint), "
+                 "1 runtime failure, 2 usage or configuration error.\n";
     return kOk;
   }
   if (args.count("version")) {
@@ -250,7 +252,7 @@ int main(int argc, char** argv) {
   try {
     if (argc > 1 && std::string(argv[1]) == "export") return export_weights(argc - 1, argv + 1);
     if (argc > 1 && argv[1][0] != '-') {
-      throw UsageError(std::string("unknown command '") + argv[1] + "'");
+      throw UsageError(std::string("unknown command '") + argv[1] + "'; commands: export");
     }
     return train(argc, argv);
   } catch (const UsageError& e) {
