@@ -285,4 +285,42 @@ TEST_F(Cli, VersionAndHelp) {
   EXPECT_NE(r.out.find("--dry-run"), std::string::npos);
 }
 
+TEST_F(Cli, DoctorRunsToTheEndWithoutAGpu) {
+  auto r = run("doctor");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("OK    versions"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("machine"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" FAIL\n"), std::string::npos) << r.out;  // the summary line
+}
+
+TEST_F(Cli, DoctorJsonHasTheDocumentedKeys) {
+  auto r = run("doctor --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["exit_code"], 0);
+  ASSERT_TRUE(j["findings"].is_array());
+  ASSERT_FALSE(j["findings"].empty());
+  for (const auto& f : j["findings"]) {
+    for (const char* key : {"level", "check", "message", "fix"}) EXPECT_TRUE(f.contains(key));
+  }
+  for (const char* key : {"trainer_version", "libtorch_version", "libtorch_cuda", "cuda_available",
+                          "driver_version", "driver_cuda", "runtime_cuda", "cudnn_built",
+                          "cudnn_loaded", "nccl_version", "arch_list", "gpus", "libraries", "env",
+                          "shm_mb", "cpu_cores", "memory_mb", "container"}) {
+    EXPECT_TRUE(j["facts"].contains(key)) << key;
+  }
+  EXPECT_GT(j["facts"]["cpu_cores"].get<int>(), 0);
+}
+
+TEST_F(Cli, DoctorFailsWhenTheConfigWantsAGpuThatIsMissing) {
+  if (run("doctor --json").out.find("\"cuda_available\": true") != std::string::npos) {
+    GTEST_SKIP() << "this machine has a GPU";
+  }
+  const auto config = write("gpu.yaml", "device: cuda\n");
+  auto r = run("doctor --config '" + config.string() + "'");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FAIL  driver"), std::string::npos) << r.out;
+  EXPECT_EQ(run("doctor --bogus").code, 2);
+}
+
 }  // namespace

@@ -3,6 +3,7 @@
 //   trainer --config FILE [--set KEY.PATH=VALUE]... [--run-dir DIR] [--device D] [--dry-run]
 //           [--print-config] [--resume auto|PATH] [--log-level L]
 //   trainer export --checkpoint PATH --out FILE.safetensors
+//   trainer doctor [--json] [--config FILE]
 //   trainer --help | --version
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
@@ -11,15 +12,14 @@
 
 #include <atomic>
 #include <csignal>
-// Each --set is one value, commas included (--set data.shape=[3,32,32]).
-#define CXXOPTS_VECTOR_DELIMITER '\0'
-#include <cxxopts.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
+#include "cli/commands.h"
+#include "cli/options.h"
 #include "config/loader.h"
 #include "data/dataset.h"
 #include "engine/trainer.h"
@@ -40,11 +40,7 @@ constexpr int kOk = 0;
 constexpr int kRuntimeError = 1;
 constexpr int kUsageError = 2;
 
-// A bad command line: printed with a pointer to --help, exit 2.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using trainer::cli::UsageError;
 
 // Set by SIGINT/SIGTERM; the training loop stops after the current step and writes a checkpoint.
 std::atomic<bool> g_stop_requested{false};
@@ -118,6 +114,7 @@ int train(int argc, char** argv) {
     std::cout << options.help()
               << "\nOther commands:\n  trainer export --checkpoint PATH --out FILE.safetensors"
                  "   model weights with PyTorch names\n"
+                 "  trainer doctor [--json] [--config FILE]   check the GPU environment\n"
               << "\nExit codes: 0 success (also: stopped by SIGINT/SIGTERM after a checkpoint), "
                  "1 runtime failure, 2 usage or configuration error.\n";
     return kOk;
@@ -251,8 +248,11 @@ int export_weights(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     if (argc > 1 && std::string(argv[1]) == "export") return export_weights(argc - 1, argv + 1);
+    if (argc > 1 && std::string(argv[1]) == "doctor") {
+      return trainer::cli::doctor_command(argc - 1, argv + 1);
+    }
     if (argc > 1 && argv[1][0] != '-') {
-      throw UsageError(std::string("unknown command '") + argv[1] + "'; commands: export");
+      throw UsageError(std::string("unknown command '") + argv[1] + "'; commands: export, doctor");
     }
     return train(argc, argv);
   } catch (const UsageError& e) {
