@@ -5,7 +5,9 @@
 #include <fstream>
 
 #include "config/loader.h"
+#include "engine/memory.h"
 #include "engine/trainer.h"
+#include "models/model.h"
 #include "temp_dir.h"
 
 namespace trainer::engine {
@@ -100,6 +102,42 @@ TEST_F(EngineTest, LenetOnFlatSamplesIsAConfigError) {
   } catch (const config::ConfigError& e) {
     EXPECT_EQ(e.issues().at(0).key, "data.shape");
   }
+}
+
+TEST(MemoryTest, CountsWhatTheCpuAllocatorHandsOut) {
+  const int64_t peak = measure_cpu_peak([] {
+    auto a = torch::empty({1 << 18});  // 1 MiB
+    auto b = torch::empty({1 << 17});  // 0.5 MiB, both alive at once
+  });
+  EXPECT_GE(peak, (1 << 20) + (1 << 19));
+  EXPECT_LT(peak, 2 << 20);
+  EXPECT_EQ(measure_cpu_peak([] {}), 0);
+}
+
+TEST_F(EngineTest, MemoryEstimateMatchesAMeasuredStep) {
+  // ResNet-18 at 48 px: the estimate from batches 2 and 4, checked against batch 8 measured.
+  auto cfg = load({"model.name=resnet18", "model.num_classes=0", "data.shape=[3,48,48]",
+                   "data.num_classes=10", "optim.momentum=0.9"});
+  Trainer t(cfg);
+  const auto fp32 = t.estimate_memory(/*bf16=*/false);
+  const auto bf16 = t.estimate_memory(/*bf16=*/true);
+  EXPECT_GT(fp32.params_bytes, 40'000'000);            // 11.2M float parameters
+  EXPECT_EQ(fp32.optimizer_bytes, fp32.params_bytes);  // one momentum buffer each
+  EXPECT_GT(fp32.step_bytes_per_sample, 0);
+  EXPECT_LT(bf16.step_bytes_per_sample, fp32.step_bytes_per_sample);
+
+  auto model =
+      models::model_registry().get("resnet18")(cfg.cfg.model, models::InputSpec{{3, 48, 48}, 10});
+  model->train();
+  const auto x = torch::randn({8, 3, 48, 48});
+  const auto y = torch::randint(10, {8}, torch::kInt64);
+  const int64_t measured = measure_cpu_peak([&] {
+    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    loss.backward();
+  });
+  const int64_t estimated = fp32.step_fixed_bytes + 8 * fp32.step_bytes_per_sample;
+  EXPECT_NEAR(static_cast<double>(estimated), static_cast<double>(measured), 0.25 * measured)
+      << "estimated " << estimated << ", measured " << measured;
 }
 
 }  // namespace

@@ -105,12 +105,20 @@ TEST_F(Cli, KillNineAtRandomMomentsNeverLeavesAnUnloadableCheckpoint) {
   ASSERT_EQ(run(kSlow + " --set train.max_steps=30 --run-dir '" + a.string() + "'").code, 0);
   std::mt19937 gen(12345);
   int killed_rounds = 0;
+  const std::string metrics = (b / "metrics.jsonl").string();
+  const std::string train_lines = "$(cat '" + metrics + "' 2>/dev/null | grep -c train)";
   for (int round = 0; round < 8; ++round) {
-    // Killed after a random 0.3 .. 1.5 s: start-up, loading, training or writing a checkpoint.
-    const double delay = 0.3 + 1.2 * std::uniform_real_distribution<double>(0, 1)(gen);
-    auto r = sh("\"$TRAINER\" " + kSlow + " --set train.max_steps=30 --run-dir '" + b.string() +
-                "' --resume auto 2>>'" + (dir_ / "rounds.log").string() + "' & pid=$!\nsleep " +
-                std::to_string(delay) + "; kill -9 $pid; wait $pid; echo \"exit=$?\"");
+    // Killed at a random moment once the run has logged 1 to 3 steps beyond what the file held
+    // before: while training, evaluating or writing a checkpoint, whatever the machine's speed.
+    const int steps = 1 + static_cast<int>(gen() % 3);
+    const double delay = 0.15 * std::uniform_real_distribution<double>(0, 1)(gen);
+    auto r =
+        sh("target=$((" + train_lines + " + " + std::to_string(steps) + "))\n\"$TRAINER\" " +
+           kSlow + " --set train.max_steps=30 --run-dir '" + b.string() + "' --resume auto 2>>'" +
+           (dir_ / "rounds.log").string() + "' & pid=$!\n" + "until [ \"" + train_lines +
+           "\" -ge \"$target\" ] || ! kill -0 $pid 2>/dev/null; do "
+           "sleep 0.01; done\nsleep " +
+           std::to_string(delay) + "; kill -9 $pid 2>/dev/null; wait $pid; echo \"exit=$?\"");
     // Each round either ran to the end or was killed; none failed on a bad checkpoint.
     const bool killed = r.out.find("exit=137") != std::string::npos;
     killed_rounds += killed;

@@ -2,11 +2,14 @@
 #include <nlohmann/json.hpp>
 
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "config/loader.h"
 #include "doctor/probe.h"
+#include "engine/trainer.h"
 #include "util/format.h"
 
 namespace trainer::cli {
@@ -52,6 +55,92 @@ nlohmann::json facts_json(const doctor::Facts& f) {
           {"container", f.container}};
 }
 
+std::string gib(int64_t bytes) {
+  return strprintf("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+}
+
+// The memory a config's training step needs per process, against the device's capacity; the
+// run is built and measured on the CPU (engine/memory.h).
+doctor::Finding memory_finding(const std::string& config_path, const doctor::Facts& facts,
+                               int64_t measure_batch, nlohmann::json& out) {
+  auto loaded = config::load(config_path, {"device=cpu", "data.workers=0"});
+  config::check(loaded, config::Environment{});
+  const auto& cfg = loaded.cfg;
+  engine::Trainer trainer(loaded);
+  const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
+  const auto bf16 = trainer.estimate_memory(/*bf16=*/true);
+  const int64_t batch = cfg.data.batch_size;
+  const bool use_bf16 = cfg.amp.enabled && cfg.amp.dtype == "bfloat16";
+  const auto& planned = use_bf16 ? bf16 : fp32;
+  // The smallest GPU, or the machine's memory when there is none.
+  int64_t capacity_mb = facts.memory_mb;
+  std::string where = "the machine's " + gib(capacity_mb << 20) + " of memory";
+  bool on_gpu = false;
+  for (const auto& g : facts.gpus) {
+    if (!on_gpu || g.total_mb < capacity_mb) {
+      capacity_mb = g.total_mb;
+      where = "GPU " + std::to_string(g.index) + "'s " + gib(g.total_mb << 20);
+      on_gpu = true;
+    }
+  }
+  // A tenth stays free for the CUDA context, library workspaces and fragmentation.
+  const int64_t usable = (capacity_mb << 20) / 10 * 9;
+  const bool fits = planned.total(batch) <= usable;
+  out = {{"model", cfg.model.name},
+         {"batch_per_process", batch},
+         {"float32_bytes", fp32.total(batch)},
+         {"bfloat16_bytes", bf16.total(batch)},
+         {"params_bytes", fp32.params_bytes},
+         {"optimizer_bytes", fp32.optimizer_bytes},
+         {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
+         {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
+         {"capacity_mb", capacity_mb},
+         {"fits", fits}};
+  const std::string message = strprintf(
+      "%s at batch %lld per process: %s in float32 (parameters %s, optimizer %s, step %s), %s "
+      "with bfloat16 autocast; %s",
+      cfg.model.name.c_str(), static_cast<long long>(batch), gib(fp32.total(batch)).c_str(),
+      gib(fp32.params_bytes).c_str(), gib(fp32.optimizer_bytes).c_str(),
+      gib(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
+      gib(bf16.total(batch)).c_str(), where.c_str());
+  if (measure_batch > 0) {
+    // One real step at that batch, to check the extrapolation against.
+    const int64_t fixed = fp32.params_bytes + fp32.optimizer_bytes;
+    out["measured"] = {{"batch", measure_batch},
+                       {"float32_bytes", fixed + trainer.measure_step_memory(false, measure_batch)},
+                       {"bfloat16_bytes", fixed + trainer.measure_step_memory(true, measure_batch)},
+                       {"float32_estimate_bytes", fp32.total(measure_batch)},
+                       {"bfloat16_estimate_bytes", bf16.total(measure_batch)}};
+  }
+  if (fits) return {doctor::Level::ok, "memory", message + " (fits)", ""};
+  // Remedies, in order, each with the estimate it gives.
+  std::vector<std::string> remedies;
+  for (int64_t split = 2; split <= batch; split *= 2) {
+    if (planned.total(batch / split) <= usable) {
+      remedies.push_back(strprintf("data.batch_size %lld with train.grad_accum_steps %lld: %s",
+                                   static_cast<long long>(batch / split),
+                                   static_cast<long long>(cfg.train.grad_accum_steps * split),
+                                   gib(planned.total(batch / split)).c_str()));
+      break;
+    }
+  }
+  if (!use_bf16) {
+    remedies.push_back("amp.enabled with amp.dtype bfloat16: " + gib(bf16.total(batch)));
+  }
+  for (int64_t gpus = 2; gpus <= 64; gpus *= 2) {
+    if (planned.total(batch / gpus) <= usable) {
+      remedies.push_back(strprintf(
+          "%lld GPUs at data.batch_size %lld each: %s", static_cast<long long>(gpus),
+          static_cast<long long>(batch / gpus), gib(planned.total(batch / gpus)).c_str()));
+      break;
+    }
+  }
+  std::string fix;
+  for (size_t i = 0; i < remedies.size(); ++i) fix += (i ? "; " : "") + remedies[i];
+  return {on_gpu ? doctor::Level::fail : doctor::Level::warn, "memory", message + " (does not fit)",
+          fix};
+}
+
 }  // namespace
 
 int doctor_command(int argc, char** argv) {
@@ -61,8 +150,11 @@ int doctor_command(int argc, char** argv) {
   // clang-format off
   options.add_options()
       ("json", "print one JSON object instead of the report")
-      ("config", "also check against this config (e.g. that it asks for a GPU)",
+      ("config", "also check against this config: that it asks for a GPU, and the memory its "
+       "training step needs per process (measured on the CPU at batches 2 and 4, extrapolated)",
        cxxopts::value<std::string>(), "FILE")
+      ("measure-batch", "with --config: also measure one step at this batch (JSON memory.measured)",
+       cxxopts::value<int64_t>()->default_value("0"), "N")
       ("h,help", "print this help");
   // clang-format on
   cxxopts::ParseResult args;
@@ -86,7 +178,12 @@ int doctor_command(int argc, char** argv) {
     wants_cuda = loaded.cfg.device.rfind("cuda", 0) == 0;
   }
   const doctor::Facts facts = doctor::probe(wants_cuda);
-  const auto findings = doctor::check(facts);
+  auto findings = doctor::check(facts);
+  nlohmann::json memory;
+  if (args.count("config")) {
+    findings.push_back(memory_finding(args["config"].as<std::string>(), facts,
+                                      args["measure-batch"].as<int64_t>(), memory));
+  }
   const int code = doctor::exit_code(findings);
   if (args.count("json")) {
     nlohmann::json list = nlohmann::json::array();
@@ -96,11 +193,9 @@ int doctor_command(int argc, char** argv) {
                       {"message", f.message},
                       {"fix", f.fix}});
     }
-    std::cout << nlohmann::json{{"exit_code", code},
-                                {"findings", list},
-                                {"facts", facts_json(facts)}}
-                     .dump(2)
-              << "\n";
+    nlohmann::json report = {{"exit_code", code}, {"findings", list}, {"facts", facts_json(facts)}};
+    if (!memory.is_null()) report["memory"] = memory;
+    std::cout << report.dump(2) << "\n";
     return code;
   }
   int counts[3] = {0, 0, 0};

@@ -13,7 +13,8 @@
 
 namespace trainer::engine {
 
-MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step) {
+MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step,
+                             bool evaluated_at_resume) {
   const auto path = std::filesystem::path(run_dir) / "metrics.jsonl";
   if (resume_step >= 0) {
     // Lines past the checkpoint's step will be written again by the resumed run.
@@ -21,7 +22,10 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
     std::ifstream in(path);
     for (std::string line; std::getline(in, line);) {
       try {
-        if (nlohmann::json::parse(line).at("step").get<int64_t>() <= resume_step) {
+        const auto j = nlohmann::json::parse(line);
+        const int64_t step = j.at("step").get<int64_t>();
+        const bool val = j.at("split").get<std::string>() == "val";
+        if (step < resume_step || (step == resume_step && (!val || evaluated_at_resume))) {
           kept += line + "\n";
         }
       } catch (const nlohmann::json::exception&) {

@@ -19,8 +19,11 @@ namespace trainer::engine {
 class MetricsWriter {
  public:
   // Creates (truncates) metrics.jsonl in `run_dir`, and the event file when `tensorboard`. With
-  // resume_step >= 0, keeps the existing lines up to that step and appends after them.
-  MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step = -1);
+  // resume_step >= 0, keeps the existing lines up to that step and appends after them; the
+  // evaluation lines of that step only when `evaluated_at_resume` (else the resumed run
+  // evaluates again and writes them).
+  MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step = -1,
+                bool evaluated_at_resume = false);
   ~MetricsWriter();
 
   // `record` has "split" ("train" or "val"), "step", "epoch" and numeric fields. TensorBoard

@@ -1,5 +1,6 @@
 #include "engine/trainer.h"
 
+#include <ATen/autocast_mode.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -450,6 +451,55 @@ std::string Trainer::last_checkpoint() const {
   return s_->last_checkpoint;
 }
 
+int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
+  auto& s = *s_;
+  if (!s.device.is_cpu())
+    throw std::logic_error("measure_step_memory: the model must be on the CPU");
+  std::vector<int64_t> indices(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) indices[static_cast<size_t>(i)] = i % s.splits.train->size();
+  const data::Batch b = s.splits.train->get(indices);
+  s.optimizer->zero_grad(/*set_to_none=*/true);
+  const int64_t peak = measure_cpu_peak([&] {
+    torch::Tensor loss;
+    at::autocast::set_autocast_enabled(at::kCPU, bf16);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    try {
+      loss = s.loss_fn(s.model->forward(b.inputs), b.targets);
+    } catch (...) {
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+      throw;
+    }
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    loss.backward();
+  });
+  s.optimizer->zero_grad(/*set_to_none=*/true);
+  return peak;
+}
+
+MemoryEstimate Trainer::estimate_memory(bool bf16) {
+  auto& s = *s_;
+  if (!s.device.is_cpu()) throw std::logic_error("estimate_memory: the model must be on the CPU");
+  MemoryEstimate e;
+  e.dtype = bf16 ? "bfloat16" : "float32";
+  for (const auto& p : s.params)
+    e.params_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  const auto& o = s.cfg.optim;
+  const int64_t copies = o.name == "sgd" ? (o.momentum > 0 ? 1 : 0) : 2;  // adam, adamw: 2 moments
+  e.optimizer_bytes = copies * e.params_bytes;
+  // Batch norm needs more than one sample per channel in training mode.
+  e.measured_batch_small = 2;
+  e.measured_batch_large = 4;
+  const int64_t small = measure_step_memory(bf16, e.measured_batch_small);
+  const int64_t large = measure_step_memory(bf16, e.measured_batch_large);
+  e.step_bytes_per_sample =
+      std::max<int64_t>((large - small) / (e.measured_batch_large - e.measured_batch_small), 0);
+  e.step_fixed_bytes =
+      std::max<int64_t>(small - e.step_bytes_per_sample * e.measured_batch_small, 0);
+  return e;
+}
+
 EvalResult Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   s_->model->eval();
@@ -494,7 +544,8 @@ EvalResult Trainer::evaluate() {
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   auto& s = *s_;
   const auto& cfg = s.cfg;
-  MetricsWriter metrics(cfg.run.dir, cfg.run.tensorboard, s.resumed_step);
+  MetricsWriter metrics(cfg.run.dir, cfg.run.tensorboard, s.resumed_step,
+                        s.resumed_step >= 0 && s.last_eval_step == s.resumed_step);
   Progress progress(cfg.run.progress);
   FitResult result;
   const auto start = Clock::now();

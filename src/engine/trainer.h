@@ -8,6 +8,7 @@
 #include <string>
 
 #include "config/loader.h"
+#include "engine/memory.h"
 
 namespace trainer::engine {
 
@@ -56,6 +57,14 @@ class Trainer {
 
   // The newest checkpoint written or resumed from; "" when none.
   std::string last_checkpoint() const;
+
+  // Measures the memory of a training step (engine/memory.h) on the CPU, in float32 or under
+  // bfloat16 autocast; the model must be on the CPU. Leaves the model and optimizer as they were.
+  MemoryEstimate estimate_memory(bool bf16);
+
+  // The measured CPU peak of one forward/backward at `batch` samples (float32 or bfloat16
+  // autocast), without parameters and optimizer state: what estimate_memory extrapolates.
+  int64_t measure_step_memory(bool bf16, int64_t batch);
 
   // Evaluates the current model on the validation split.
   EvalResult evaluate();

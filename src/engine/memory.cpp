@@ -1,0 +1,98 @@
+#include "engine/memory.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+namespace trainer::engine {
+namespace {
+
+// Wraps the CPU allocator and counts the bytes it has out. Installed only while measuring; the
+// tensors it made keep its deleter, so it lives as long as the process (one instance). The data
+// pointer doubles as the context, as raw_allocate() requires.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  static CountingAllocator& instance() {
+    static CountingAllocator* counting = new CountingAllocator(c10::GetCPUAllocator());
+    return *counting;
+  }
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = inner_->allocate(n);
+    void* data = inner.get();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_ += static_cast<int64_t>(n);
+      peak_ = std::max(peak_, live_);
+      blocks_.emplace(data, Block{std::move(inner), n});
+    }
+    return c10::DataPtr(data, data, &release, c10::Device(c10::DeviceType::CPU));
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ = 0;
+    peak_ = 0;
+  }
+  int64_t peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+  c10::Allocator* inner() const { return inner_; }
+
+ private:
+  struct Block {
+    c10::DataPtr memory;
+    size_t bytes;
+  };
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  static void release(void* data) {
+    auto& self = instance();
+    c10::DataPtr memory;  // freed when it goes out of scope, outside the lock
+    {
+      std::lock_guard<std::mutex> lock(self.mu_);
+      auto it = self.blocks_.find(data);
+      if (it == self.blocks_.end()) return;
+      self.live_ -= static_cast<int64_t>(it->second.bytes);
+      memory = std::move(it->second.memory);
+      self.blocks_.erase(it);
+    }
+  }
+
+  c10::Allocator* inner_;
+  std::mutex mu_;
+  int64_t live_ = 0;
+  int64_t peak_ = 0;
+  std::unordered_map<void*, Block> blocks_;
+};
+
+}  // namespace
+
+int64_t measure_cpu_peak(const std::function<void()>& fn) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  CountingAllocator* counting = &CountingAllocator::instance();
+  constexpr uint8_t kPriority = 100;  // above the default allocator's
+  counting->reset();
+  c10::SetCPUAllocator(counting, kPriority);
+  try {
+    fn();
+  } catch (...) {
+    c10::SetCPUAllocator(counting->inner(), kPriority);
+    throw;
+  }
+  c10::SetCPUAllocator(counting->inner(), kPriority);
+  return std::max<int64_t>(counting->peak(), 0);
+}
+
+}  // namespace trainer::engine

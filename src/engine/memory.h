@@ -1,0 +1,30 @@
+// Memory a training step needs per process, estimated from measurements on the CPU: the model's
+// parameters, its gradients, the optimizer's state, and the forward/backward activations measured
+// at two small batch sizes and extrapolated linearly in the batch.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace trainer::engine {
+
+struct MemoryEstimate {
+  std::string dtype;                  // "float32", or "bfloat16" (autocast)
+  int64_t params_bytes = 0;           // parameters (tied weights once)
+  int64_t optimizer_bytes = 0;        // momentum buffers / Adam moments
+  int64_t step_fixed_bytes = 0;       // batch-independent part of the forward/backward peak
+  int64_t step_bytes_per_sample = 0;  // activations and gradients' growth per sample
+  int64_t measured_batch_small = 0, measured_batch_large = 0;  // the two measured batches
+
+  // Peak bytes of one training step at `batch` samples per process.
+  int64_t total(int64_t batch) const {
+    return params_bytes + optimizer_bytes + step_fixed_bytes + step_bytes_per_sample * batch;
+  }
+};
+
+// The peak bytes the CPU allocator had out while `fn` ran, above what it had out when it began.
+// Tensors made before and freed during `fn` may make the figure slightly low.
+int64_t measure_cpu_peak(const std::function<void()>& fn);
+
+}  // namespace trainer::engine
