@@ -157,18 +157,10 @@ int doctor_command(int argc, char** argv) {
        cxxopts::value<int64_t>()->default_value("0"), "N")
       ("h,help", "print this help");
   // clang-format on
-  cxxopts::ParseResult args;
-  try {
-    args = options.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw UsageError(e.what());
-  }
+  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help() << "\nExit codes: 0 no FAIL finding, 1 at least one, 2 usage.\n";
     return 0;
-  }
-  if (!args.unmatched().empty()) {
-    throw UsageError("unexpected argument '" + args.unmatched().front() + "'");
   }
   bool wants_cuda = false;
   if (args.count("config")) {

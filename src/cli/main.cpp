@@ -101,15 +101,7 @@ cxxopts::Options train_options() {
 
 int train(int argc, char** argv) {
   auto options = train_options();
-  cxxopts::ParseResult args;
-  try {
-    args = options.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw UsageError(e.what());
-  }
-  if (!args.unmatched().empty()) {
-    throw UsageError("unexpected argument '" + args.unmatched().front() + "'");
-  }
+  const cxxopts::ParseResult args = trainer::cli::parse_or_usage(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help()
               << "\nOther commands:\n  trainer export --checkpoint PATH --out FILE.safetensors"
@@ -204,18 +196,10 @@ int export_weights(int argc, char** argv) {
       ("out", "the safetensors file to write", cxxopts::value<std::string>(), "FILE")
       ("h,help", "print this help");
   // clang-format on
-  cxxopts::ParseResult args;
-  try {
-    args = options.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw UsageError(e.what());
-  }
+  const cxxopts::ParseResult args = trainer::cli::parse_or_usage(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help();
     return kOk;
-  }
-  if (!args.unmatched().empty()) {
-    throw UsageError("unexpected argument '" + args.unmatched().front() + "'");
   }
   if (!args.count("checkpoint") || !args.count("out")) {
     throw UsageError("export needs --checkpoint PATH and --out FILE");
