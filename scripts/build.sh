@@ -5,7 +5,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 "$ROOT/scripts/setup.sh"
-if [[ ! -f "$BUILD_DIR/CMakeCache.txt" || $# -gt 0 ]]; then
+# An interrupted configure leaves a cache without build.ninja: configure again then.
+if [[ ! -f "$BUILD_DIR/CMakeCache.txt" || ! -f "$BUILD_DIR/build.ninja" || $# -gt 0 ]]; then
   mkdir -p "$BUILD_DIR"
   # LibTorch's CMake files are chatty; the log is kept, and shown when configuring fails.
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" \
