@@ -79,7 +79,7 @@ const std::string kSlow =
     "--set run.log_every=1 --set run.progress=never --set run.checkpoint_every=1 "
     "--set run.keep_last=2 --set optim.lr=0.01 --set data.noise=4 --set data.num_classes=10";
 
-TEST_F(Cli, SigtermMidEpochCheckpointsExitsZeroAndResumesExactly) {
+TEST_F(Cli, SigtermOrSigintMidEpochCheckpointsExitsZeroAndResumesExactly) {
   const auto a = dir_ / "a", b = dir_ / "b";
   ASSERT_EQ(run(kSlow + " --set train.max_steps=40 --run-dir '" + a.string() + "'").code, 0);
   // Interrupted once two steps are logged; the long max_steps keeps it running until then.
@@ -95,6 +95,17 @@ TEST_F(Cli, SigtermMidEpochCheckpointsExitsZeroAndResumesExactly) {
   const int64_t k = stopped.back()["step"].get<int64_t>();
   ASSERT_LT(k, 40) << "the signal came too late to test a resume";
   EXPECT_TRUE(fs::exists(b / "checkpoints" / trainer::test_support::step_file(k)));
+  // Resumed, then interrupted again, by SIGINT (Ctrl-C) this time, two steps later.
+  r = sh("\"$TRAINER\" " + kSlow + " --set train.max_steps=100000 --run-dir '" + b.string() +
+         "' --resume auto & pid=$!\n"
+         "until [ \"$(cat '" +
+         (b / "metrics.jsonl").string() + "' | grep -c train)\" -ge " + std::to_string(k + 2) +
+         " ]; do sleep 0.02; done\n"
+         "kill -INT $pid; wait $pid; echo \"exit=$?\"");
+  EXPECT_NE(r.out.find("exit=0"), std::string::npos) << r.out << r.err;
+  const int64_t k2 = trainer::test_support::Cli::metrics(b, "train").back()["step"].get<int64_t>();
+  ASSERT_GT(k2, k);
+  ASSERT_LT(k2, 40) << "the signal came too late to test a resume";
   r = run(kSlow + " --set train.max_steps=40 --run-dir '" + b.string() + "' --resume auto");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(records(a), records(b));
