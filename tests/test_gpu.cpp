@@ -8,6 +8,7 @@
 #include "config/loader.h"
 #include "engine/trainer.h"
 #include "temp_dir.h"
+#include "util/gpu_monitor.h"
 
 namespace trainer::engine {
 namespace {
@@ -56,6 +57,31 @@ TEST(Gpu, DeterministicCudaRunsRepeat) {
   auto b_cfg = synthetic_run(b_dir.path(), "cuda:0");
   Trainer a(a_cfg), b(b_cfg);
   EXPECT_EQ(a.fit().last_eval.loss, b.fit().last_eval.loss);
+}
+
+TEST(GpuMonitorTest, ReadsTheTrainingDevice) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  auto monitor = GpuMonitor::open(/*index=*/0, &why);
+  ASSERT_NE(monitor, nullptr) << why;
+  const auto sample = monitor->sample();
+  ASSERT_TRUE(sample.has_value());
+  EXPECT_GT(sample->mem_total_mb, 1000.0);
+  EXPECT_GE(sample->util_pct, 0.0);
+  EXPECT_LE(sample->util_pct, 100.0);
+}
+
+TEST(GpuMonitorTest, TrainRecordsCarryGpuReadings) {
+  SKIP_WITHOUT_CUDA();
+  test_support::TempDir tmp("gpu_metrics");
+  auto loaded = synthetic_run(tmp.path(), "cuda");
+  Trainer t(loaded);
+  t.fit();
+  std::ifstream in(tmp.path() / "run" / "metrics.jsonl");
+  std::string first;
+  std::getline(in, first);
+  EXPECT_NE(first.find("\"gpu_mem_mb\""), std::string::npos) << first;
+  EXPECT_NE(first.find("\"gpu_util\""), std::string::npos) << first;
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "util/format.h"
+#include "util/gpu_monitor.h"
 #include "util/log.h"
 
 namespace trainer::engine {
@@ -552,6 +553,13 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   const int64_t first_step = s.step;
   s.model->train();
 
+  // NVML readings in the train records when training on a GPU.
+  std::unique_ptr<GpuMonitor> gpu;
+  if (s.device.is_cuda()) {
+    std::string why;
+    gpu = GpuMonitor::open(s.device.has_index() ? s.device.index() : 0, &why);
+    if (!gpu) log::info("GPU monitoring off: " + why);
+  }
   auto window_start = Clock::now();
   double last_loss = NAN, last_sps = 0.0;
   EvalResult last_eval;  // of the current step, for the checkpoint's metrics
@@ -602,17 +610,26 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
                                std::to_string(s.step) +
                                "; lower optim.lr or set train.clip_grad_norm");
     }
-    metrics.write({{"split", "train"},
-                   {"step", s.step},
-                   {"epoch", epoch},
-                   {"loss", last_loss},
-                   {"lr", lr},
-                   {"samples_per_sec", last_sps},
-                   {"bad_samples", s.bad_samples}});
-    const std::string line = strprintf(
+    nlohmann::json record = {{"split", "train"},
+                             {"step", s.step},
+                             {"epoch", epoch},
+                             {"loss", last_loss},
+                             {"lr", lr},
+                             {"samples_per_sec", last_sps},
+                             {"bad_samples", s.bad_samples}};
+    std::string line = strprintf(
         "step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s",
         static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
         static_cast<long long>(epoch), last_loss, lr, last_sps, format_duration(eta()).c_str());
+    if (const auto g = gpu ? gpu->sample() : std::nullopt) {
+      record["gpu_util"] = g->util_pct;
+      record["gpu_mem_mb"] = g->mem_used_mb;
+      record["gpu_temp_c"] = g->temp_c;
+      record["gpu_power_w"] = g->power_w;
+      line += strprintf(" | GPU %.0f%% %.0f/%.0f MiB %.0f C %.0f W", g->util_pct, g->mem_used_mb,
+                        g->mem_total_mb, g->temp_c, g->power_w);
+    }
+    metrics.write(record);
     if (progress.active()) {
       log::file_only(log::Level::info, line);
     } else {
@@ -637,7 +654,19 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         s.window_samples += micro.back().targets.size(0);
         s.bad_samples += micro.back().bad_samples;
       }
-      s.window_loss += s.train_step(micro);
+      try {
+        s.window_loss += s.train_step(micro);
+      } catch (const c10::OutOfMemoryError& e) {
+        progress.clear();
+        const std::string what = e.what_without_backtrace();
+        throw std::runtime_error(strprintf(
+            "out of memory in step %lld at data.batch_size %lld x train.grad_accum_steps %lld "
+            "(%s); `trainer doctor --config %s` estimates the step's memory and lists remedies: a "
+            "smaller data.batch_size with more train.grad_accum_steps, bfloat16, more GPUs",
+            static_cast<long long>(s.step + 1), static_cast<long long>(cfg.data.batch_size),
+            static_cast<long long>(cfg.train.grad_accum_steps),
+            what.substr(0, what.find('\n')).c_str(), s.loaded.source.c_str()));
+      }
       ++s.window_steps;
       ++s.step_in_epoch;
       if (s.step % cfg.run.log_every == 0 || s.step == s.total_steps) log_train(epoch);
