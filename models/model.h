@@ -51,7 +51,10 @@ const ModelRegistry& model_registry();
 // Hidden-layer activation by name (relu|gelu|tanh).
 torch::Tensor activate(const std::string& name, const torch::Tensor& x);
 
-// The parameters of `module`, each tensor once (tied weights appear under several names).
+// The parameters of `module`, each tensor once under its first name (tied weights appear under
+// several names).
+std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(
+    const torch::nn::Module& module);
 std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module);
 
 // Total number of parameter elements, tied weights counted once.

@@ -25,14 +25,21 @@ torch::Tensor activate(const std::string& name, const torch::Tensor& x) {
   return torch::relu(x);
 }
 
-std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module) {
+std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(
+    const torch::nn::Module& module) {
   // A tied weight (gpt's lm_head.weight and transformer.wte.weight) is registered under two names
-  // and listed twice by parameters(); keep its first appearance.
+  // and listed twice by named_parameters(); keep its first appearance.
   std::unordered_set<const c10::TensorImpl*> seen;
-  std::vector<torch::Tensor> out;
-  for (const auto& p : module.parameters()) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
   }
+  return out;
+}
+
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, p] : unique_named_parameters(module)) out.push_back(std::move(p));
   return out;
 }
 

@@ -38,6 +38,16 @@ constexpr uint64_t kMaxHeader = 100u << 20;
 
 }  // namespace
 
+NamedTensors with_prefix(const NamedTensors& tensors, const std::string& prefix) {
+  NamedTensors out;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.compare(0, prefix.size(), prefix) == 0) {
+      out.emplace_back(name.substr(prefix.size()), tensor);
+    }
+  }
+  return out;
+}
+
 void write_safetensors(const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata,
                        const std::function<void(const void*, size_t)>& sink) {

@@ -23,6 +23,10 @@ class FormatError : public std::runtime_error {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
+// The tensors whose names start with `prefix`, with the prefix removed ("model.fc.weight" ->
+// "fc.weight" for prefix "model.").
+NamedTensors with_prefix(const NamedTensors& tensors, const std::string& prefix);
+
 // The bytes of a safetensors file holding `tensors` (in this order; names unique) and the
 // string-to-string `metadata` (the header's "__metadata__"), passed to `sink` in pieces.
 // Tensors may live on any device and have any strides.

@@ -15,6 +15,20 @@
 namespace trainer::cli {
 namespace {
 
+// "sass", "ptx", "none", or "unknown" without an architecture list.
+const char* kernel_image_name(const doctor::Gpu& g, const std::vector<std::string>& arch_list) {
+  if (arch_list.empty()) return "unknown";
+  switch (doctor::kernel_image(g.cc_major, g.cc_minor, arch_list)) {
+    case doctor::KernelImage::sass:
+      return "sass";
+    case doctor::KernelImage::ptx:
+      return "ptx";
+    case doctor::KernelImage::none:
+      break;
+  }
+  return "none";
+}
+
 nlohmann::json facts_json(const doctor::Facts& f) {
   nlohmann::json gpus = nlohmann::json::array();
   for (const auto& g : f.gpus) {
@@ -23,13 +37,7 @@ nlohmann::json facts_json(const doctor::Facts& f) {
          {"name", g.name},
          {"compute_capability", std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor)},
          {"memory_mb", g.total_mb},
-         {"kernel_image",
-          f.arch_list.empty() ? "unknown"
-          : doctor::kernel_image(g.cc_major, g.cc_minor, f.arch_list) == doctor::KernelImage::sass
-              ? "sass"
-          : doctor::kernel_image(g.cc_major, g.cc_minor, f.arch_list) == doctor::KernelImage::ptx
-              ? "ptx"
-              : "none"}});
+         {"kernel_image", kernel_image_name(g, f.arch_list)}});
   }
   nlohmann::json libraries = nlohmann::json::array();
   for (const auto& lib : doctor::cuda_libraries(f.maps)) {

@@ -209,13 +209,7 @@ int export_weights(int argc, char** argv) {
   const auto out = args["out"].as<std::string>();
   if (!fs::is_regular_file(path)) throw UsageError("--checkpoint: " + path + " is not a file");
   const auto state = trainer::checkpoint::load(path);
-  trainer::checkpoint::NamedTensors weights;
-  const std::string prefix = "model.";
-  for (const auto& [name, tensor] : state.tensors) {
-    if (name.compare(0, prefix.size(), prefix) == 0) {
-      weights.emplace_back(name.substr(prefix.size()), tensor);
-    }
-  }
+  const auto weights = trainer::engine::model_weights(state);
   const std::string model = state.meta.at("config").value("model.name", "?");
   trainer::write_atomically(out, [&](const trainer::ByteSink& sink) {
     trainer::checkpoint::write_safetensors(

@@ -54,8 +54,10 @@ class Dataset {
   virtual Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const = 0;
 };
 
-// `indices` as a [B] int64 tensor for index_select; throws std::out_of_range naming `dataset`
-// when one is outside [0, size).
+// Throws std::out_of_range naming `dataset` when an index is outside [0, size).
+void check_indices(const std::vector<int64_t>& indices, int64_t size, const std::string& dataset);
+
+// `indices` as a [B] int64 tensor for index_select, after check_indices.
 torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
                            const std::string& dataset);
 

@@ -107,6 +107,7 @@ class ImageFolder final : public Dataset {
 
  protected:
   Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const override {
+    check_indices(indices, size(), "imagefolder");
     const auto b = static_cast<int64_t>(indices.size());
     const int64_t s = options_.image_size;
     auto pixels = torch::empty({b, 3, s, s}, torch::kUInt8);  // [B, 3, S, S]
@@ -114,7 +115,6 @@ class ImageFolder final : public Dataset {
     Batch batch;
     for (int64_t i = 0; i < b; ++i) {
       int64_t n = indices[static_cast<size_t>(i)];
-      if (n < 0 || n >= size()) index_tensor({n}, size(), "imagefolder");  // throws
       Rng rng(epoch.sample_seed(n));
       for (int bad = 0;; ++bad) {
         try {

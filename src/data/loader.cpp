@@ -68,14 +68,18 @@ std::vector<int64_t> shard_order(int64_t n, bool shuffle, bool drop_last, uint64
   return mine;
 }
 
-torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
-                           const std::string& dataset) {
+void check_indices(const std::vector<int64_t>& indices, int64_t size, const std::string& dataset) {
   for (int64_t i : indices) {
     if (i < 0 || i >= size) {
       throw std::out_of_range(dataset + ": index " + std::to_string(i) + " out of range [0, " +
                               std::to_string(size) + ")");
     }
   }
+}
+
+torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
+                           const std::string& dataset) {
+  check_indices(indices, size, dataset);
   return torch::tensor(indices, torch::kInt64);
 }
 

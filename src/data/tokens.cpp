@@ -93,7 +93,7 @@ class Tokens final : public Dataset {
 
  protected:
   Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const override {
-    index_tensor(indices, size(), "tokens");  // range check
+    check_indices(indices, size(), "tokens");
     const auto b = static_cast<int64_t>(indices.size());
     const int64_t t = seq_len_;
     auto inputs = torch::empty({b, t}, torch::kInt64);   // [B, T]

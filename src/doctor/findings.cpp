@@ -42,10 +42,8 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
 int arch_number(const std::string& arch, const std::string& prefix) {
   if (arch.compare(0, prefix.size(), prefix) != 0) return -1;
   try {
-    size_t used = 0;
-    const int n = std::stoi(arch.substr(prefix.size()), &used);
     // Suffixes such as "sm_90a" (architecture-specific features) count as the base number.
-    return n;
+    return std::stoi(arch.substr(prefix.size()));
   } catch (const std::exception&) {
     return -1;
   }
@@ -115,7 +113,7 @@ KernelImage kernel_image(int cc_major, int cc_minor, const std::vector<std::stri
   return ptx ? KernelImage::ptx : KernelImage::none;
 }
 
-std::vector<MappedLibrary> cuda_libraries(const std::string& maps) {
+std::vector<MappedLibrary> mapped_libraries(const std::string& maps) {
   std::vector<MappedLibrary> out;
   std::set<std::string> seen;
   std::istringstream in(maps);
@@ -130,10 +128,17 @@ std::vector<MappedLibrary> cuda_libraries(const std::string& maps) {
     // Wheels name some copies with a hash: libcudart-ab12cd34.so.13.
     const auto dash = family.find('-');
     if (dash != std::string::npos && family.size() - dash == 9) family = family.substr(0, dash);
-    if (std::find(kCudaFamilies.begin(), kCudaFamilies.end(), family) == kCudaFamilies.end()) {
-      continue;
-    }
     if (seen.insert(path).second) out.push_back(MappedLibrary{family, path});
+  }
+  return out;
+}
+
+std::vector<MappedLibrary> cuda_libraries(const std::string& maps) {
+  std::vector<MappedLibrary> out;
+  for (auto& lib : mapped_libraries(maps)) {
+    if (std::find(kCudaFamilies.begin(), kCudaFamilies.end(), lib.family) != kCudaFamilies.end()) {
+      out.push_back(std::move(lib));
+    }
   }
   return out;
 }

@@ -76,12 +76,14 @@ struct MappedLibrary {
   std::string family;  // the file name up to ".so"
   std::string path;
 };
-// The CUDA-related libraries in /proc/self/maps text, each file once, in order of appearance.
+// The shared libraries in /proc/self/maps text, each file once, in order of appearance.
+std::vector<MappedLibrary> mapped_libraries(const std::string& maps);
+// Those of them that belong to CUDA (the driver, runtime, cuBLAS, cuDNN, NCCL, ...).
 std::vector<MappedLibrary> cuda_libraries(const std::string& maps);
 
 // The architectures of the CUDA fat binaries in the ELF file `path` (its .nv_fatbin section):
-// "sm_90" for native code, "compute_90" for PTX, unique, PTX first, each by number. Empty when the file has none
-// or cannot be read.
+// "sm_90" for native code, "compute_90" for PTX, unique, PTX first, each by number. Empty when the
+// file has none or cannot be read.
 std::vector<std::string> fatbin_archs(const std::string& path);
 
 // Every check, in report order.

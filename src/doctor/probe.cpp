@@ -140,15 +140,11 @@ Facts probe(bool wants_cuda) {
     }
   }
   f.maps = read_text("/proc/self/maps");
-  {
-    // The architectures of the LibTorch CUDA library this process mapped.
-    std::istringstream in(f.maps);
-    for (std::string line; std::getline(in, line);) {
-      const auto slash = line.find('/');
-      if (slash != std::string::npos && line.find("libtorch_cuda.so") != std::string::npos) {
-        f.arch_list = fatbin_archs(line.substr(slash));
-        break;
-      }
+  // The architectures of the LibTorch CUDA library this process mapped.
+  for (const auto& lib : mapped_libraries(f.maps)) {
+    if (lib.family == "libtorch_cuda") {
+      f.arch_list = fatbin_archs(lib.path);
+      break;
     }
   }
   for (const char* name :

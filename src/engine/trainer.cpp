@@ -8,9 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
@@ -265,15 +263,25 @@ bool must_match(const std::string& key) {
 
 constexpr const char* kOptimPrefix = "optim.";
 
-// The parameters the optimizer steps, each under its first name (tied weights appear once).
-optim::NamedTensors optimizer_params(const torch::nn::Module& model) {
-  std::set<const c10::TensorImpl*> seen;
-  optim::NamedTensors out;
-  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
-    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
+// CPU bfloat16 autocast while alive when `on`; the cast cache is cleared on exit.
+class CpuBf16Autocast {
+ public:
+  explicit CpuBf16Autocast(bool on) : on_(on) {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
   }
-  return out;
-}
+  ~CpuBf16Autocast() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+  }
+  CpuBf16Autocast(const CpuBf16Autocast&) = delete;
+  CpuBf16Autocast& operator=(const CpuBf16Autocast&) = delete;
+
+ private:
+  bool on_;
+};
 
 int cuda_device_count() {
   return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
@@ -281,12 +289,17 @@ int cuda_device_count() {
 
 }  // namespace
 
+checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt) {
+  return checkpoint::with_prefix(ckpt.tensors, kModelPrefix);
+}
+
 checkpoint::State Trainer::State::snapshot() const {
   checkpoint::State out;
   for (const auto& [name, tensor] : models::state_dict(*model)) {
     out.tensors.emplace_back(kModelPrefix + name, tensor);
   }
-  for (auto& [name, tensor] : optim::optimizer_state(*optimizer, optimizer_params(*model))) {
+  for (auto& [name, tensor] :
+       optim::optimizer_state(*optimizer, models::unique_named_parameters(*model))) {
     out.tensors.emplace_back(kOptimPrefix + name, tensor);
   }
   {
@@ -349,28 +362,17 @@ void Trainer::State::restore(const checkpoint::State& ckpt, const std::string& p
     }
     return it->second;
   };
-  std::vector<std::pair<std::string, torch::Tensor>> weights;
-  const std::string prefix = kModelPrefix;
-  for (const auto& [name, tensor] : ckpt.tensors) {
-    if (name.compare(0, prefix.size(), prefix) == 0) {
-      weights.emplace_back(name.substr(prefix.size()), tensor);
-    }
-  }
-  const std::string problems = models::load_weights(*model, weights, /*skip_head=*/false);
+  const std::string problems =
+      models::load_weights(*model, model_weights(ckpt), /*skip_head=*/false);
   if (!problems.empty()) {
     throw config::ConfigError({config::Issue{
         loaded.where("model.name"), "model.name",
         "the checkpoint " + path + " does not fit model " + cfg.model.name + ": " + problems}});
   }
-  std::map<std::string, torch::Tensor> optim_state;
-  const std::string optim_prefix = kOptimPrefix;
-  for (const auto& [name, tensor] : ckpt.tensors) {
-    if (name.compare(0, optim_prefix.size(), optim_prefix) == 0) {
-      optim_state.emplace(name.substr(optim_prefix.size()), tensor);
-    }
-  }
+  const auto optim_state = checkpoint::with_prefix(ckpt.tensors, kOptimPrefix);
   try {
-    optim::load_optimizer_state(*optimizer, optimizer_params(*model), optim_state);
+    optim::load_optimizer_state(*optimizer, models::unique_named_parameters(*model),
+                                {optim_state.begin(), optim_state.end()});
   } catch (const std::runtime_error& e) {
     throw checkpoint::CorruptCheckpoint(path + ": " + e.what());
   }
@@ -462,17 +464,10 @@ int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
   s.optimizer->zero_grad(/*set_to_none=*/true);
   const int64_t peak = measure_cpu_peak([&] {
     torch::Tensor loss;
-    at::autocast::set_autocast_enabled(at::kCPU, bf16);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    try {
+    {
+      CpuBf16Autocast autocast(bf16);
       loss = s.loss_fn(s.model->forward(b.inputs), b.targets);
-    } catch (...) {
-      at::autocast::set_autocast_enabled(at::kCPU, false);
-      at::autocast::clear_cache();
-      throw;
     }
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-    at::autocast::clear_cache();
     loss.backward();
   });
   s.optimizer->zero_grad(/*set_to_none=*/true);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "config/loader.h"
 #include "engine/memory.h"
 
@@ -29,6 +30,9 @@ struct FitResult {
   EvalResult last_eval;  // the last evaluation (samples == 0 when none ran)
   double seconds = 0.0;  // wall time of the loop
 };
+
+// The model weights in a checkpoint the trainer wrote, under their state-dict names.
+checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt);
 
 class Trainer {
  public:

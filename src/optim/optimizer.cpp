@@ -77,29 +77,39 @@ const void* key_of(const torch::Tensor& param) {
   return param.unsafeGetTensorImpl();
 }
 
+// Adam's and AdamW's per-parameter states have the same fields in two types.
+template <class AdamState>
+void add_adam_fields(const AdamState& s, NamedTensors& out) {
+  out.emplace_back("step", torch::tensor(s.step(), torch::kInt64));
+  out.emplace_back("exp_avg", s.exp_avg());
+  out.emplace_back("exp_avg_sq", s.exp_avg_sq());
+  if (s.max_exp_avg_sq().defined()) out.emplace_back("max_exp_avg_sq", s.max_exp_avg_sq());
+}
+
 // The fields of one parameter's state, by name; undefined tensors are left out.
 NamedTensors fields_of(const torch::optim::OptimizerParamState& state) {
-  auto step_tensor = [](int64_t step) { return torch::tensor(step, torch::kInt64); };
   NamedTensors out;
-  auto add = [&](const char* name, const torch::Tensor& t) {
-    if (t.defined()) out.emplace_back(name, t);
-  };
   if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
-    add("momentum_buffer", sgd->momentum_buffer());
+    if (sgd->momentum_buffer().defined())
+      out.emplace_back("momentum_buffer", sgd->momentum_buffer());
   } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    add("step", step_tensor(adam->step()));
-    add("exp_avg", adam->exp_avg());
-    add("exp_avg_sq", adam->exp_avg_sq());
-    add("max_exp_avg_sq", adam->max_exp_avg_sq());
+    add_adam_fields(*adam, out);
   } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    add("step", step_tensor(adamw->step()));
-    add("exp_avg", adamw->exp_avg());
-    add("exp_avg_sq", adamw->exp_avg_sq());
-    add("max_exp_avg_sq", adamw->max_exp_avg_sq());
+    add_adam_fields(*adamw, out);
   } else {
     throw std::runtime_error("optimizer state of an unknown type cannot be saved");
   }
   return out;
+}
+
+template <class AdamState>
+std::unique_ptr<torch::optim::OptimizerParamState> adam_state(int64_t step, torch::Tensor exp_avg,
+                                                              torch::Tensor exp_avg_sq,
+                                                              torch::Tensor max_exp_avg_sq) {
+  auto s = std::make_unique<AdamState>();
+  s->step(step).exp_avg(std::move(exp_avg)).exp_avg_sq(std::move(exp_avg_sq));
+  s->max_exp_avg_sq(std::move(max_exp_avg_sq));
+  return s;
 }
 
 }  // namespace
@@ -153,15 +163,10 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const NamedTensors
       if (!exp_avg_sq.defined()) {
         throw std::runtime_error("optimizer state " + name + ".exp_avg_sq is missing");
       }
-      if (adam) {
-        auto s = std::make_unique<torch::optim::AdamParamState>();
-        s->step(step_of(name)).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq).max_exp_avg_sq(max_sq);
-        own[key] = std::move(s);
-      } else {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->step(step_of(name)).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq).max_exp_avg_sq(max_sq);
-        own[key] = std::move(s);
-      }
+      own[key] = adam ? adam_state<torch::optim::AdamParamState>(step_of(name), exp_avg, exp_avg_sq,
+                                                                 max_sq)
+                      : adam_state<torch::optim::AdamWParamState>(step_of(name), exp_avg,
+                                                                  exp_avg_sq, max_sq);
     } else {
       throw std::runtime_error("optimizer state of an unknown optimizer type cannot be loaded");
     }
