@@ -2,6 +2,7 @@
 #pragma once
 
 #include "models/model.h"
+#include "nn/activation_checkpoint.h"
 
 namespace trainer::models {
 
@@ -9,5 +10,9 @@ void register_mlp(ModelRegistry& registry);
 void register_lenet(ModelRegistry& registry);
 void register_gpt(ModelRegistry& registry);
 void register_resnet(ModelRegistry& registry);
+
+// The blocks `model.checkpointing` selects. Throws ModelError when the setting is malformed, or
+// when it asks for checkpointing and `has_blocks` is false.
+nn::CheckpointPolicy checkpoint_policy(const config::ModelConfig& cfg, bool has_blocks);
 
 }  // namespace trainer::models

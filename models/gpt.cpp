@@ -172,7 +172,9 @@ TORCH_MODULE(GptTiedHead);
 class GptImpl : public NetImpl {
  public:
   GptImpl(const config::ModelConfig& cfg, const InputSpec& input)
-      : block_size_(cfg.block_size), dropout_(cfg.dropout) {
+      : block_size_(cfg.block_size),
+        dropout_(cfg.dropout),
+        policy_(checkpoint_policy(cfg, /*has_blocks=*/true)) {
     const int64_t vocab = cfg.vocab_size > 0 ? cfg.vocab_size : input.num_classes;
     if (vocab <= 0) {
       throw ModelError("model.vocab_size", "gpt needs a vocabulary size > 0");
@@ -198,9 +200,17 @@ class GptImpl : public NetImpl {
     const auto pos = torch::arange(T, x.options().dtype(torch::kLong));      // [T]
     auto h = transformer->wte->forward(x) + transformer->wpe->forward(pos);  // [B, T, C]
     h = torch::dropout(h, dropout_, is_training());
-    for (auto& block : transformer->blocks) h = block->forward(h);  // [B, T, C]
-    h = transformer->ln_f->forward(h);                              // [B, T, C]
-    return lm_head->forward(h);                                     // [B, T, vocab]
+    for (size_t i = 0; i < transformer->blocks.size(); ++i) {
+      const auto block = transformer->blocks[i].ptr();
+      if (policy_.applies(static_cast<int64_t>(i))) {
+        h = nn::checkpoint(
+            *block, [block](const torch::Tensor& in) { return block->forward(in); }, h);
+      } else {
+        h = block->forward(h);  // [B, T, C]
+      }
+    }
+    h = transformer->ln_f->forward(h);  // [B, T, C]
+    return lm_head->forward(h);         // [B, T, vocab]
   }
 
  private:
@@ -220,6 +230,7 @@ class GptImpl : public NetImpl {
 
   int64_t block_size_;
   double dropout_;
+  nn::CheckpointPolicy policy_;  // blocks run through activation checkpointing
   GptTransformer transformer{nullptr};
   GptTiedHead lm_head{nullptr};
 };

@@ -55,6 +55,7 @@ TORCH_MODULE(Lenet);
 
 void register_lenet(ModelRegistry& registry) {
   registry.add("lenet", [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
+    checkpoint_policy(cfg, /*has_blocks=*/false);
     return Lenet(cfg, input).ptr();
   });
 }

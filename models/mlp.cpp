@@ -41,6 +41,7 @@ TORCH_MODULE(Mlp);
 
 void register_mlp(ModelRegistry& registry) {
   registry.add("mlp", [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
+    checkpoint_policy(cfg, /*has_blocks=*/false);
     return Mlp(cfg, input).ptr();
   });
 }

@@ -3,6 +3,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "config/loader.h"
 #include "models/builtin.h"
 
 namespace trainer::models {
@@ -17,6 +18,20 @@ const ModelRegistry& model_registry() {
     return r;
   }();
   return registry;
+}
+
+nn::CheckpointPolicy checkpoint_policy(const config::ModelConfig& cfg, bool has_blocks) {
+  const auto period = config::checkpoint_period(cfg.checkpointing);
+  if (!period) {
+    throw ModelError("model.checkpointing", "must be none, blocks or every:N with N >= 1, got '" +
+                                                cfg.checkpointing + "'");
+  }
+  if (*period > 0 && !has_blocks) {
+    throw ModelError("model.checkpointing", "model '" + cfg.name +
+                                                "' has no blocks to checkpoint; use none "
+                                                "(resnet and gpt models have them)");
+  }
+  return nn::CheckpointPolicy(*period);
 }
 
 torch::Tensor activate(const std::string& name, const torch::Tensor& x) {

@@ -110,7 +110,9 @@ class ResNetImpl : public NetImpl {
  public:
   ResNetImpl(const std::string& name, const std::vector<int64_t>& blocks,
              const config::ModelConfig& cfg, const InputSpec& input)
-      : cifar_stem_(cfg.stem == "cifar"), channels_last_(cfg.channels_last) {
+      : cifar_stem_(cfg.stem == "cifar"),
+        channels_last_(cfg.channels_last),
+        policy_(checkpoint_policy(cfg, /*has_blocks=*/true)) {
     if (input.sample_shape.size() != 3) {
       throw ModelError("data.shape", name + " needs image samples (C, H, W); got " +
                                          std::to_string(input.sample_shape.size()) + " dims");
@@ -128,7 +130,9 @@ class ResNetImpl : public NetImpl {
       torch::nn::Sequential layer;
       for (int64_t b = 0; b < blocks[i]; ++b) {
         const int64_t stride = (i > 0 && b == 0) ? 2 : 1;
-        layer->push_back(std::make_shared<Block>(in, planes[i], stride));
+        auto block = std::make_shared<Block>(in, planes[i], stride);
+        layer->push_back(block);
+        blocks_.push_back(block);
         in = planes[i] * Block::kExpansion;
       }
       layers_.push_back(register_module("layer" + std::to_string(i + 1), layer));
@@ -164,7 +168,15 @@ class ResNetImpl : public NetImpl {
       x = torch::max_pool2d(x, /*kernel_size=*/3, /*stride=*/2, /*padding=*/1);
     }
     // x: [B, 64, H', W'] with H' = H (cifar) or H/4 (imagenet)
-    for (auto& layer : layers_) x = layer->forward(x);
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      const auto& block = blocks_[i];
+      if (policy_.applies(static_cast<int64_t>(i))) {
+        x = nn::checkpoint(
+            *block, [block](const torch::Tensor& in) { return block->forward(in); }, x);
+      } else {
+        x = block->forward(x);
+      }
+    }
     // x: [B, 512 e, H'/8, W'/8], e = 1 (basic) or 4 (bottleneck)
     x = torch::adaptive_avg_pool2d(x, /*output_size=*/{1, 1}).flatten(/*start_dim=*/1);
     // x: [B, 512 e]
@@ -176,7 +188,9 @@ class ResNetImpl : public NetImpl {
   bool channels_last_;
   torch::nn::Conv2d conv1_{nullptr};
   torch::nn::BatchNorm2d bn1_{nullptr};
+  nn::CheckpointPolicy policy_;
   std::vector<torch::nn::Sequential> layers_;
+  std::vector<std::shared_ptr<Block>> blocks_;  // the blocks of layer1..layer4, in order
   torch::nn::Linear fc_{nullptr};
 };
 

@@ -303,13 +303,72 @@ TEST_F(Cli, DoctorJsonHasTheDocumentedKeys) {
   for (const auto& f : j["findings"]) {
     for (const char* key : {"level", "check", "message", "fix"}) EXPECT_TRUE(f.contains(key));
   }
-  for (const char* key : {"trainer_version", "libtorch_version", "libtorch_cuda", "cuda_available",
-                          "driver_version", "driver_cuda", "runtime_cuda", "cudnn_built",
-                          "cudnn_loaded", "nccl_version", "arch_list", "gpus", "libraries", "env",
-                          "shm_mb", "cpu_cores", "memory_mb", "container"}) {
+  for (const char* key :
+       {"trainer_version", "libtorch_version", "libtorch_cuda", "cuda_available", "driver_version",
+        "driver_cuda", "runtime_cuda", "cudnn_built", "cudnn_loaded", "nccl_version", "arch_list",
+        "gpus", "libraries", "env", "shm_mb", "cpu_cores", "memory_mb", "container"}) {
     EXPECT_TRUE(j["facts"].contains(key)) << key;
   }
   EXPECT_GT(j["facts"]["cpu_cores"].get<int>(), 0);
+}
+
+TEST_F(Cli, RepeatedInfLossStopsWithExitOneAndACheckpoint) {
+  const auto run_dir = dir_ / "run";
+  auto r = run("--config configs/synthetic.yaml --run-dir '" + run_dir.string() +
+               "' --set optim.lr=1e30 --set train.max_bad_steps=2");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("inf/NaN in 2 steps in a row"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::is_empty(run_dir / "checkpoints"));
+}
+
+TEST_F(Cli, MixedPrecisionAndCheckpointingTrainGpt) {
+  const auto corpus = write("corpus.txt", std::string(4000, 'a') + std::string(4000, 'b'));
+  const auto config = write("gpt.yaml", R"(
+model: {name: gpt, n_layer: 2, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 0,
+        dropout: 0.1, checkpointing: blocks}
+data: {name: tokens, token_format: bytes, batch_size: 8, workers: 0}
+train: {max_steps: 6}
+optim: {name: adamw, lr: 0.003}
+amp: {enabled: true, dtype: bfloat16, scaler: on}
+run: {log_every: 2, progress: never}
+)");
+  const auto run_dir = dir_ / "run";
+  auto r = run("--config '" + config.string() + "' --device cpu --set data.root='" +
+               corpus.string() + "' --run-dir '" + run_dir.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto train = metrics(run_dir, "train");
+  ASSERT_EQ(train.size(), 3u);
+  for (const auto& j : train) {
+    EXPECT_EQ(j["loss_scale"].get<double>(), 65536.0) << j.dump();
+    EXPECT_EQ(j["skipped_steps"].get<int64_t>(), 0) << j.dump();
+  }
+  EXPECT_LT(train.back()["loss"].get<double>(), train.front()["loss"].get<double>());
+  const auto log = read_file(run_dir / "train.log");
+  EXPECT_NE(log.find("precision: bfloat16 autocast with gradient scaling"), std::string::npos);
+  EXPECT_NE(log.find("activation checkpointing: blocks"), std::string::npos);
+}
+
+TEST_F(Cli, DoctorOffersCheckpointingWhenTheStepDoesNotFit) {
+  const auto config = write("big.yaml", R"(
+device: cpu
+model: {name: resnet18, stem: cifar}
+data: {name: synthetic, shape: [3, 32, 32], num_classes: 10, batch_size: 4000000, drop_last: false,
+       train_samples: 16, val_samples: 4}
+)");
+  auto r = run("doctor --json --config '" + config.string() + "'");
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& memory = j.at("memory");
+  EXPECT_FALSE(memory.at("fits").get<bool>()) << r.out;
+  EXPECT_EQ(memory.at("checkpointing"), "none");
+  bool offered = false;
+  for (const auto& f : j.at("findings")) {
+    if (f.at("check") == "memory") {
+      offered =
+          f.at("fix").get<std::string>().find("model.checkpointing blocks") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(offered) << r.out;
 }
 
 TEST_F(Cli, DoctorFailsWhenTheConfigWantsAGpuThatIsMissing) {

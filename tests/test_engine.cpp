@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 
+#include "checkpoint/checkpoint.h"
 #include "config/loader.h"
 #include "engine/memory.h"
 #include "engine/trainer.h"
@@ -138,6 +141,134 @@ TEST_F(EngineTest, MemoryEstimateMatchesAMeasuredStep) {
   const int64_t estimated = fp32.step_fixed_bytes + 8 * fp32.step_bytes_per_sample;
   EXPECT_NEAR(static_cast<double>(estimated), static_cast<double>(measured), 0.25 * measured)
       << "estimated " << estimated << ", measured " << measured;
+}
+
+// The tensors of the last checkpoint a trainer wrote, by name.
+std::map<std::string, torch::Tensor> checkpoint_tensors(const Trainer& t) {
+  const auto state = checkpoint::load(t.last_checkpoint());
+  return {state.tensors.begin(), state.tensors.end()};
+}
+
+// Expects the tensors whose names start with `prefix` to be equal bit for bit in `a` and `b`.
+void expect_same(const std::map<std::string, torch::Tensor>& a,
+                 const std::map<std::string, torch::Tensor>& b, const std::string& prefix) {
+  int compared = 0;
+  for (const auto& [name, tensor] : a) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 0) << prefix;
+}
+
+TEST_F(EngineTest, InfInOneGradientSkipsExactlyThatStep) {
+  // Adam keeps per-parameter step counts and moments: a skipped step must leave them as they were.
+  const std::vector<std::string> common = {"amp.scaler=on", "optim.name=adam", "optim.lr=0.01",
+                                           "sched.name=linear", "sched.min_lr=0.001"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return load(extra);
+  };
+  // Both runs span 3 steps (the same schedule); the clean one stops after step 2.
+  const auto injected_cfg = with({"train.max_steps=3"});
+  Trainer injected(injected_cfg);
+  int calls = 0;
+  auto weight = injected.model().parameters().at(0);
+  weight.register_hook([&calls](torch::Tensor grad) {
+    return ++calls == 3 ? torch::full_like(grad, INFINITY) : grad;
+  });
+  Trainer clean(with({"train.max_steps=3", "train.stop_at_step=2"}));
+  EXPECT_EQ(injected.fit().steps, 3);
+  clean.fit();
+  EXPECT_EQ(calls, 3);
+  const auto a = checkpoint_tensors(injected), b = checkpoint_tensors(clean);
+  expect_same(a, b, "model.");
+  expect_same(a, b, "optim.");
+  EXPECT_EQ(a.at("scaler.scale").item<double>(), 32768.0);  // backed off once
+  EXPECT_EQ(b.at("scaler.scale").item<double>(), 65536.0);
+  EXPECT_EQ(a.at("scaler.growth_tracker").item<int>(), 0);
+  EXPECT_EQ(b.at("scaler.growth_tracker").item<int>(), 2);
+  const auto meta = checkpoint::load(injected.last_checkpoint()).meta;
+  EXPECT_EQ(meta.at("skipped_steps").get<int64_t>(), 1);
+  // The train record of step 3 reports the scale and the skip.
+  std::ifstream metrics(injected_cfg.cfg.run.dir + "/metrics.jsonl");
+  std::vector<nlohmann::json> train;
+  for (std::string line; std::getline(metrics, line);) {
+    if (line.find("\"train\"") != std::string::npos) train.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(train.size(), 3u);
+  const auto& record = train.back();
+  EXPECT_EQ(record.at("step").get<int64_t>(), 3);
+  EXPECT_EQ(record.at("loss_scale").get<double>(), 32768.0);
+  EXPECT_EQ(record.at("skipped_steps").get<int64_t>(), 1);
+  // The schedule did not advance: step 3 reports the learning rate of the last update, step 2's.
+  EXPECT_EQ(record.at("lr").get<double>(), train[1].at("lr").get<double>());
+  EXPECT_NE(train[0].at("lr").get<double>(), train[1].at("lr").get<double>());
+}
+
+TEST_F(EngineTest, ScalerStateResumesExactly) {
+  // Growth every 2 clean steps: the resumed run must carry on the count of the first.
+  const std::vector<std::string> scaler = {"amp.scaler=on", "amp.growth_interval=2",
+                                           "amp.init_scale=4", "train.max_steps=6",
+                                           "optim.momentum=0.9"};
+  auto whole_cfg = load(scaler);
+  Trainer whole(whole_cfg);
+  whole.fit();
+  auto split = scaler;
+  split.push_back("train.stop_at_step=3");
+  auto split_cfg = load(split);
+  {
+    Trainer first(split_cfg);
+    EXPECT_TRUE(first.fit().stopped);
+  }
+  Trainer second(split_cfg);
+  ASSERT_TRUE(second.resume("auto"));
+  second.fit();
+  const auto a = checkpoint_tensors(whole), b = checkpoint_tensors(second);
+  EXPECT_EQ(a.at("scaler.scale").item<double>(), 32.0);  // 4 * 2^3
+  expect_same(a, b, "scaler.");
+  expect_same(a, b, "model.");
+  expect_same(a, b, "optim.");
+}
+
+TEST_F(EngineTest, BadLossesStopTheRunWithTheLastGoodState) {
+  // A learning rate of 1e30 leaves finite weights after step 1 whose logits overflow from step 2.
+  const std::vector<std::string> diverge = {"optim.lr=1e30", "train.max_bad_steps=3",
+                                            "train.max_steps=50"};
+  auto cfg = load(diverge);
+  Trainer t(cfg);
+  try {
+    t.fit();
+    FAIL() << "expected the run to stop";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("inf/NaN in 3 steps in a row, steps 2 to 4"), std::string::npos) << what;
+    EXPECT_NE(what.find("as after step 1"), std::string::npos) << what;
+    EXPECT_NE(what.find(t.last_checkpoint()), std::string::npos) << what;
+  }
+  auto one = diverge;
+  one.push_back("train.max_steps=1");
+  auto one_cfg = load(one);
+  Trainer after_one(one_cfg);
+  after_one.fit();
+  const auto stopped = checkpoint_tensors(t), good = checkpoint_tensors(after_one);
+  expect_same(stopped, good, "model.");
+  for (const auto& [name, tensor] : stopped) {
+    if (name.rfind("model.", 0) == 0) EXPECT_TRUE(tensor.isfinite().all().item<bool>()) << name;
+  }
+}
+
+TEST_F(EngineTest, Bf16AutocastTrainsOnTheCpu) {
+  auto fp32_cfg = load({"train.max_steps=8"});
+  auto bf16_cfg = load({"train.max_steps=8", "amp.enabled=true", "amp.dtype=bfloat16"});
+  Trainer fp32(fp32_cfg), bf16(bf16_cfg);
+  EXPECT_NE(bf16.summary().find("precision: bfloat16 autocast\n"), std::string::npos);
+  const double start = fp32.evaluate().loss;
+  const double a = fp32.fit().last_eval.loss, b = bf16.fit().last_eval.loss;
+  EXPECT_LT(b, start - 0.05);
+  EXPECT_NEAR(a, b, 0.05);
+  EXPECT_NE(a, b);  // bfloat16 arithmetic did happen
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 
 #include "config/loader.h"
 #include "engine/trainer.h"
+#include "nn/activation_checkpoint.h"
+#include "nn/autocast.h"
+#include "optim/grad_scaler.h"
 #include "temp_dir.h"
 #include "util/gpu_monitor.h"
 
@@ -57,6 +60,78 @@ TEST(Gpu, DeterministicCudaRunsRepeat) {
   auto b_cfg = synthetic_run(b_dir.path(), "cuda:0");
   Trainer a(a_cfg), b(b_cfg);
   EXPECT_EQ(a.fit().last_eval.loss, b.fit().last_eval.loss);
+}
+
+TEST(GpuAmp, Float16AutocastAndTheScalerOnCuda) {
+  SKIP_WITHOUT_CUDA();
+  torch::nn::Linear lin(16, 4);
+  lin->to(torch::kCUDA);
+  const auto x = torch::randn({8, 16}, torch::kCUDA);
+  const auto y =
+      torch::randint(4, {8}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong));
+  torch::Tensor logits, loss;
+  {
+    nn::AutocastGuard autocast(torch::kCUDA, torch::kHalf);
+    logits = lin->forward(x);
+    loss = torch::nn::functional::cross_entropy(logits, y);
+  }
+  EXPECT_EQ(logits.scalar_type(), torch::kHalf);
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+  optim::GradScaler scaler(optim::GradScalerOptions{}, torch::kCUDA);
+  scaler.scale(loss).backward();
+  const auto params = lin->parameters();
+  EXPECT_EQ(scaler.unscale(params).item<float>(), 0.0f);
+  params[0].mutable_grad()[0][0] = INFINITY;
+  EXPECT_EQ(scaler.unscale(params).item<float>(), 1.0f);
+  scaler.update(torch::ones({}, torch::kCUDA));
+  EXPECT_EQ(scaler.scale_value(), 32768.0);
+}
+
+TEST(GpuAmp, CheckpointReplaysCudaDropout) {
+  SKIP_WITHOUT_CUDA();
+  torch::nn::Linear lin(32, 32);
+  lin->to(torch::kCUDA);
+  auto fn = [lin](const torch::Tensor& in) mutable {
+    return torch::dropout(torch::relu(lin->forward(in)), /*p=*/0.3, /*train=*/true);
+  };
+  auto run = [&](bool checkpointed) {
+    torch::manual_seed(9);
+    lin->zero_grad();
+    auto x =
+        torch::randn({16, 32}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
+    auto out = checkpointed ? nn::checkpoint(*lin, fn, x) : fn(x);
+    out.pow(2).sum().backward();
+    return std::vector<torch::Tensor>{x.grad().cpu(), lin->weight.grad().cpu(),
+                                      torch::rand({4}, torch::kCUDA).cpu()};
+  };
+  const auto a = run(false), b = run(true);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+}
+
+TEST(GpuAmp, Float16TrainingWithScalerAndCheckpointing) {
+  SKIP_WITHOUT_CUDA();
+  test_support::TempDir dir("gpu");
+  const fs::path cfg = dir.path() / "gpt.yaml";
+  std::ofstream(cfg)
+      << "device: cuda\nmodel: {name: resnet18, stem: cifar, checkpointing: blocks}\n"
+         "data: {name: synthetic, shape: [3, 16, 16], train_samples: 256, "
+         "val_samples: 64, batch_size: 32, workers: 1}\n"
+         "train: {max_steps: 16}\noptim: {lr: 0.05}\namp: {enabled: true, dtype: float16}\n"
+         "run: {log_every: 4, dir: "
+      << (dir.path() / "run").string() << "}\n";
+  auto loaded = config::load(cfg.string(), {});
+  config::Environment env;
+  env.cuda_available = true;
+  env.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
+  config::check(loaded, env);
+  fs::create_directories(loaded.cfg.run.dir);
+  Trainer t(loaded);
+  const auto r = t.fit();
+  EXPECT_EQ(r.steps, 16);
+  EXPECT_GT(r.last_eval.top1, 0.5);
+  std::ifstream metrics(loaded.cfg.run.dir + "/metrics.jsonl");
+  std::string text((std::istreambuf_iterator<char>(metrics)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"loss_scale\""), std::string::npos);
 }
 
 TEST(GpuMonitorTest, ReadsTheTrainingDevice) {

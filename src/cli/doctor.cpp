@@ -103,12 +103,18 @@ doctor::Finding memory_finding(const std::string& config_path, const doctor::Fac
          {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
          {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
          {"capacity_mb", capacity_mb},
+         {"checkpointing", cfg.model.checkpointing},
          {"fits", fits}};
+  const std::string checkpointing =
+      cfg.model.checkpointing == "none"
+          ? ""
+          : " with activation checkpointing " + cfg.model.checkpointing;
   const std::string message = strprintf(
-      "%s at batch %lld per process: %s in float32 (parameters %s, optimizer %s, step %s), %s "
+      "%s%s at batch %lld per process: %s in float32 (parameters %s, optimizer %s, step %s), %s "
       "with bfloat16 autocast; %s",
-      cfg.model.name.c_str(), static_cast<long long>(batch), gib(fp32.total(batch)).c_str(),
-      gib(fp32.params_bytes).c_str(), gib(fp32.optimizer_bytes).c_str(),
+      cfg.model.name.c_str(), checkpointing.c_str(), static_cast<long long>(batch),
+      gib(fp32.total(batch)).c_str(), gib(fp32.params_bytes).c_str(),
+      gib(fp32.optimizer_bytes).c_str(),
       gib(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
       gib(bf16.total(batch)).c_str(), where.c_str());
   if (measure_batch > 0) {
@@ -134,6 +140,21 @@ doctor::Finding memory_finding(const std::string& config_path, const doctor::Fac
   }
   if (!use_bf16) {
     remedies.push_back("amp.enabled with amp.dtype bfloat16: " + gib(bf16.total(batch)));
+  }
+  if (cfg.model.checkpointing == "none") {
+    // Measured again with every block checkpointed, where the model has blocks.
+    auto with_blocks =
+        config::load(config_path, {"device=cpu", "data.workers=0", "model.checkpointing=blocks"});
+    try {
+      engine::Trainer checkpointed(with_blocks);
+      const auto e = checkpointed.estimate_memory(use_bf16);
+      remedies.push_back(
+          "model.checkpointing blocks (recomputes each block in backward, about a "
+          "third more step time): " +
+          gib(e.total(batch)));
+    } catch (const config::ConfigError&) {
+      // A model without blocks.
+    }
   }
   for (int64_t gpus = 2; gpus <= 64; gpus *= 2) {
     if (planned.total(batch / gpus) <= usable) {

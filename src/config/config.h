@@ -161,6 +161,8 @@ struct TrainConfig {
   double label_smoothing = 0.0;  // label smoothing of the classification loss
   std::string loss = "cross_entropy";  // loss registry name
   bool eval_at_end = true;             // evaluate after the last step when it was not just done
+  int64_t max_bad_steps = 20;  // skip steps whose loss is inf/NaN; stop after this many in a row
+                               // (0 = no per-step check: a bad loss stops the run when logged)
 
   template <class V>
   void visit(V& v) {
@@ -172,6 +174,7 @@ struct TrainConfig {
     v("label_smoothing", label_smoothing);
     v("loss", loss);
     v("eval_at_end", eval_at_end);
+    v("max_bad_steps", max_bad_steps);
   }
 };
 
@@ -222,13 +225,23 @@ struct SchedConfig {
 };
 
 struct AmpConfig {
-  bool enabled = false;            // mixed precision (autocast + gradient scaling)
-  std::string dtype = "bfloat16";  // float16|bfloat16
+  bool enabled = false;            // mixed precision: autocast around forward and loss
+  std::string dtype = "bfloat16";  // float16|bfloat16 (CPU: bfloat16)
+  std::string scaler = "auto";     // gradient scaling: auto (float16 only)|on|off
+  double init_scale = 65536.0;     // scaler: first loss scale
+  double growth_factor = 2.0;      // scaler: scale multiplier after growth_interval clean steps
+  double backoff_factor = 0.5;     // scaler: scale multiplier after a step with inf/NaN gradients
+  int64_t growth_interval = 2000;  // scaler: clean steps between scale growths
 
   template <class V>
   void visit(V& v) {
     v("enabled", enabled);
     v("dtype", dtype);
+    v("scaler", scaler);
+    v("init_scale", init_scale);
+    v("growth_factor", growth_factor);
+    v("backoff_factor", backoff_factor);
+    v("growth_interval", growth_interval);
   }
 };
 

@@ -935,6 +935,16 @@ std::string to_yaml(const Config& cfg) {
   return os.str();
 }
 
+std::optional<int64_t> checkpoint_period(const std::string& spec) {
+  if (spec == "none") return 0;
+  if (spec == "blocks") return 1;
+  if (spec.rfind("every:", 0) != 0 || spec.size() == 6 || spec[6] == '+' || spec[6] == '-')
+    return std::nullopt;
+  auto n = parse_int(spec.substr(6));
+  if (!n || *n < 1) return std::nullopt;
+  return *n;
+}
+
 std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) {
   const Config& c = loaded.cfg;
   std::vector<Issue> out;
@@ -1018,16 +1028,9 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
                             fmt(c.model.n_embd));
   ge("model.block_size", c.model.block_size, 1);
   ge("model.vocab_size", c.model.vocab_size, 0);
-  {
-    const std::string& ck = c.model.checkpointing;
-    bool ok = ck == "none" || ck == "blocks";
-    if (!ok && ck.rfind("every:", 0) == 0) {
-      auto n = parse_int(ck.substr(6));
-      ok = n && *n >= 1 && ck[6] != '+' && ck[6] != '-';
-    }
-    if (!ok)
-      add("model.checkpointing", "must be none, blocks or every:N with N >= 1, got '" + ck + "'");
-  }
+  if (!checkpoint_period(c.model.checkpointing))
+    add("model.checkpointing",
+        "must be none, blocks or every:N with N >= 1, got '" + c.model.checkpointing + "'");
 
   // data
   ge("data.batch_size", c.data.batch_size, 1);
@@ -1085,6 +1088,7 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   ge("train.stop_at_step", c.train.stop_at_step, 0);
   ge("train.grad_accum_steps", c.train.grad_accum_steps, 1);
   ge_d("train.clip_grad_norm", c.train.clip_grad_norm, 0.0);
+  ge("train.max_bad_steps", c.train.max_bad_steps, 0);
   in01("train.label_smoothing", c.train.label_smoothing);
 
   // optim
@@ -1138,6 +1142,13 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
       (c.device == "cpu" || (c.device == "auto" && !env.cuda_available)))
     add("amp.dtype",
         "float16 autocast needs a CUDA device; use amp.dtype: bfloat16 or a cuda device");
+  one_of("amp.scaler", c.amp.scaler, {"auto", "on", "off"});
+  gt_d("amp.init_scale", c.amp.init_scale, 0.0);
+  if (!(c.amp.growth_factor > 1.0))
+    add("amp.growth_factor", "must be > 1, got " + fmt(c.amp.growth_factor));
+  if (!(c.amp.backoff_factor > 0.0 && c.amp.backoff_factor < 1.0))
+    add("amp.backoff_factor", "must be in (0, 1), got " + fmt(c.amp.backoff_factor));
+  ge("amp.growth_interval", c.amp.growth_interval, 1);
 
   // dist
   one_of("dist.backend", c.dist.backend, {"auto", "nccl", "gloo"});

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -81,6 +82,10 @@ std::string to_yaml(const Config& cfg);
 
 // Every valid leaf key path ("seed", "optim.lr", ...), in declaration order.
 std::vector<std::string> key_paths();
+
+// The `model.checkpointing` setting as a block period: 0 for none, 1 for blocks (every block), N
+// for every:N (every N-th block); nullopt when the setting is malformed.
+std::optional<int64_t> checkpoint_period(const std::string& spec);
 
 // Every leaf as (key path, value as to_yaml writes it), in declaration order.
 std::vector<std::pair<std::string, std::string>> flatten(const Config& cfg);

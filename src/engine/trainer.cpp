@@ -1,6 +1,5 @@
 #include "engine/trainer.h"
 
-#include <ATen/autocast_mode.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -16,6 +15,8 @@
 #include "engine/metrics.h"
 #include "losses/loss.h"
 #include "models/model.h"
+#include "nn/autocast.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "util/format.h"
@@ -74,13 +75,18 @@ struct Trainer::State {
   int64_t total_steps = 0;
   int64_t step = 0;         // optimizer steps taken
   int64_t bad_samples = 0;  // unreadable samples replaced so far
+  bool amp = false;         // autocast around forward and loss
+  c10::ScalarType amp_dtype = c10::kBFloat16;
+  std::unique_ptr<optim::GradScaler> scaler;  // gradient scaling (float16), else null
+  int64_t skipped_steps = 0;     // steps whose update was skipped for inf/NaN gradients or loss
+  int64_t bad_steps_in_row = 0;  // consecutive steps with an inf/NaN loss
 
   // Where training goes on: the epoch, its next step, and the metrics window in progress. A
   // checkpoint saves exactly these, so a resumed run continues bit for bit.
   int64_t epoch = 0;
   int64_t step_in_epoch = 0;
   int64_t last_eval_step = -1;
-  int64_t window_steps = 0;
+  int64_t window_steps = 0;  // steps summed in window_loss (those with a finite loss)
   int64_t window_samples = 0;
   torch::Tensor window_loss;  // summed step losses, a device scalar
   int64_t resumed_step = -1;  // the step of the checkpoint resumed from; -1 = a fresh run
@@ -89,7 +95,15 @@ struct Trainer::State {
 
   explicit State(const config::LoadedConfig& l) : loaded(l) {}
 
-  torch::Tensor train_step(const std::vector<data::Batch>& micro_batches);
+  // What one training step did.
+  struct StepOutcome {
+    torch::Tensor loss;     // mean loss over the micro-batches, a device scalar
+    bool skipped = false;   // the update was not applied (inf/NaN gradients or loss)
+    bool bad_loss = false;  // the loss was inf or NaN
+  };
+  StepOutcome train_step(const std::vector<data::Batch>& micro_batches);
+  // Optimizer updates applied so far: the schedule's clock.
+  int64_t updates() const { return step - skipped_steps; }
   checkpoint::State snapshot() const;
   void restore(const checkpoint::State& ckpt, const std::string& path);
   // Writes a checkpoint of the current state; false when it failed and the run may go on.
@@ -99,16 +113,6 @@ struct Trainer::State {
 Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State>(config)) {
   const auto& loaded = s_->loaded;
   const auto& cfg = loaded.cfg;
-  if (cfg.amp.enabled) {
-    config_error(loaded, "amp.enabled",
-                 "mixed precision is not available in this build; set "
-                 "amp.enabled: false");
-  }
-  if (cfg.model.checkpointing != "none") {
-    config_error(loaded, "model.checkpointing",
-                 "model '" + cfg.model.name + "' has no blocks to checkpoint; use none");
-  }
-
   // Device.
   seed_everything(cfg);
   s_->device = pick_device(cfg.device);
@@ -206,6 +210,19 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
   }
   s_->schedule = std::make_unique<optim::Schedule>(sched, cfg.optim.lr, s_->total_steps);
   s_->loss_fn = losses::loss_registry().get(cfg.train.loss)(cfg.train);
+
+  // Mixed precision: autocast, and a gradient scaler for float16.
+  s_->amp = cfg.amp.enabled;
+  s_->amp_dtype = cfg.amp.dtype == "float16" ? c10::kHalf : c10::kBFloat16;
+  if (cfg.amp.scaler == "on" ||
+      (cfg.amp.scaler == "auto" && cfg.amp.enabled && cfg.amp.dtype == "float16")) {
+    optim::GradScalerOptions scaler;
+    scaler.init_scale = cfg.amp.init_scale;
+    scaler.growth_factor = cfg.amp.growth_factor;
+    scaler.backoff_factor = cfg.amp.backoff_factor;
+    scaler.growth_interval = cfg.amp.growth_interval;
+    s_->scaler = std::make_unique<optim::GradScaler>(scaler, s_->device);
+  }
   s_->window_loss = torch::zeros({}, torch::TensorOptions().device(s_->device));
   s_->checkpoints = std::make_unique<checkpoint::Directory>(cfg.run.dir + "/checkpoints",
                                                             cfg.run.keep_last, cfg.run.keep_best);
@@ -221,34 +238,62 @@ std::string Trainer::summary() const {
       << s_->splits.val->size() << " val samples, " << s_->splits.spec.num_classes << " classes\n";
   out << "steps: " << s_->total_steps << " (" << s_->steps_per_epoch << " per epoch, batch "
       << cfg.data.batch_size << " x " << cfg.train.grad_accum_steps << " accumulation)\n";
+  out << "precision: " << (cfg.amp.enabled ? cfg.amp.dtype + " autocast" : std::string("float32"))
+      << (s_->scaler ? " with gradient scaling" : "") << "\n";
+  if (cfg.model.checkpointing != "none") {
+    out << "activation checkpointing: " << cfg.model.checkpointing << "\n";
+  }
   out << models::summary(*s_->model, cfg.model.name);
   return out.str();
 }
 
-// One optimizer step over `micro_batches`; returns the step's mean loss as a device scalar (no
-// host synchronisation).
-torch::Tensor Trainer::State::train_step(const std::vector<data::Batch>& micro_batches) {
+// One training step over `micro_batches`: forward and backward of each, then one optimizer
+// update unless a gradient (with a scaler) or the loss is inf/NaN. The loss stays on the device;
+// the one host read per step is the skip decision.
+Trainer::State::StepOutcome Trainer::State::train_step(
+    const std::vector<data::Batch>& micro_batches) {
   const double accum = static_cast<double>(micro_batches.size());
   optimizer->zero_grad(/*set_to_none=*/true);
 
-  // Forward and backward, one micro-batch at a time; gradients add up across them.
+  // Forward (under autocast) and backward, one micro-batch at a time; gradients add up.
   torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
   for (const auto& batch : micro_batches) {
     auto inputs = batch.inputs.to(device, /*non_blocking=*/true);    // [B, ...]
     auto targets = batch.targets.to(device, /*non_blocking=*/true);  // [B] or [B, T]
-    auto loss = loss_fn(model->forward(inputs), targets) / accum;
-    loss.backward();
+    torch::Tensor loss;                                              // float32 scalar
+    {
+      nn::AutocastGuard autocast(device.type(), amp_dtype, /*enabled=*/amp);
+      loss = loss_fn(model->forward(inputs), targets) / accum;
+    }
+    (scaler ? scaler->scale(loss) : loss).backward();
     step_loss += loss.detach();
   }
 
-  // Clip by global norm, then step with this step's learning rate.
-  if (cfg.train.clip_grad_norm > 0) {
-    torch::nn::utils::clip_grad_norm_(params, cfg.train.clip_grad_norm);
+  // Unscale once per step, then decide: skip the update on inf/NaN gradients or loss.
+  StepOutcome out{step_loss};
+  const torch::Tensor found_inf = scaler ? scaler->unscale(params) : torch::Tensor();
+  if (scaler || cfg.train.max_bad_steps > 0) {
+    const auto flags = torch::stack({step_loss.to(torch::kFloat),
+                                     scaler ? found_inf : torch::zeros_like(step_loss)})
+                           .to(torch::kCPU);  // [2]: loss, found_inf
+    const auto f = flags.accessor<float, 1>();
+    out.bad_loss = !std::isfinite(f[0]);
+    out.skipped = out.bad_loss || f[1] != 0.0f;
   }
-  optim::set_lr(*optimizer, schedule->lr(step));
-  optimizer->step();
+
+  // Clip by global norm, then update with this step's learning rate.
+  if (!out.skipped) {
+    if (cfg.train.clip_grad_norm > 0) {
+      torch::nn::utils::clip_grad_norm_(params, cfg.train.clip_grad_norm);
+    }
+    optim::set_lr(*optimizer, schedule->lr(updates()));
+    optimizer->step();
+  } else {
+    ++skipped_steps;
+  }
+  if (scaler) scaler->update(found_inf);
   ++step;
-  return step_loss;
+  return out;
 }
 
 namespace {
@@ -257,31 +302,12 @@ constexpr const char* kModelPrefix = "model.";
 
 // Config keys whose change makes a checkpoint unusable: the weights' layout and what they mean.
 bool must_match(const std::string& key) {
-  return key.rfind("model.", 0) == 0 || key == "optim.name" || key == "data.name" ||
-         key == "train.loss";
+  return (key.rfind("model.", 0) == 0 && key != "model.checkpointing") || key == "optim.name" ||
+         key == "data.name" || key == "train.loss";
 }
 
 constexpr const char* kOptimPrefix = "optim.";
-
-// CPU bfloat16 autocast while alive when `on`; the cast cache is cleared on exit.
-class CpuBf16Autocast {
- public:
-  explicit CpuBf16Autocast(bool on) : on_(on) {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-  }
-  ~CpuBf16Autocast() {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-    at::autocast::clear_cache();
-  }
-  CpuBf16Autocast(const CpuBf16Autocast&) = delete;
-  CpuBf16Autocast& operator=(const CpuBf16Autocast&) = delete;
-
- private:
-  bool on_;
-};
+constexpr const char* kScalerPrefix = "scaler.";
 
 int cuda_device_count() {
   return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
@@ -313,6 +339,11 @@ checkpoint::State Trainer::State::snapshot() const {
     out.tensors.emplace_back("rng.cuda." + std::to_string(i), gen.get_state());
   }
   out.tensors.emplace_back("engine.window_loss", window_loss);
+  if (scaler) {
+    for (const auto& [name, tensor] : scaler->state()) {
+      out.tensors.emplace_back(kScalerPrefix + name, tensor);
+    }
+  }
   nlohmann::json config = nlohmann::json::object();
   for (const auto& [key, value] : config::flatten(cfg)) config[key] = value;
   out.meta = {{"format", 1},
@@ -323,6 +354,8 @@ checkpoint::State Trainer::State::snapshot() const {
               {"window_steps", window_steps},
               {"window_samples", window_samples},
               {"bad_samples", bad_samples},
+              {"skipped_steps", skipped_steps},
+              {"bad_steps_in_row", bad_steps_in_row},
               {"config", config},
               {"versions",
                {{"trainer", TRAINER_VERSION},
@@ -396,6 +429,20 @@ void Trainer::State::restore(const checkpoint::State& ckpt, const std::string& p
   window_steps = meta.at("window_steps").get<int64_t>();
   window_samples = meta.at("window_samples").get<int64_t>();
   bad_samples = meta.at("bad_samples").get<int64_t>();
+  skipped_steps = meta.value("skipped_steps", int64_t{0});
+  bad_steps_in_row = meta.value("bad_steps_in_row", int64_t{0});
+  if (scaler) {
+    const auto state = checkpoint::with_prefix(ckpt.tensors, kScalerPrefix);
+    if (state.empty()) {
+      log::info("the checkpoint has no gradient scaler state; the scale starts at amp.init_scale");
+    } else {
+      try {
+        scaler->load_state({state.begin(), state.end()});
+      } catch (const std::runtime_error& e) {
+        throw checkpoint::CorruptCheckpoint(path + ": " + e.what());
+      }
+    }
+  }
   if (step_in_epoch > steps_per_epoch) {
     throw config::ConfigError({config::Issue{
         loaded.where("data.batch_size"), "data.batch_size",
@@ -465,7 +512,7 @@ int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
   const int64_t peak = measure_cpu_peak([&] {
     torch::Tensor loss;
     {
-      CpuBf16Autocast autocast(bf16);
+      nn::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, /*enabled=*/bf16);
       loss = s.loss_fn(s.model->forward(b.inputs), b.targets);
     }
     loss.backward();
@@ -496,6 +543,10 @@ MemoryEstimate Trainer::estimate_memory(bool bf16) {
   return e;
 }
 
+torch::nn::Module& Trainer::model() {
+  return *s_->model;
+}
+
 EvalResult Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   s_->model->eval();
@@ -512,8 +563,12 @@ EvalResult Trainer::evaluate() {
     auto inputs = batch->inputs.to(device, /*non_blocking=*/true);  // [B, ...]
     // [N] with N = B, or B * T for sequences
     auto targets = batch->targets.to(device, /*non_blocking=*/true).flatten();
-    auto logits = s_->model->forward(inputs);                     // [B, K] or [B, T, K]
-    logits = logits.reshape({targets.size(0), logits.size(-1)});  // [N, K]
+    torch::Tensor logits;  // [B, K] or [B, T, K]
+    {
+      nn::AutocastGuard autocast(device.type(), s_->amp_dtype, /*enabled=*/s_->amp);
+      logits = s_->model->forward(inputs);
+    }
+    logits = logits.to(torch::kFloat).reshape({targets.size(0), logits.size(-1)});  // [N, K]
     loss_sum += torch::nn::functional::cross_entropy(
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     const int64_t k = std::min<int64_t>(5, logits.size(1));
@@ -594,12 +649,35 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
                   static_cast<long long>(s.step), static_cast<long long>(epoch), e.loss,
                   100.0 * e.top1, 100.0 * e.top5, static_cast<long long>(e.samples)));
   };
+  // A step whose loss was inf/NaN was skipped; too many in a row end the run with a checkpoint.
+  auto on_bad_loss = [&](int64_t epoch) {
+    ++s.bad_steps_in_row;
+    progress.clear();
+    log::warn(
+        strprintf("step %lld epoch %lld: the loss is inf/NaN; update skipped (%lld in a row, "
+                  "train.max_bad_steps %lld)",
+                  static_cast<long long>(s.step), static_cast<long long>(epoch),
+                  static_cast<long long>(s.bad_steps_in_row),
+                  static_cast<long long>(cfg.train.max_bad_steps)));
+    if (s.bad_steps_in_row < cfg.train.max_bad_steps) return;
+    checkpoint();
+    throw std::runtime_error(strprintf(
+        "the training loss was inf/NaN in %lld steps in a row, steps %lld to %lld; the model is "
+        "as after step %lld, saved in %s; lower optim.lr, set train.clip_grad_norm, or use "
+        "amp.dtype bfloat16",
+        static_cast<long long>(s.bad_steps_in_row),
+        static_cast<long long>(s.step - s.bad_steps_in_row + 1), static_cast<long long>(s.step),
+        static_cast<long long>(s.step - s.bad_steps_in_row), s.last_checkpoint.c_str()));
+  };
   auto log_train = [&](int64_t epoch) {
     const double seconds = seconds_since(window_start);
-    last_loss = s.window_loss.item<double>() / static_cast<double>(s.window_steps);
+    // NAN when every step of the window had a bad loss (and was skipped).
+    last_loss = s.window_steps > 0
+                    ? s.window_loss.item<double>() / static_cast<double>(s.window_steps)
+                    : NAN;
     last_sps = seconds > 0 ? static_cast<double>(s.window_samples) / seconds : 0.0;
-    const double lr = s.schedule->lr(s.step - 1);
-    if (!std::isfinite(last_loss)) {
+    const double lr = s.schedule->lr(std::max<int64_t>(s.updates() - 1, 0));
+    if (s.window_steps > 0 && !std::isfinite(last_loss)) {  // train.max_bad_steps: 0
       progress.clear();
       throw std::runtime_error("the training loss is " + std::to_string(last_loss) + " at step " +
                                std::to_string(s.step) +
@@ -608,10 +686,12 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
     nlohmann::json record = {{"split", "train"},
                              {"step", s.step},
                              {"epoch", epoch},
-                             {"loss", last_loss},
                              {"lr", lr},
                              {"samples_per_sec", last_sps},
                              {"bad_samples", s.bad_samples}};
+    if (s.window_steps > 0) record["loss"] = last_loss;
+    if (s.scaler) record["loss_scale"] = s.scaler->scale_value();
+    if (s.scaler || s.skipped_steps > 0) record["skipped_steps"] = s.skipped_steps;
     std::string line = strprintf(
         "step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s",
         static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
@@ -649,8 +729,9 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         s.window_samples += micro.back().targets.size(0);
         s.bad_samples += micro.back().bad_samples;
       }
+      State::StepOutcome outcome;
       try {
-        s.window_loss += s.train_step(micro);
+        outcome = s.train_step(micro);
       } catch (const c10::OutOfMemoryError& e) {
         progress.clear();
         const std::string what = e.what_without_backtrace();
@@ -662,8 +743,14 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
             static_cast<long long>(cfg.train.grad_accum_steps),
             what.substr(0, what.find('\n')).c_str(), s.loaded.source.c_str()));
       }
-      ++s.window_steps;
       ++s.step_in_epoch;
+      if (outcome.bad_loss) {
+        on_bad_loss(epoch);
+      } else {
+        s.bad_steps_in_row = 0;
+        s.window_loss += outcome.loss;
+        ++s.window_steps;
+      }
       if (s.step % cfg.run.log_every == 0 || s.step == s.total_steps) log_train(epoch);
       progress.update(s.step, s.total_steps, epoch, last_loss, last_sps, eta());
       if (cfg.run.eval_every > 0 && s.step % cfg.run.eval_every == 0) run_eval(epoch);

@@ -2,6 +2,8 @@
 // evaluates and writes the run dir's metrics.
 #pragma once
 
+#include <torch/nn/module.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -72,6 +74,9 @@ class Trainer {
 
   // Evaluates the current model on the validation split.
   EvalResult evaluate();
+
+  // The model being trained.
+  torch::nn::Module& model();
 
  private:
   struct State;

@@ -1,0 +1,195 @@
+#include "nn/activation_checkpoint.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <torch/autograd.h>
+#include <torch/custom_class.h>
+
+#include <mutex>
+#include <stdexcept>
+
+#include "nn/autocast.h"
+
+namespace trainer::nn {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What backward needs besides the saved inputs; shared with the autograd node as a capsule.
+struct Segment : torch::CustomClassHolder {
+  SegmentFn fn;
+  size_t num_inputs = 0;
+  TensorList params;   // the owner's parameters that require grad, each once
+  TensorList buffers;  // the owner's buffers, restored after the rerun
+  AutocastState autocast;
+  torch::Tensor cpu_rng;                       // CPU generator state at forward
+  std::vector<c10::DeviceIndex> cuda_devices;  // devices of the CUDA inputs
+  TensorList cuda_rng;                         // their generator states at forward
+};
+
+at::Generator cuda_generator(c10::DeviceIndex index) {
+  return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, index));
+}
+
+torch::Tensor generator_state(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_generator_state(at::Generator gen, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// Sets the generators to the segment's forward states while alive, and back afterwards, so the
+// rerun draws the forward's numbers and the rest of the program sees no draw at all.
+class RngFork {
+ public:
+  explicit RngFork(const Segment& seg) : seg_(seg) {
+    auto cpu = at::detail::getDefaultCPUGenerator();
+    cpu_ = generator_state(cpu);
+    set_generator_state(cpu, seg.cpu_rng);
+    for (size_t i = 0; i < seg.cuda_devices.size(); ++i) {
+      auto gen = cuda_generator(seg.cuda_devices[i]);
+      cuda_.push_back(generator_state(gen));
+      set_generator_state(gen, seg.cuda_rng[i]);
+    }
+  }
+  ~RngFork() {
+    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu_);
+    for (size_t i = 0; i < cuda_.size(); ++i) {
+      set_generator_state(cuda_generator(seg_.cuda_devices[i]), cuda_[i]);
+    }
+  }
+  RngFork(const RngFork&) = delete;
+  RngFork& operator=(const RngFork&) = delete;
+
+ private:
+  const Segment& seg_;
+  torch::Tensor cpu_;
+  TensorList cuda_;
+};
+
+// Points each buffer at a copy of its values while alive, then back at its own storage (set_data
+// keeps the tensor, its version and the module's reference to it).
+class BufferSwap {
+ public:
+  explicit BufferSwap(const TensorList& buffers) : buffers_(buffers) {
+    torch::NoGradGuard no_grad;
+    for (auto& b : buffers_) {
+      originals_.push_back(b.data());
+      b.set_data(b.clone());
+    }
+  }
+  ~BufferSwap() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].set_data(originals_[i]);
+  }
+  BufferSwap(const BufferSwap&) = delete;
+  BufferSwap& operator=(const BufferSwap&) = delete;
+
+ private:
+  TensorList buffers_;
+  TensorList originals_;
+};
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  // `tensors`: the segment's inputs, then its parameters.
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Segment> seg,
+                               at::TensorList tensors) {
+    seg->autocast = AutocastState::current();
+    seg->cpu_rng = generator_state(at::detail::getDefaultCPUGenerator());
+    TensorList inputs(tensors.begin(), tensors.begin() + static_cast<long>(seg->num_inputs));
+    for (const auto& x : inputs) {
+      if (!x.defined() || !x.is_cuda()) continue;
+      const auto index = x.device().index();
+      bool seen = false;
+      for (auto d : seg->cuda_devices) seen = seen || d == index;
+      if (seen) continue;
+      seg->cuda_devices.push_back(index);
+      seg->cuda_rng.push_back(generator_state(cuda_generator(index)));
+    }
+    ctx->save_for_backward(inputs);
+    auto outputs = seg->fn(inputs);  // grad mode is off here: nothing inside is kept
+    ctx->saved_data["segment"] = c10::IValue::make_capsule(seg);
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto seg = c10::static_intrusive_pointer_cast<Segment>(ctx->saved_data["segment"].toCapsule());
+    TensorList inputs;
+    for (const auto& x : ctx->get_saved_variables()) {
+      inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
+    }
+    // The rerun updates scratch copies of the buffers (batch-norm statistics were updated by the
+    // forward already); the originals come back once its graph has been used.
+    BufferSwap scratch(seg->buffers);
+    TensorList outputs;
+    {
+      RngFork rng(*seg);
+      AutocastGuard autocast(seg->autocast);
+      torch::AutoGradMode grad(/*enabled=*/true);
+      outputs = seg->fn(inputs);
+    }
+
+    variable_list roots, root_grads;
+    for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grad_outputs[i]);
+      }
+    }
+    // Slot 0 belongs to the segment argument, then one per input and parameter.
+    variable_list result(1 + seg->num_inputs + seg->params.size());
+    if (roots.empty()) return result;
+    variable_list wrt;
+    std::vector<size_t> slots;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].defined() && inputs[i].requires_grad()) {
+        wrt.push_back(inputs[i]);
+        slots.push_back(1 + i);
+      }
+    }
+    for (size_t i = 0; i < seg->params.size(); ++i) {
+      wrt.push_back(seg->params[i]);
+      slots.push_back(1 + seg->num_inputs + i);
+    }
+    if (wrt.empty()) return result;
+    auto grads = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t i = 0; i < grads.size(); ++i) result[slots[i]] = grads[i];
+    return result;
+  }
+};
+
+}  // namespace
+
+TensorList checkpoint(const torch::nn::Module& module, const SegmentFn& fn,
+                      const TensorList& inputs) {
+  if (!torch::GradMode::is_enabled()) return fn(inputs);
+  auto seg = c10::make_intrusive<Segment>();
+  seg->fn = fn;
+  seg->num_inputs = inputs.size();
+  TensorList tensors = inputs;
+  for (const auto& p : module.parameters(/*recurse=*/true)) {
+    if (!p.requires_grad()) continue;
+    bool seen = false;
+    for (const auto& q : seg->params) seen = seen || q.is_same(p);
+    if (seen) continue;
+    seg->params.push_back(p);
+    tensors.push_back(p);
+  }
+  for (const auto& b : module.buffers(/*recurse=*/true)) seg->buffers.push_back(b);
+  return CheckpointFunction::apply(seg, at::TensorList(tensors));
+}
+
+torch::Tensor checkpoint(const torch::nn::Module& module,
+                         const std::function<torch::Tensor(const torch::Tensor&)>& fn,
+                         const torch::Tensor& input) {
+  return checkpoint(
+      module, [fn](const TensorList& in) { return TensorList{fn(in[0])}; }, TensorList{input})[0];
+}
+
+}  // namespace trainer::nn
