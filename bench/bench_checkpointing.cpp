@@ -5,8 +5,8 @@
 //   bench_checkpointing --model resnet50|gpt --checkpointing none|blocks|every:N [--batch N]
 //                       [--steps N] [--warmup N] [--threads N] [--block-size N] [--n-layer N]
 //
-// A step is zero_grad(set_to_none) outside the timing, then forward, cross-entropy, backward and
-// an SGD (momentum 0.9) update. Before each timed step the process's peak RSS is reset
+// A step is zero_grad(set_to_none) outside the timing, then forward, the trainer's cross-entropy,
+// backward and an SGD (momentum 0.9) update. Before each timed step the process's peak RSS is reset
 // (/proc/self/clear_refs); the step's peak is VmHWM minus the RSS at its start. Prints one JSON
 // line; "step_alloc_peak_mb" is the same peak counted by LibTorch's CPU allocator.
 #include <torch/torch.h>
@@ -25,6 +25,7 @@
 
 #include "config/config.h"
 #include "engine/memory.h"
+#include "losses/loss.h"
 #include "models/model.h"
 
 namespace {
@@ -124,11 +125,10 @@ int main(int argc, char** argv) {
                      : torch::randn({batch, 3, 224, 224});
   const auto y = gpt ? torch::randint(/*high=*/50257, {batch, block_size})
                      : torch::randint(/*high=*/1000, {batch});
+  const auto loss_fn = trainer::losses::loss_registry().get("cross_entropy")({});
   float last_loss = 0.0f;
   auto step = [&] {
-    auto logits = model->forward(x);
-    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                     y.reshape({-1}));
+    auto loss = loss_fn(model->forward(x), y);
     loss.backward();
     optimizer.step();
     last_loss = loss.item<float>();

@@ -6,31 +6,36 @@
 # alternating; malloc returns freed tensors to the system at once (MALLOC_MMAP_THRESHOLD_) so the
 # resident set follows live memory. Prints a markdown table; the JSON lines go to $OUT.
 #
-#   scripts/bench_checkpointing.sh     Environment: MODELS ("resnet50 gpt"), STEPS (3), THREADS (2),
-#                                      BUILD (build), OUT (bench_checkpointing.jsonl)
+#   scripts/bench_checkpointing.sh     Environment: MODELS ("resnet50 gpt"), IMPLS ("trainer python"),
+#                                      STEPS (3), THREADS (2), BUILD (build),
+#                                      OUT (bench_checkpointing.jsonl, appended to)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 MODELS=${MODELS:-resnet50 gpt}
+IMPLS=${IMPLS:-trainer python}
 STEPS=${STEPS:-3}
 THREADS=${THREADS:-2}
 OUT=${OUT:-bench_checkpointing.jsonl}
 PY="$ROOT/.venv/bin/python"
 ninja -C "$BUILD" bench_checkpointing >/dev/null
 export MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=$THREADS
-: >"$OUT"
 for model in $MODELS; do
   for mode in none blocks; do
     args=(--model "$model" --checkpointing "$mode" --steps "$STEPS" --threads "$THREADS")
-    "$BUILD/bench_checkpointing" "${args[@]}" >>"$OUT"
-    "$PY" "$ROOT/scripts/bench_checkpointing.py" "${args[@]}" >>"$OUT"
+    for impl in $IMPLS; do
+      case $impl in
+        trainer) "$BUILD/bench_checkpointing" "${args[@]}" >>"$OUT" ;;
+        python) "$PY" "$ROOT/scripts/bench_checkpointing.py" "${args[@]}" >>"$OUT" ;;
+      esac
+    done
   done
 done
 
 "$PY" - "$OUT" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-by = {(r["impl"], r["model"], r["checkpointing"]): r for r in rows}
+by = {(r["impl"], r["model"], r["checkpointing"]): r for r in rows}  # the newest of each
 print("| model | implementation | step s (none → blocks) | step time | step peak MB (none → blocks) "
       "| activations MB (none → blocks) | activation memory |")
 print("|---|---|---|---|---|---|---|")
