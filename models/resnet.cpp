@@ -135,7 +135,7 @@ class ResNetImpl : public NetImpl {
         blocks_.push_back(block);
         in = planes[i] * Block::kExpansion;
       }
-      layers_.push_back(register_module("layer" + std::to_string(i + 1), layer));
+      register_module("layer" + std::to_string(i + 1), layer);
     }
     fc_ = register_module("fc", torch::nn::Linear(in, input.num_classes));
 
@@ -189,8 +189,7 @@ class ResNetImpl : public NetImpl {
   torch::nn::Conv2d conv1_{nullptr};
   torch::nn::BatchNorm2d bn1_{nullptr};
   nn::CheckpointPolicy policy_;
-  std::vector<torch::nn::Sequential> layers_;
-  std::vector<std::shared_ptr<Block>> blocks_;  // the blocks of layer1..layer4, in order
+  std::vector<std::shared_ptr<Block>> blocks_;  // the blocks of layer1..layer4 (registered there)
   torch::nn::Linear fc_{nullptr};
 };
 

@@ -128,6 +128,10 @@ TEST_F(EngineTest, MemoryEstimateMatchesAMeasuredStep) {
   EXPECT_EQ(fp32.optimizer_bytes, fp32.params_bytes);  // one momentum buffer each
   EXPECT_GT(fp32.step_bytes_per_sample, 0);
   EXPECT_LT(bf16.step_bytes_per_sample, fp32.step_bytes_per_sample);
+  // The same model with every block checkpointed keeps less per sample.
+  const auto checkpointed = t.estimate_memory(/*bf16=*/false, /*checkpointing=*/"blocks");
+  EXPECT_EQ(checkpointed.params_bytes, fp32.params_bytes);
+  EXPECT_LT(checkpointed.step_bytes_per_sample, fp32.step_bytes_per_sample);
 
   auto model =
       models::model_registry().get("resnet18")(cfg.cfg.model, models::InputSpec{{3, 48, 48}, 10});

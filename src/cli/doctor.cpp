@@ -10,6 +10,7 @@
 #include "config/loader.h"
 #include "doctor/probe.h"
 #include "engine/trainer.h"
+#include "models/model.h"
 #include "util/format.h"
 
 namespace trainer::cli {
@@ -142,17 +143,13 @@ doctor::Finding memory_finding(const std::string& config_path, const doctor::Fac
     remedies.push_back("amp.enabled with amp.dtype bfloat16: " + gib(bf16.total(batch)));
   }
   if (cfg.model.checkpointing == "none") {
-    // Measured again with every block checkpointed, where the model has blocks.
-    auto with_blocks =
-        config::load(config_path, {"device=cpu", "data.workers=0", "model.checkpointing=blocks"});
     try {
-      engine::Trainer checkpointed(with_blocks);
-      const auto e = checkpointed.estimate_memory(use_bf16);
+      const auto e = trainer.estimate_memory(use_bf16, /*checkpointing=*/"blocks");
       remedies.push_back(
-          "model.checkpointing blocks (recomputes each block in backward, about a "
-          "third more step time): " +
+          "model.checkpointing blocks (recomputes each block in backward: one more forward per "
+          "step): " +
           gib(e.total(batch)));
-    } catch (const config::ConfigError&) {
+    } catch (const models::ModelError&) {
       // A model without blocks.
     }
   }

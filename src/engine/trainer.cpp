@@ -16,6 +16,7 @@
 #include "losses/loss.h"
 #include "models/model.h"
 #include "nn/autocast.h"
+#include "nn/rng.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -64,6 +65,7 @@ struct Trainer::State {
   const config::Config& cfg = loaded.cfg;
   torch::Device device{torch::kCPU};
   data::Splits splits;
+  models::InputSpec input;  // what the model was built for
   models::Net model;
   std::unique_ptr<data::Loader> train_loader;
   std::unique_ptr<data::Loader> val_loader;
@@ -102,6 +104,8 @@ struct Trainer::State {
     bool bad_loss = false;  // the loss was inf or NaN
   };
   StepOutcome train_step(const std::vector<data::Batch>& micro_batches);
+  // The CPU peak of one forward/backward of `net` at `batch` training samples.
+  int64_t step_peak(models::NetImpl& net, bool bf16, int64_t batch);
   // Optimizer updates applied so far: the schedule's clock.
   int64_t updates() const { return step - skipped_steps; }
   checkpoint::State snapshot() const;
@@ -158,9 +162,10 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
       cfg.train.max_steps > 0 ? cfg.train.max_steps : cfg.train.epochs * s_->steps_per_epoch;
 
   // Model.
-  models::InputSpec input{s_->splits.spec.sample_shape, cfg.model.num_classes > 0
-                                                            ? cfg.model.num_classes
-                                                            : s_->splits.spec.num_classes};
+  auto& input = s_->input;
+  input = models::InputSpec{s_->splits.spec.sample_shape, cfg.model.num_classes > 0
+                                                              ? cfg.model.num_classes
+                                                              : s_->splits.spec.num_classes};
   if (s_->splits.spec.sequence && cfg.model.vocab_size > 0 &&
       cfg.model.vocab_size < s_->splits.spec.num_classes) {
     config_error(loaded, "model.vocab_size",
@@ -273,12 +278,12 @@ Trainer::State::StepOutcome Trainer::State::train_step(
   StepOutcome out{step_loss};
   const torch::Tensor found_inf = scaler ? scaler->unscale(params) : torch::Tensor();
   if (scaler || cfg.train.max_bad_steps > 0) {
-    const auto flags = torch::stack({step_loss.to(torch::kFloat),
-                                     scaler ? found_inf : torch::zeros_like(step_loss)})
-                           .to(torch::kCPU);  // [2]: loss, found_inf
+    // [1 or 2]: the loss, then found_inf with a scaler
+    const auto flags =
+        (scaler ? torch::stack({step_loss, found_inf}) : step_loss.reshape({1})).to(torch::kCPU);
     const auto f = flags.accessor<float, 1>();
     out.bad_loss = !std::isfinite(f[0]);
-    out.skipped = out.bad_loss || f[1] != 0.0f;
+    out.skipped = out.bad_loss || (scaler && f[1] != 0.0f);
   }
 
   // Clip by global norm, then update with this step's learning rate.
@@ -328,15 +333,10 @@ checkpoint::State Trainer::State::snapshot() const {
        optim::optimizer_state(*optimizer, models::unique_named_parameters(*model))) {
     out.tensors.emplace_back(kOptimPrefix + name, tensor);
   }
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    out.tensors.emplace_back("rng.cpu", gen.get_state());
-  }
+  out.tensors.emplace_back("rng.cpu", nn::generator_state(nn::cpu_generator()));
   for (int i = 0; i < cuda_device_count(); ++i) {
-    auto gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i));
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    out.tensors.emplace_back("rng.cuda." + std::to_string(i), gen.get_state());
+    out.tensors.emplace_back("rng.cuda." + std::to_string(i),
+                             nn::generator_state(nn::cuda_generator(i)));
   }
   out.tensors.emplace_back("engine.window_loss", window_loss);
   if (scaler) {
@@ -409,17 +409,11 @@ void Trainer::State::restore(const checkpoint::State& ckpt, const std::string& p
   } catch (const std::runtime_error& e) {
     throw checkpoint::CorruptCheckpoint(path + ": " + e.what());
   }
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(take("rng.cpu"));
-  }
+  nn::set_generator_state(nn::cpu_generator(), take("rng.cpu"));
   for (int i = 0; i < cuda_device_count(); ++i) {
     auto it = tensors.find("rng.cuda." + std::to_string(i));
     if (it == tensors.end()) continue;  // written without this device
-    auto gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i));
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(it->second);
+    nn::set_generator_state(nn::cuda_generator(i), it->second);
   }
   window_loss = take("engine.window_loss").to(device);
   step = meta.at("step").get<int64_t>();
@@ -501,29 +495,37 @@ std::string Trainer::last_checkpoint() const {
   return s_->last_checkpoint;
 }
 
-int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
-  auto& s = *s_;
-  if (!s.device.is_cpu())
-    throw std::logic_error("measure_step_memory: the model must be on the CPU");
+int64_t Trainer::State::step_peak(models::NetImpl& net, bool bf16, int64_t batch) {
+  if (!device.is_cpu()) throw std::logic_error("memory measurement: the model must be on the CPU");
   std::vector<int64_t> indices(static_cast<size_t>(batch));
-  for (int64_t i = 0; i < batch; ++i) indices[static_cast<size_t>(i)] = i % s.splits.train->size();
-  const data::Batch b = s.splits.train->get(indices);
-  s.optimizer->zero_grad(/*set_to_none=*/true);
+  for (int64_t i = 0; i < batch; ++i) indices[static_cast<size_t>(i)] = i % splits.train->size();
+  const data::Batch b = splits.train->get(indices);
+  net.zero_grad(/*set_to_none=*/true);
   const int64_t peak = measure_cpu_peak([&] {
     torch::Tensor loss;
     {
       nn::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, /*enabled=*/bf16);
-      loss = s.loss_fn(s.model->forward(b.inputs), b.targets);
+      loss = loss_fn(net.forward(b.inputs), b.targets);
     }
     loss.backward();
   });
-  s.optimizer->zero_grad(/*set_to_none=*/true);
+  net.zero_grad(/*set_to_none=*/true);
   return peak;
 }
 
-MemoryEstimate Trainer::estimate_memory(bool bf16) {
+int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
+  return s_->step_peak(*s_->model, bf16, batch);
+}
+
+MemoryEstimate Trainer::estimate_memory(bool bf16, const std::string& checkpointing) {
   auto& s = *s_;
-  if (!s.device.is_cpu()) throw std::logic_error("estimate_memory: the model must be on the CPU");
+  // Another checkpointing setting: a twin of the model (its weights do not matter here).
+  models::Net twin = s.model;
+  if (!checkpointing.empty() && checkpointing != s.cfg.model.checkpointing) {
+    auto model_cfg = s.cfg.model;
+    model_cfg.checkpointing = checkpointing;
+    twin = models::model_registry().get(model_cfg.name)(model_cfg, s.input);
+  }
   MemoryEstimate e;
   e.dtype = bf16 ? "bfloat16" : "float32";
   for (const auto& p : s.params)
@@ -534,8 +536,8 @@ MemoryEstimate Trainer::estimate_memory(bool bf16) {
   // Batch norm needs more than one sample per channel in training mode.
   e.measured_batch_small = 2;
   e.measured_batch_large = 4;
-  const int64_t small = measure_step_memory(bf16, e.measured_batch_small);
-  const int64_t large = measure_step_memory(bf16, e.measured_batch_large);
+  const int64_t small = s.step_peak(*twin, bf16, e.measured_batch_small);
+  const int64_t large = s.step_peak(*twin, bf16, e.measured_batch_large);
   e.step_bytes_per_sample =
       std::max<int64_t>((large - small) / (e.measured_batch_large - e.measured_batch_small), 0);
   e.step_fixed_bytes =

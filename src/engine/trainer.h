@@ -66,7 +66,9 @@ class Trainer {
 
   // Measures the memory of a training step (engine/memory.h) on the CPU, in float32 or under
   // bfloat16 autocast; the model must be on the CPU. Leaves the model and optimizer as they were.
-  MemoryEstimate estimate_memory(bool bf16);
+  // A `checkpointing` setting other than "" measures the model built with that
+  // model.checkpointing instead; throws models::ModelError when the model has no blocks.
+  MemoryEstimate estimate_memory(bool bf16, const std::string& checkpointing = "");
 
   // The measured CPU peak of one forward/backward at `batch` samples (float32 or bfloat16
   // autocast), without parameters and optimizer state: what estimate_memory extrapolates.

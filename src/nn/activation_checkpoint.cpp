@@ -1,14 +1,10 @@
 #include "nn/activation_checkpoint.h"
 
-#include <ATen/Context.h>
-#include <ATen/core/Generator.h>
 #include <torch/autograd.h>
 #include <torch/custom_class.h>
 
-#include <mutex>
-#include <stdexcept>
-
 #include "nn/autocast.h"
+#include "nn/rng.h"
 
 namespace trainer::nn {
 namespace {
@@ -21,33 +17,19 @@ struct Segment : torch::CustomClassHolder {
   SegmentFn fn;
   size_t num_inputs = 0;
   TensorList params;   // the owner's parameters that require grad, each once
-  TensorList buffers;  // the owner's buffers, restored after the rerun
+  TensorList buffers;  // the owner's buffers, swapped for scratch copies during the rerun
   AutocastState autocast;
   torch::Tensor cpu_rng;                       // CPU generator state at forward
   std::vector<c10::DeviceIndex> cuda_devices;  // devices of the CUDA inputs
   TensorList cuda_rng;                         // their generator states at forward
 };
 
-at::Generator cuda_generator(c10::DeviceIndex index) {
-  return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, index));
-}
-
-torch::Tensor generator_state(at::Generator gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_generator_state(at::Generator gen, const torch::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
 // Sets the generators to the segment's forward states while alive, and back afterwards, so the
 // rerun draws the forward's numbers and the rest of the program sees no draw at all.
 class RngFork {
  public:
   explicit RngFork(const Segment& seg) : seg_(seg) {
-    auto cpu = at::detail::getDefaultCPUGenerator();
+    auto cpu = cpu_generator();
     cpu_ = generator_state(cpu);
     set_generator_state(cpu, seg.cpu_rng);
     for (size_t i = 0; i < seg.cuda_devices.size(); ++i) {
@@ -57,7 +39,7 @@ class RngFork {
     }
   }
   ~RngFork() {
-    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu_);
+    set_generator_state(cpu_generator(), cpu_);
     for (size_t i = 0; i < cuda_.size(); ++i) {
       set_generator_state(cuda_generator(seg_.cuda_devices[i]), cuda_[i]);
     }
@@ -100,7 +82,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Segment> seg,
                                at::TensorList tensors) {
     seg->autocast = AutocastState::current();
-    seg->cpu_rng = generator_state(at::detail::getDefaultCPUGenerator());
+    seg->cpu_rng = generator_state(cpu_generator());
     TensorList inputs(tensors.begin(), tensors.begin() + static_cast<long>(seg->num_inputs));
     for (const auto& x : inputs) {
       if (!x.defined() || !x.is_cuda()) continue;

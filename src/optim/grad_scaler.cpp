@@ -4,7 +4,7 @@
 #include <ATen/ops/_amp_update_scale.h>
 #include <torch/torch.h>
 
-#include <algorithm>
+#include <map>
 #include <stdexcept>
 
 namespace trainer::optim {
@@ -22,34 +22,18 @@ torch::Tensor GradScaler::unscale(const std::vector<torch::Tensor>& params) cons
   auto found_inf = torch::zeros({}, scale_.options());
   // 1/scale computed in double and rounded once, as torch.amp does.
   const auto inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  // The fused kernel takes one device and dtype per call.
-  struct Group {
-    c10::Device device;
-    c10::ScalarType dtype;
-    std::vector<torch::Tensor> grads;
-  };
-  std::vector<Group> groups;
+  // The fused kernel takes one dtype per call; every gradient is on the scale's device.
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
   for (const auto& p : params) {
     const auto& g = p.grad();
     if (!g.defined()) continue;
-    if (g.is_sparse())
-      throw std::invalid_argument("GradScaler: sparse gradients are not supported");
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& group) {
-      return group.device == g.device() && group.dtype == g.scalar_type();
-    });
-    if (it == groups.end())
-      it = groups.insert(groups.end(), Group{g.device(), g.scalar_type(), {}});
-    it->grads.push_back(g);
+    TORCH_CHECK(!g.is_sparse(), "GradScaler: sparse gradients are not supported");
+    TORCH_CHECK(g.device() == scale_.device(), "GradScaler: a gradient on ", g.device(),
+                ", the scale on ", scale_.device());
+    by_dtype[g.scalar_type()].push_back(g);
   }
-  for (auto& group : groups) {
-    if (group.device == found_inf.device()) {
-      at::_amp_foreach_non_finite_check_and_unscale_(group.grads, found_inf, inv_scale);
-    } else {
-      auto local = torch::zeros({}, found_inf.options().device(group.device));
-      at::_amp_foreach_non_finite_check_and_unscale_(group.grads, local,
-                                                     inv_scale.to(group.device));
-      found_inf = torch::maximum(found_inf, local.to(found_inf.device()));
-    }
+  for (auto& [dtype, grads] : by_dtype) {
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
   }
   return found_inf;
 }

@@ -27,9 +27,9 @@ class GradScaler {
   // loss * scale, for backward. Nothing waits for the device.
   torch::Tensor scale(const torch::Tensor& loss) const;
 
-  // Divides every defined gradient of `params` by the scale in place, once per optimizer step
-  // (after all micro-batches, before clipping). Returns a float32 device scalar: 1 when any
-  // gradient is inf or NaN, else 0. Nothing waits for the device.
+  // Divides every defined gradient of `params` (on the scaler's device) by the scale in place,
+  // once per optimizer step (after all micro-batches, before clipping). Returns a float32 device
+  // scalar: 1 when any gradient is inf or NaN, else 0. Nothing waits for the device.
   torch::Tensor unscale(const std::vector<torch::Tensor>& params) const;
 
   // After the step (taken or skipped): backs off on found_inf != 0, else counts a clean step and
