@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "models/builtin.h"
+#include "nn/batch_norm.h"
 
 namespace trainer::models {
 namespace {
@@ -17,8 +18,9 @@ torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) 
       torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
-torch::nn::BatchNorm2d norm(int64_t channels) {
-  return torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(channels).eps(1e-5).momentum(0.1));
+// Batch norm that a data-parallel job can synchronise (dist.sync_bn).
+nn::BatchNorm2d norm(int64_t channels) {
+  return nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(channels).eps(1e-5).momentum(0.1));
 }
 
 // 1x1 conv + batch norm on the shortcut where the block changes shape; empty where it does not.
@@ -32,7 +34,7 @@ class ResidualBlockImpl : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(torch::Tensor x) = 0;
   // The batch norm ending the residual branch, zeroed by zero_init_residual.
-  virtual torch::nn::BatchNorm2d last_norm() const = 0;
+  virtual nn::BatchNorm2d last_norm() const = 0;
 };
 
 // Two 3x3 convolutions (resnet18/34).
@@ -57,13 +59,13 @@ class BasicBlockImpl : public ResidualBlockImpl {
     return torch::relu(out + identity);  // [B, planes, H/s, W/s]
   }
 
-  torch::nn::BatchNorm2d last_norm() const override { return bn2_; }
+  nn::BatchNorm2d last_norm() const override { return bn2_; }
 
  private:
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  nn::BatchNorm2d bn1_{nullptr};
   torch::nn::Conv2d conv2_{nullptr};
-  torch::nn::BatchNorm2d bn2_{nullptr};
+  nn::BatchNorm2d bn2_{nullptr};
   torch::nn::Sequential downsample_{nullptr};
 };
 
@@ -93,15 +95,15 @@ class BottleneckImpl : public ResidualBlockImpl {
     return torch::relu(out + identity);  // [B, 4 planes, H/s, W/s]
   }
 
-  torch::nn::BatchNorm2d last_norm() const override { return bn3_; }
+  nn::BatchNorm2d last_norm() const override { return bn3_; }
 
  private:
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  nn::BatchNorm2d bn1_{nullptr};
   torch::nn::Conv2d conv2_{nullptr};
-  torch::nn::BatchNorm2d bn2_{nullptr};
+  nn::BatchNorm2d bn2_{nullptr};
   torch::nn::Conv2d conv3_{nullptr};
-  torch::nn::BatchNorm2d bn3_{nullptr};
+  nn::BatchNorm2d bn3_{nullptr};
   torch::nn::Sequential downsample_{nullptr};
 };
 
@@ -187,7 +189,7 @@ class ResNetImpl : public NetImpl {
   bool cifar_stem_;
   bool channels_last_;
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  nn::BatchNorm2d bn1_{nullptr};
   nn::CheckpointPolicy policy_;
   std::vector<std::shared_ptr<Block>> blocks_;  // the blocks of layer1..layer4 (registered there)
   torch::nn::Linear fc_{nullptr};

@@ -20,8 +20,8 @@ say() { echo "setup: $*" >&2; }
 
 # --- Debian packages ---------------------------------------------------------------------------
 PACKAGES=(cmake ninja-build g++ ccache lld pkg-config libyaml-cpp-dev libspdlog-dev libcxxopts-dev
-          libgtest-dev nlohmann-json3-dev zlib1g-dev libturbojpeg0-dev libspng-dev libxxhash-dev
-          dataset-fashion-mnist fortunes)
+          libgtest-dev libgloo-dev nlohmann-json3-dev zlib1g-dev libturbojpeg0-dev libspng-dev libxxhash-dev
+          dataset-fashion-mnist fortunes procps)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

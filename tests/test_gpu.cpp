@@ -7,6 +7,7 @@
 
 #include "config/loader.h"
 #include "engine/trainer.h"
+#include "launch/launcher.h"
 #include "nn/activation_checkpoint.h"
 #include "nn/autocast.h"
 #include "optim/grad_scaler.h"
@@ -60,6 +61,28 @@ TEST(Gpu, DeterministicCudaRunsRepeat) {
   auto b_cfg = synthetic_run(b_dir.path(), "cuda:0");
   Trainer a(a_cfg), b(b_cfg);
   EXPECT_EQ(a.fit().last_eval.loss, b.fit().last_eval.loss);
+}
+
+// A one-rank NCCL group on cuda:0 (what `trainer launch --nproc-per-node 1` forms on a GPU): DDP
+// through c10d's Reducer trains to the same weights as a plain run.
+TEST(GpuDist, NcclGroupOfOneTrainsAsAPlainRun) {
+  SKIP_WITHOUT_CUDA();
+  test_support::TempDir plain_dir("gpu"), ddp_dir("gpu");
+  auto plain_cfg = synthetic_run(plain_dir.path(), "cuda");
+  auto ddp_cfg = synthetic_run(ddp_dir.path(), "cuda");
+  dist::DistEnv job;
+  job.source = "torchrun";
+  job.master_port = launch::free_port();
+  Trainer plain(plain_cfg), ddp(ddp_cfg, job);
+  EXPECT_NE(ddp.summary().find("nccl"), std::string::npos) << ddp.summary();
+  const auto a = plain.fit();
+  const auto b = ddp.fit();
+  EXPECT_EQ(b.steps, 16);
+  EXPECT_NEAR(a.last_eval.loss, b.last_eval.loss, 1e-4);
+  auto pa = plain.model().parameters(), pb = ddp.model().parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(pa[i], pb[i], 1e-5, 1e-6)) << i;
+  }
 }
 
 TEST(GpuAmp, Float16AutocastAndTheScalerOnCuda) {

@@ -14,4 +14,7 @@ class UsageError : public std::runtime_error {
 // trainer doctor [--json] [--config FILE]; argv[0] is "doctor". Returns the exit code.
 int doctor_command(int argc, char** argv);
 
+// trainer launch [options] -- <trainer arguments>; argv[0] is "launch". Returns the exit code.
+int launch_command(int argc, char** argv);
+
 }  // namespace trainer::cli

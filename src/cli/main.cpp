@@ -2,6 +2,7 @@
 //
 //   trainer --config FILE [--set KEY.PATH=VALUE]... [--run-dir DIR] [--device D] [--dry-run]
 //           [--print-config] [--resume auto|PATH] [--log-level L]
+//   trainer launch [--nproc-per-node N|auto] [--nnodes N] [--node-rank R] ... -- <trainer args>
 //   trainer export --checkpoint PATH --out FILE.safetensors
 //   trainer doctor [--json] [--config FILE]
 //   trainer --help | --version
@@ -22,6 +23,8 @@
 #include "cli/options.h"
 #include "config/loader.h"
 #include "data/dataset.h"
+#include "dist/env.h"
+#include "dist/process_group.h"
 #include "engine/trainer.h"
 #include "losses/loss.h"
 #include "models/model.h"
@@ -104,7 +107,10 @@ int train(int argc, char** argv) {
   const cxxopts::ParseResult args = trainer::cli::parse_or_usage(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help()
-              << "\nOther commands:\n  trainer export --checkpoint PATH --out FILE.safetensors"
+              << "\nOther commands:\n"
+                 "  trainer launch [--nproc-per-node N] [--nnodes N] [--node-rank R] ... -- ARGS"
+                 "   data-parallel training on N processes per node (trainer launch --help)\n"
+                 "  trainer export --checkpoint PATH --out FILE.safetensors"
                  "   model weights with PyTorch names\n"
                  "  trainer doctor [--json] [--config FILE]   check the GPU environment\n"
               << "\nExit codes: 0 success (also: stopped by SIGINT/SIGTERM after a checkpoint), "
@@ -121,7 +127,10 @@ int train(int argc, char** argv) {
     throw UsageError("--log-level: unknown level '" + level_text +
                      "'; use trace, debug, info, warn or error");
   }
-  trainer::log::setup(level, /*rank=*/0);
+  // A launched job's rank; rank 0 logs in full and writes the run dir, the others log warnings.
+  const trainer::dist::DistEnv job = trainer::dist::read_process_env();
+  if (job.rank > 0 && level < trainer::log::Level::warn) level = trainer::log::Level::warn;
+  trainer::log::setup(level, job.rank);
   if (!args.count("config")) throw UsageError("--config FILE is required");
 
   std::vector<std::string> overrides;
@@ -143,22 +152,28 @@ int train(int argc, char** argv) {
     return kOk;
   }
 
-  trainer::engine::Trainer engine(loaded);
+  trainer::engine::Trainer engine(loaded, job);
   if (args.count("dry-run")) {
     std::cout << resolved << "\n" << engine.summary();
     return kOk;
   }
 
   const fs::path run_dir = loaded.cfg.run.dir;
-  fs::create_directories(run_dir);
-  trainer::write_text_atomically((run_dir / "config.yaml").string(), resolved);
-  trainer::log::add_file((run_dir / "train.log").string(), /*rank=*/0);
+  if (job.rank == 0) {
+    fs::create_directories(run_dir);
+    trainer::write_text_atomically((run_dir / "config.yaml").string(), resolved);
+    trainer::log::add_file((run_dir / "train.log").string(), /*rank=*/0);
+  }
   trainer::log::info("trainer " TRAINER_VERSION ", LibTorch " TORCH_VERSION ", config " +
                      loaded.source + ", run dir " + run_dir.string());
   std::istringstream summary(engine.summary());
   for (std::string line; std::getline(summary, line);) trainer::log::info(line);
 
-  if (args.count("resume")) engine.resume(args["resume"].as<std::string>());
+  if (args.count("resume")) {
+    engine.resume(args["resume"].as<std::string>());
+  } else if (job.restart_count > 0) {  // restarted by the launcher: go on from the newest one
+    engine.resume("auto");
+  }
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   const auto result = engine.fit(&g_stop_requested);
@@ -229,8 +244,12 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "doctor") {
       return trainer::cli::doctor_command(argc - 1, argv + 1);
     }
+    if (argc > 1 && std::string(argv[1]) == "launch") {
+      return trainer::cli::launch_command(argc - 1, argv + 1);
+    }
     if (argc > 1 && argv[1][0] != '-') {
-      throw UsageError(std::string("unknown command '") + argv[1] + "'; commands: export, doctor");
+      throw UsageError(std::string("unknown command '") + argv[1] +
+                       "'; commands: launch, export, doctor");
     }
     return train(argc, argv);
   } catch (const UsageError& e) {
@@ -238,6 +257,9 @@ int main(int argc, char** argv) {
     return kUsageError;
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
+    return kUsageError;
+  } catch (const trainer::dist::EnvError& e) {
+    std::cerr << "trainer: " << e.what() << "\n";
     return kUsageError;
   } catch (const trainer::UnknownName& e) {
     std::cerr << "trainer: " << e.what() << "\n";

@@ -246,13 +246,25 @@ struct AmpConfig {
 };
 
 struct DistConfig {
-  std::string backend = "auto";  // auto|nccl|gloo
-  double bucket_cap_mb = 25.0;   // gradient bucket size in MiB
+  std::string backend = "auto";         // auto|nccl|gloo (auto: nccl on CUDA, gloo on the CPU)
+  double bucket_cap_mb = 25.0;          // gradient bucket size in MiB
+  double first_bucket_mb = 1.0;         // size of the first bucket, reduced early in backward
+  bool find_unused_parameters = false;  // allow parameters that get no gradient in a step
+  bool broadcast_buffers = true;        // copy rank 0's buffers (batch-norm statistics) each step
+  bool sync_bn = false;                 // batch norm over the global batch (statistics all-reduced)
+  double init_timeout_s = 300.0;        // rendezvous: how long to wait for every rank
+  double timeout_s = 600.0;             // a collective that takes longer ends the run
 
   template <class V>
   void visit(V& v) {
     v("backend", backend);
     v("bucket_cap_mb", bucket_cap_mb);
+    v("first_bucket_mb", first_bucket_mb);
+    v("find_unused_parameters", find_unused_parameters);
+    v("broadcast_buffers", broadcast_buffers);
+    v("sync_bn", sync_bn);
+    v("init_timeout_s", init_timeout_s);
+    v("timeout_s", timeout_s);
   }
 };
 

@@ -1153,6 +1153,9 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   // dist
   one_of("dist.backend", c.dist.backend, {"auto", "nccl", "gloo"});
   gt_d("dist.bucket_cap_mb", c.dist.bucket_cap_mb, 0.0);
+  gt_d("dist.first_bucket_mb", c.dist.first_bucket_mb, 0.0);
+  gt_d("dist.init_timeout_s", c.dist.init_timeout_s, 0.0);
+  gt_d("dist.timeout_s", c.dist.timeout_s, 0.0);
   if (c.dist.backend == "nccl" && (!env.cuda_available || c.device == "cpu"))
     add("dist.backend", "nccl needs CUDA devices; use dist.backend: gloo or auto");
 

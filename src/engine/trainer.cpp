@@ -1,5 +1,6 @@
 #include "engine/trainer.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -12,10 +13,13 @@
 
 #include "checkpoint/checkpoint.h"
 #include "data/dataset.h"
+#include "dist/ddp.h"
+#include "dist/process_group.h"
 #include "engine/metrics.h"
 #include "losses/loss.h"
 #include "models/model.h"
 #include "nn/autocast.h"
+#include "nn/batch_norm.h"
 #include "nn/rng.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
@@ -38,9 +42,11 @@ double seconds_since(Clock::time_point t) {
   throw config::ConfigError({config::Issue{loaded.where(key), key, message}});
 }
 
-torch::Device pick_device(const std::string& name) {
-  if (name == "auto") return torch::cuda::is_available() ? torch::Device("cuda:0") : torch::kCPU;
-  return torch::Device(name == "cuda" ? "cuda:0" : name);
+// A launched job's ranks on a node take one GPU each: cuda:LOCAL_RANK.
+torch::Device pick_device(const std::string& name, const dist::DistEnv& job) {
+  const std::string gpu = "cuda:" + std::to_string(job.launched() ? job.local_rank : 0);
+  if (name == "auto") return torch::cuda::is_available() ? torch::Device(gpu) : torch::kCPU;
+  return torch::Device(name == "cuda" ? gpu : name);
 }
 
 // Seeds and determinism switches; before anything draws random numbers or touches cuBLAS.
@@ -63,7 +69,10 @@ void seed_everything(const config::Config& cfg) {
 struct Trainer::State {
   const config::LoadedConfig loaded;  // held by value: the caller's copy may go away first
   const config::Config& cfg = loaded.cfg;
+  const dist::DistEnv job;  // this process's place in the job
   torch::Device device{torch::kCPU};
+  std::unique_ptr<dist::Group> group;       // the job's process group; null when alone
+  std::unique_ptr<dist::DataParallel> ddp;  // gradient averaging over the group; null when alone
   data::Splits splits;
   models::InputSpec input;  // what the model was built for
   models::Net model;
@@ -82,6 +91,7 @@ struct Trainer::State {
   std::unique_ptr<optim::GradScaler> scaler;  // gradient scaling (float16), else null
   int64_t skipped_steps = 0;     // steps whose update was skipped for inf/NaN gradients or loss
   int64_t bad_steps_in_row = 0;  // consecutive steps with an inf/NaN loss
+  bool stop_requested = false;   // this rank was asked to stop; the step's flags agree on it
 
   // Where training goes on: the epoch, its next step, and the metrics window in progress. A
   // checkpoint saves exactly these, so a resumed run continues bit for bit.
@@ -95,17 +105,20 @@ struct Trainer::State {
   std::unique_ptr<checkpoint::Directory> checkpoints;
   std::string last_checkpoint;
 
-  explicit State(const config::LoadedConfig& l) : loaded(l) {}
+  State(const config::LoadedConfig& l, const dist::DistEnv& j) : loaded(l), job(j) {}
 
-  // What one training step did.
+  // What one training step did; the same on every rank.
   struct StepOutcome {
-    torch::Tensor loss;     // mean loss over the micro-batches, a device scalar
+    torch::Tensor loss;     // mean loss over the micro-batches, a device scalar (this rank's)
     bool skipped = false;   // the update was not applied (inf/NaN gradients or loss)
-    bool bad_loss = false;  // the loss was inf or NaN
+    bool bad_loss = false;  // the loss was inf or NaN (on some rank)
+    bool stop = false;      // some rank was asked to stop
   };
   StepOutcome train_step(const std::vector<data::Batch>& micro_batches);
   // The CPU peak of one forward/backward of `net` at `batch` training samples.
   int64_t step_peak(models::NetImpl& net, bool bf16, int64_t batch);
+  // Ranks that must agree on each step's skip and stop decisions (a group of more than one).
+  bool agreeing() const { return group && group->world_size() > 1; }
   // Optimizer updates applied so far: the schedule's clock.
   int64_t updates() const { return step - skipped_steps; }
   checkpoint::State snapshot() const;
@@ -114,12 +127,25 @@ struct Trainer::State {
   bool save(const EvalResult* eval);
 };
 
-Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State>(config)) {
+Trainer::Trainer(const config::LoadedConfig& config, const dist::DistEnv& job)
+    : s_(std::make_unique<State>(config, job)) {
   const auto& loaded = s_->loaded;
   const auto& cfg = loaded.cfg;
   // Device.
   seed_everything(cfg);
-  s_->device = pick_device(cfg.device);
+  s_->device = pick_device(cfg.device, job);
+  if (s_->device.is_cuda()) c10::impl::getDeviceGuardImpl(torch::kCUDA)->setDevice(s_->device);
+
+  // Process group: every rank of a launched job, even a job of one (the same code path).
+  if (job.launched()) {
+    dist::GroupOptions group;
+    group.backend =
+        cfg.dist.backend != "auto" ? cfg.dist.backend : (s_->device.is_cuda() ? "nccl" : "gloo");
+    group.device = s_->device;
+    group.init_timeout_s = cfg.dist.init_timeout_s;
+    group.timeout_s = cfg.dist.timeout_s;
+    s_->group = std::make_unique<dist::Group>(job, group);
+  }
 
   // Data (built before the model: the model's input and output sizes come from it).
   config::DataConfig data_cfg = cfg.data;
@@ -143,6 +169,8 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
   train_opts.prefetch = cfg.data.prefetch;
   train_opts.seed = static_cast<uint64_t>(cfg.seed);
   train_opts.pin_memory = cuda;
+  train_opts.rank = job.rank;
+  train_opts.world_size = job.launched() ? job.world_size : 1;
   data::LoaderOptions val_opts = train_opts;
   val_opts.batch_size =
       cfg.data.eval_batch_size > 0 ? cfg.data.eval_batch_size : cfg.data.batch_size;
@@ -205,6 +233,26 @@ Trainer::Trainer(const config::LoadedConfig& config) : s_(std::make_unique<State
   }
   s_->model->to(s_->device);
   s_->params = models::unique_parameters(*s_->model);
+  if (s_->group) {
+    dist::DdpOptions ddp;
+    ddp.bucket_cap_mb = cfg.dist.bucket_cap_mb;
+    ddp.first_bucket_mb = cfg.dist.first_bucket_mb;
+    ddp.find_unused_parameters = cfg.dist.find_unused_parameters;
+    ddp.broadcast_buffers = cfg.dist.broadcast_buffers;
+    s_->ddp = std::make_unique<dist::DataParallel>(*s_->model, *s_->group, ddp);
+  }
+  if (s_->group && cfg.dist.sync_bn) {
+    dist::Group* group = s_->group.get();  // outlives the model (declared before it)
+    nn::BatchNormSync sync{group->rank(), group->world_size(), [group](torch::Tensor& t) {
+                             group->all_reduce({t}, dist::Reduce::sum);
+                           }};
+    if (nn::sync_batch_norm(*s_->model, sync) == 0) {
+      config_error(loaded, "dist.sync_bn",
+                   "model " + cfg.model.name +
+                       " has no batch norm to synchronise; remove "
+                       "dist.sync_bn");
+    }
+  }
 
   // Optimizer, schedule, loss.
   s_->optimizer = optim::make_optimizer(*s_->model, cfg.optim);
@@ -239,6 +287,11 @@ std::string Trainer::summary() const {
   const auto& cfg = s_->cfg;
   std::ostringstream out;
   out << "device: " << s_->device.str() << "\n";
+  if (s_->group) {
+    out << "distributed: rank " << s_->job.rank << " of " << s_->job.world_size << " ("
+        << s_->group->backend() << ", started by " << s_->job.source << "), global batch "
+        << cfg.data.batch_size * cfg.train.grad_accum_steps * s_->job.world_size << "\n";
+  }
   out << "data: " << cfg.data.name << ", " << s_->splits.train->size() << " train / "
       << s_->splits.val->size() << " val samples, " << s_->splits.spec.num_classes << " classes\n";
   out << "steps: " << s_->total_steps << " (" << s_->steps_per_epoch << " per epoch, batch "
@@ -254,36 +307,54 @@ std::string Trainer::summary() const {
 
 // One training step over `micro_batches`: forward and backward of each, then one optimizer
 // update unless a gradient (with a scaler) or the loss is inf/NaN. The loss stays on the device;
-// the one host read per step is the skip decision.
+// the one host read per step is the skip (and, in a group, stop) decision, agreed by all ranks.
 Trainer::State::StepOutcome Trainer::State::train_step(
     const std::vector<data::Batch>& micro_batches) {
   const double accum = static_cast<double>(micro_batches.size());
   optimizer->zero_grad(/*set_to_none=*/true);
 
-  // Forward (under autocast) and backward, one micro-batch at a time; gradients add up.
+  // Forward (under autocast) and backward, one micro-batch at a time; gradients add up. With
+  // DDP the last micro-batch's backward averages them over the ranks (the others: no_sync).
   torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
-  for (const auto& batch : micro_batches) {
-    auto inputs = batch.inputs.to(device, /*non_blocking=*/true);    // [B, ...]
-    auto targets = batch.targets.to(device, /*non_blocking=*/true);  // [B] or [B, T]
-    torch::Tensor loss;                                              // float32 scalar
+  torch::Tensor flags;                  // [bad loss, stop] of this rank, then of any rank
+  std::optional<dist::Pending> agreed;  // their all-reduce, in flight during the last backward
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const bool sync = m + 1 == micro_batches.size();
+    auto inputs = micro_batches[m].inputs.to(device, /*non_blocking=*/true);    // [B, ...]
+    auto targets = micro_batches[m].targets.to(device, /*non_blocking=*/true);  // [B] or [B, T]
+    if (ddp) ddp->before_forward(/*first=*/m == 0, sync);
+    torch::Tensor loss;  // float32 scalar
     {
       nn::AutocastGuard autocast(device.type(), amp_dtype, /*enabled=*/amp);
       loss = loss_fn(model->forward(inputs), targets) / accum;
     }
-    (scaler ? scaler->scale(loss) : loss).backward();
     step_loss += loss.detach();
+    if (ddp) ddp->after_forward(loss, sync);
+    if (sync && agreeing()) {
+      flags = torch::stack({step_loss.isfinite().logical_not().to(torch::kFloat),
+                            torch::full({}, stop_requested ? 1.0 : 0.0, step_loss.options())});
+      agreed = group->all_reduce_async({flags}, dist::Reduce::max);
+    }
+    (scaler ? scaler->scale(loss) : loss).backward();
   }
+  if (ddp) ddp->after_backward();
 
-  // Unscale once per step, then decide: skip the update on inf/NaN gradients or loss.
+  // Unscale once per step, then decide, the same on every rank: skip the update on inf/NaN
+  // gradients (averaged, so equal on every rank) or an inf/NaN loss on any rank; stop when any
+  // rank was asked to. One host read per step.
   StepOutcome out{step_loss};
   const torch::Tensor found_inf = scaler ? scaler->unscale(params) : torch::Tensor();
-  if (scaler || cfg.train.max_bad_steps > 0) {
-    // [1 or 2]: the loss, then found_inf with a scaler
-    const auto flags =
-        (scaler ? torch::stack({step_loss, found_inf}) : step_loss.reshape({1})).to(torch::kCPU);
-    const auto f = flags.accessor<float, 1>();
-    out.bad_loss = !std::isfinite(f[0]);
-    out.skipped = out.bad_loss || (scaler && f[1] != 0.0f);
+  if (agreed) agreed->wait();
+  if (scaler || cfg.train.max_bad_steps > 0 || agreed) {
+    // [bad loss, stop when agreeing], then found_inf with a scaler
+    std::vector<torch::Tensor> parts{
+        agreed ? flags : step_loss.isfinite().logical_not().to(torch::kFloat).reshape({1})};
+    if (scaler) parts.push_back(found_inf.reshape({1}));
+    const auto host = torch::cat(parts).to(torch::kCPU);
+    const auto f = host.accessor<float, 1>();
+    out.bad_loss = f[0] != 0.0f;
+    out.stop = agreed && f[1] != 0.0f;
+    out.skipped = out.bad_loss || (scaler && f[f.size(0) - 1] != 0.0f);
   }
 
   // Clip by global norm, then update with this step's learning rate.
@@ -454,36 +525,56 @@ bool Trainer::State::save(const EvalResult* eval) {
     metrics = {
         {"loss", eval->loss}, {"top1", eval->top1}, {"top5", eval->top5}, {"ppl", eval->ppl}};
   }
-  try {
-    const auto start = Clock::now();
-    last_checkpoint = checkpoints->save(step, snapshot(), metrics);
-    struct stat st;
-    const double mb = ::stat(last_checkpoint.c_str(), &st) == 0 ? st.st_size / 1e6 : 0.0;
-    log::info(strprintf("checkpoint %s (%.1f MB in %.3f s)", last_checkpoint.c_str(), mb,
-                        seconds_since(start)));
-    return true;
-  } catch (const std::exception& e) {
-    const std::string msg = "checkpoint at step " + std::to_string(step) +
-                            " not saved: " + e.what() + "; the previous checkpoint is intact";
-    if (!cfg.run.continue_on_save_error) {
-      throw std::runtime_error(msg + " (run.continue_on_save_error: true trains on)");
+  // The metrics window's losses averaged over the ranks, so that a resumed run logs what an
+  // uninterrupted one does.
+  if (group) group->all_reduce({window_loss}, dist::Reduce::avg);
+  // Rank 0 writes (every rank holds the same state); the others learn how it went.
+  enum Status : int64_t { kSaved, kFailedGoOn, kFailedStop };
+  int64_t status = kSaved;
+  std::string msg;
+  if (job.rank == 0) {
+    try {
+      const auto start = Clock::now();
+      last_checkpoint = checkpoints->save(step, snapshot(), metrics);
+      struct stat st;
+      const double mb = ::stat(last_checkpoint.c_str(), &st) == 0 ? st.st_size / 1e6 : 0.0;
+      log::info(strprintf("checkpoint %s (%.1f MB in %.3f s)", last_checkpoint.c_str(), mb,
+                          seconds_since(start)));
+    } catch (const std::exception& e) {
+      msg = "checkpoint at step " + std::to_string(step) + " not saved: " + e.what() +
+            "; the previous checkpoint is intact";
+      status = cfg.run.continue_on_save_error ? kFailedGoOn : kFailedStop;
     }
-    log::error(msg);
-    return false;
   }
+  if (group) {
+    auto agreed =
+        torch::full({1}, status, torch::TensorOptions(torch::kLong).device(group->device()));
+    group->broadcast({agreed}, /*root=*/0);
+    status = agreed.item<int64_t>();
+  }
+  if (status == kFailedStop) {
+    throw std::runtime_error(job.rank == 0 ? msg + " (run.continue_on_save_error: true trains on)"
+                                           : "rank 0 could not save the checkpoint of step " +
+                                                 std::to_string(step) + "; stopping with it");
+  }
+  if (status == kFailedGoOn && job.rank == 0) log::error(msg);
+  return status == kSaved;
 }
 
 bool Trainer::resume(const std::string& spec) {
-  if (spec == "auto") {
-    auto latest = s_->checkpoints->load_latest();
-    if (!latest) {
-      log::info("no checkpoint in " + s_->checkpoints->path() + "; starting from step 0");
-      return false;
-    }
-    s_->restore(latest->second, latest->first);
-  } else {
-    s_->restore(checkpoint::load(spec), spec);
+  // Rank 0 picks the checkpoint; every rank loads that file.
+  std::optional<std::pair<std::string, checkpoint::State>> latest;
+  std::string path = spec;
+  if (spec == "auto" && s_->job.rank == 0) {
+    latest = s_->checkpoints->load_latest();
+    path = latest ? latest->first : "";
   }
+  if (s_->group) path = s_->group->broadcast_text(path, /*root=*/0);
+  if (path.empty()) {
+    log::info("no checkpoint in " + s_->checkpoints->path() + "; starting from step 0");
+    return false;
+  }
+  s_->restore(latest ? std::move(latest->second) : checkpoint::load(path), path);
   log::info(strprintf("resumed from %s at step %lld (epoch %lld, after its step %lld)",
                       s_->last_checkpoint.c_str(), static_cast<long long>(s_->step),
                       static_cast<long long>(s_->epoch),
@@ -511,6 +602,10 @@ int64_t Trainer::State::step_peak(models::NetImpl& net, bool bf16, int64_t batch
   });
   net.zero_grad(/*set_to_none=*/true);
   return peak;
+}
+
+int Trainer::rank() const {
+  return s_->job.rank;
 }
 
 int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
@@ -559,7 +654,7 @@ EvalResult Trainer::evaluate() {
   // Sums over predictions: one per sample, or one per token for sequences.
   torch::Tensor loss_sum = zero(), top1 = zero(), top5 = zero();
   int64_t predictions = 0;
-  s_->val_loader->start_epoch(0);
+  s_->val_loader->start_epoch(0);  // this rank's shard
   while (auto batch = s_->val_loader->next()) {
     s_->bad_samples += batch->bad_samples;
     auto inputs = batch->inputs.to(device, /*non_blocking=*/true);  // [B, ...]
@@ -581,6 +676,13 @@ EvalResult Trainer::evaluate() {
     predictions += targets.size(0);
   }
   s_->model->train();
+  if (s_->group) {  // sums over every rank's shard
+    auto sums = torch::stack({loss_sum, top1, top5, torch::full_like(loss_sum, predictions)});
+    s_->group->all_reduce({sums}, dist::Reduce::sum);
+    sums = sums.cpu();
+    loss_sum = sums[0], top1 = sums[1], top5 = sums[2];
+    predictions = static_cast<int64_t>(sums[3].item<double>());
+  }
   EvalResult r;
   r.samples = predictions;
   r.sequence = s_->splits.spec.sequence;
@@ -597,9 +699,17 @@ EvalResult Trainer::evaluate() {
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   auto& s = *s_;
   const auto& cfg = s.cfg;
-  MetricsWriter metrics(cfg.run.dir, cfg.run.tensorboard, s.resumed_step,
-                        s.resumed_step >= 0 && s.last_eval_step == s.resumed_step);
-  Progress progress(cfg.run.progress);
+  // Only rank 0 writes the run dir.
+  std::unique_ptr<MetricsWriter> writer;
+  if (s.job.rank == 0) {
+    writer =
+        std::make_unique<MetricsWriter>(cfg.run.dir, cfg.run.tensorboard, s.resumed_step,
+                                        s.resumed_step >= 0 && s.last_eval_step == s.resumed_step);
+  }
+  auto write_metrics = [&](const nlohmann::json& record) {
+    if (writer) writer->write(record);
+  };
+  Progress progress(s.job.rank == 0 ? cfg.run.progress : "never");
   FitResult result;
   const auto start = Clock::now();
   const int64_t first_step = s.step;
@@ -633,14 +743,14 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
     s.last_eval_step = s.step;
     const auto& e = result.last_eval;
     if (e.sequence) {
-      metrics.write(
+      write_metrics(
           {{"split", "val"}, {"step", s.step}, {"epoch", epoch}, {"loss", e.loss}, {"ppl", e.ppl}});
       log::info(strprintf("eval step %lld epoch %lld: loss %.4f ppl %.3f (%lld tokens)",
                           static_cast<long long>(s.step), static_cast<long long>(epoch), e.loss,
                           e.ppl, static_cast<long long>(e.samples)));
       return;
     }
-    metrics.write({{"split", "val"},
+    write_metrics({{"split", "val"},
                    {"step", s.step},
                    {"epoch", epoch},
                    {"loss", e.loss},
@@ -673,11 +783,20 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   };
   auto log_train = [&](int64_t epoch) {
     const double seconds = seconds_since(window_start);
+    double loss_sum = 0.0, samples = static_cast<double>(s.window_samples);
+    if (s.group) {  // the mean loss and the samples of every rank
+      auto sums = torch::stack({s.window_loss.to(torch::kDouble),
+                                torch::full_like(s.window_loss, samples, torch::kDouble)});
+      s.group->all_reduce({sums}, dist::Reduce::sum);
+      sums = sums.cpu();
+      loss_sum = sums[0].item<double>() / s.job.world_size;
+      samples = sums[1].item<double>();
+    } else if (s.window_steps > 0) {
+      loss_sum = s.window_loss.item<double>();
+    }
     // NAN when every step of the window had a bad loss (and was skipped).
-    last_loss = s.window_steps > 0
-                    ? s.window_loss.item<double>() / static_cast<double>(s.window_steps)
-                    : NAN;
-    last_sps = seconds > 0 ? static_cast<double>(s.window_samples) / seconds : 0.0;
+    last_loss = s.window_steps > 0 ? loss_sum / static_cast<double>(s.window_steps) : NAN;
+    last_sps = seconds > 0 ? samples / seconds : 0.0;
     const double lr = s.schedule->lr(std::max<int64_t>(s.updates() - 1, 0));
     if (s.window_steps > 0 && !std::isfinite(last_loss)) {  // train.max_bad_steps: 0
       progress.clear();
@@ -706,7 +825,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       line += strprintf(" | GPU %.0f%% %.0f/%.0f MiB %.0f C %.0f W", g->util_pct, g->mem_used_mb,
                         g->mem_total_mb, g->temp_c, g->power_w);
     }
-    metrics.write(record);
+    write_metrics(record);
     if (progress.active()) {
       log::file_only(log::Level::info, line);
     } else {
@@ -732,6 +851,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         s.bad_samples += micro.back().bad_samples;
       }
       State::StepOutcome outcome;
+      s.stop_requested = stop && stop->load();
       try {
         outcome = s.train_step(micro);
       } catch (const c10::OutOfMemoryError& e) {
@@ -744,6 +864,16 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
             static_cast<long long>(s.step + 1), static_cast<long long>(cfg.data.batch_size),
             static_cast<long long>(cfg.train.grad_accum_steps),
             what.substr(0, what.find('\n')).c_str(), s.loaded.source.c_str()));
+      } catch (const std::exception& e) {
+        if (!s.group) throw;
+        // A collective that lost a peer or timed out; other failures say what they are.
+        const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+        const std::string what = c10 ? c10->what_without_backtrace() : e.what();
+        throw std::runtime_error(
+            strprintf("rank %d: step %lld failed: %s (when another rank has ended or is stuck, "
+                      "collectives fail after dist.timeout_s, %g s)",
+                      s.job.rank, static_cast<long long>(s.step + 1),
+                      what.substr(0, what.find('\n')).c_str(), cfg.dist.timeout_s));
       }
       ++s.step_in_epoch;
       if (outcome.bad_loss) {
@@ -759,7 +889,9 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       if (cfg.run.checkpoint_every > 0 && s.step % cfg.run.checkpoint_every == 0) checkpoint();
       const bool stop_here =
           cfg.train.stop_at_step > 0 && s.step == cfg.train.stop_at_step && s.step < s.total_steps;
-      if ((stop && stop->load()) || stop_here) {
+      // A group stops where its ranks agreed to (the step's flags); alone, at once.
+      const bool signalled = s.agreeing() ? outcome.stop : stop && stop->load();
+      if (signalled || stop_here) {
         progress.clear();
         log::warn(strprintf("stopping after step %lld (%s); resume with --resume auto",
                             static_cast<long long>(s.step),

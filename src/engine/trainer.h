@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
+#include "dist/env.h"
 #include "engine/memory.h"
 
 namespace trainer::engine {
@@ -38,9 +39,13 @@ checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt);
 
 class Trainer {
  public:
-  // Builds, in order: device, model, data, optimizer, schedule. Throws config::ConfigError for
-  // settings the model or data reject, data::DataError for unreadable data.
-  explicit Trainer(const config::LoadedConfig& loaded);
+  // Builds, in order: device, process group, data, model (activation checkpointing inside), DDP,
+  // optimizer, schedule, scaler. A launched `job` (dist::DistEnv::launched) trains data-parallel
+  // over a process group with every other rank: each rank its shard of the data, gradients
+  // averaged, metrics averaged, only rank 0 writing the run dir. Throws config::ConfigError for
+  // settings the model or data reject, data::DataError for unreadable data,
+  // dist::GroupError when the ranks cannot form their group.
+  explicit Trainer(const config::LoadedConfig& loaded, const dist::DistEnv& job = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -79,6 +84,9 @@ class Trainer {
 
   // The model being trained.
   torch::nn::Module& model();
+
+  // This process's rank in the job (0 when training alone): only rank 0 writes the run dir.
+  int rank() const;
 
  private:
   struct State;

@@ -1,0 +1,70 @@
+// Data-parallel training in the manner of PyTorch's DistributedDataParallel, driving c10d's own
+// Reducer: parameters and buffers broadcast from rank 0 at the start; gradients averaged in
+// byte-capped buckets, each all-reduced from autograd hooks as soon as it fills, in the same
+// order on every rank, overlapping the rest of the backward pass.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+
+namespace c10d {
+class Logger;
+class Reducer;
+}  // namespace c10d
+
+namespace trainer::dist {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25.0;          // bucket size after the first
+  double first_bucket_mb = 1.0;         // the first bucket: the last layers' gradients, sent early
+  bool find_unused_parameters = false;  // traverse the graph each step for unused parameters
+  bool broadcast_buffers = true;        // rank 0's buffers to every rank before each step
+};
+
+// Wraps the calls one training step makes around its micro-batches:
+//
+//   for each micro-batch m (sync = the last one):
+//     ddp.before_forward(/*first=*/m == 0, sync);  forward;  ddp.after_forward(loss, sync);
+//     backward;
+//   ddp.after_backward();                            // gradients are now averaged over ranks
+//
+// Micro-batches with sync false only accumulate gradients locally (DDP's no_sync).
+class DataParallel {
+ public:
+  // Broadcasts `model`'s parameters and buffers from rank 0 and registers the reducer's hooks on
+  // the gradient accumulators of its parameters that require gradients.
+  DataParallel(torch::nn::Module& model, Group& group, const DdpOptions& options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  void before_forward(bool first, bool sync);
+  // Arms the reducer for the backward pass of `loss` when `sync`.
+  void after_forward(const torch::Tensor& loss, bool sync);
+  // Checks that the reduction finished; throws std::runtime_error naming the parameters that got
+  // no gradient (and dist.find_unused_parameters) when it did not.
+  void after_backward();
+
+  // Rank 0's parameters and buffers to every rank (after loading a checkpoint on one rank).
+  void broadcast_state();
+
+  // Buckets of the current assignment (rebuilt after the first step in gradient order).
+  int64_t buckets() const;
+
+ private:
+  torch::nn::Module& model_;
+  Group& group_;
+  DdpOptions options_;
+  std::vector<torch::Tensor> params_;  // those the reducer averages, in the model's order
+  std::vector<std::string> names_;     // their names
+  std::vector<torch::Tensor> buffers_;
+  std::shared_ptr<c10d::Reducer> reducer_;
+  std::shared_ptr<c10d::Logger> logger_;  // the reducer reports to it (and needs one)
+};
+
+}  // namespace trainer::dist

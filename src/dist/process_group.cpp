@@ -1,0 +1,282 @@
+#include "dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "util/format.h"
+
+namespace trainer::dist {
+namespace {
+
+using Ms = std::chrono::milliseconds;
+
+Ms millis(double seconds) {
+  return Ms(static_cast<int64_t>(seconds * 1000.0));
+}
+
+// The first line of a c10d error, without its C++ backtrace.
+std::string first_line(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10 ? c10->what_without_backtrace() : e.what();
+  return text.substr(0, text.find('\n'));
+}
+
+std::string text_of(const std::vector<uint8_t>& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
+
+std::vector<uint8_t> bytes_of(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+// Broadcasts are coalesced into messages of this size.
+constexpr size_t kBroadcastBytes = size_t{256} << 20;
+
+}  // namespace
+
+struct Group::Impl {
+  DistEnv env;
+  GroupOptions options;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+
+  std::string where() const { return env.master_addr + ":" + std::to_string(env.master_port); }
+
+  // Waits for one collective; a timeout or a lost peer becomes a GroupError.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) const {
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      throw GroupError(
+          strprintf("rank %d: %s across %d ranks failed: %s (another rank ended or is stuck; "
+                    "dist.timeout_s is %g s)",
+                    env.rank, what, env.world_size, first_line(e).c_str(), options.timeout_s));
+    }
+  }
+
+  void connect();
+  void rendezvous();
+  void build_backend();
+};
+
+void Group::Impl::connect() {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(env.master_port);
+  o.isServer = env.rank == 0;
+  o.numWorkers = static_cast<size_t>(env.world_size);
+  o.waitWorkers = false;  // the arrival count below says who is missing
+  o.timeout = millis(options.init_timeout_s);
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+  } catch (const std::exception& e) {
+    const std::string why = first_line(e);
+    if (env.rank == 0) {
+      const bool in_use = why.find("EADDRINUSE") != std::string::npos ||
+                          why.find("address already in use") != std::string::npos ||
+                          why.find("Address already in use") != std::string::npos;
+      throw GroupError(
+          strprintf("rank 0 cannot host the rendezvous on port %d%s: %s; pick a free port with "
+                    "--master-port (or MASTER_PORT), or use trainer launch --standalone",
+                    env.master_port, in_use ? " (the port is in use)" : "", why.c_str()));
+    }
+    throw GroupError(strprintf(
+        "rank %d could not reach the rendezvous at %s within %g s (dist.init_timeout_s): %s; "
+        "check that rank 0 is running and MASTER_ADDR/MASTER_PORT point at it",
+        env.rank, where().c_str(), options.init_timeout_s, why.c_str()));
+  }
+}
+
+void Group::Impl::rendezvous() {
+  const std::string run = "trainer/" + std::to_string(env.restart_count) + "/";
+  try {
+    // The world size and the ranks must agree before anyone counts as arrived.
+    if (env.rank == 0) store->set(run + "world_size", bytes_of(std::to_string(env.world_size)));
+    const std::string theirs = text_of(store->get(run + "world_size"));
+    if (theirs != std::to_string(env.world_size)) {
+      throw GroupError(strprintf(
+          "rank %d was started with world size %d but rank 0 at %s with %s; start every rank "
+          "with the same WORLD_SIZE",
+          env.rank, env.world_size, where().c_str(), theirs.c_str()));
+    }
+    if (store->add(run + "rank/" + std::to_string(env.rank), 1) != 1) {
+      throw GroupError(strprintf("two processes joined %s as rank %d; every rank must be unique",
+                                 where().c_str(), env.rank));
+    }
+    store->add(run + "arrived", 1);
+    const auto deadline = std::chrono::steady_clock::now() + millis(options.init_timeout_s);
+    for (int64_t arrived = 0;;) {
+      arrived = store->add(run + "arrived", 0);
+      if (arrived >= env.world_size) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw GroupError(strprintf(
+            "rendezvous at %s: %lld of %d ranks arrived within %g s (dist.init_timeout_s); "
+            "start all %d ranks with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE",
+            where().c_str(), static_cast<long long>(arrived), env.world_size,
+            options.init_timeout_s, env.world_size));
+      }
+      std::this_thread::sleep_for(Ms(20));
+    }
+  } catch (const GroupError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw GroupError(strprintf("rank %d: the rendezvous at %s failed: %s", env.rank,
+                               where().c_str(), first_line(e).c_str()));
+  }
+  store->setTimeout(millis(options.timeout_s));
+}
+
+void Group::Impl::build_backend() {
+  auto prefix = c10::make_intrusive<c10d::PrefixStore>(
+      "trainer/" + std::to_string(env.restart_count) + "/pg", store);
+  pg = c10::make_intrusive<c10d::ProcessGroup>(prefix, env.rank, env.world_size);
+  const Ms timeout = millis(options.timeout_s);
+  if (options.backend == "nccl") {
+#ifdef USE_C10D_NCCL
+    auto o = c10d::ProcessGroupNCCL::Options::create();
+    o->timeout = timeout;
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, env.rank, env.world_size, o);
+    nccl->setSequenceNumberForGroup();
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+    return;
+#else
+    throw GroupError("dist.backend nccl: this LibTorch was built without CUDA; use gloo");
+#endif
+  }
+  auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+  // As torch.distributed does: GLOO_SOCKET_IFNAME picks the interface, else the host's address.
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  o->devices.push_back(ifname && *ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                         : c10d::ProcessGroupGloo::createDefaultDevice());
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, env.rank, env.world_size, o);
+  gloo->setSequenceNumberForGroup();
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+}
+
+Group::Group(const DistEnv& env, const GroupOptions& options) : impl_(std::make_unique<Impl>()) {
+  impl_->env = env;
+  impl_->options = options;
+  impl_->connect();
+  impl_->rendezvous();
+  try {
+    impl_->build_backend();
+  } catch (const GroupError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw GroupError(strprintf("rank %d: the %s process group over %s could not be formed: %s",
+                               env.rank, options.backend.c_str(), impl_->where().c_str(),
+                               first_line(e).c_str()));
+  }
+}
+
+Group::~Group() = default;
+
+int Group::rank() const {
+  return impl_->env.rank;
+}
+
+int Group::world_size() const {
+  return impl_->env.world_size;
+}
+
+const std::string& Group::backend() const {
+  return impl_->options.backend;
+}
+
+torch::Device Group::device() const {
+  return impl_->options.backend == "nccl" ? impl_->options.device : torch::Device(torch::kCPU);
+}
+
+struct Pending::Impl {
+  const Group::Impl* group = nullptr;
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<torch::Tensor> tensors;
+  bool average = false;
+};
+
+Pending::Pending(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Pending::Pending(Pending&&) noexcept = default;
+Pending& Pending::operator=(Pending&&) noexcept = default;
+Pending::~Pending() = default;
+
+void Pending::wait() {
+  if (!impl_ || !impl_->work) return;
+  impl_->group->wait(impl_->work, "all-reduce");
+  impl_->work.reset();
+  if (impl_->average) {
+    for (auto& t : impl_->tensors) t.div_(impl_->group->env.world_size);
+  }
+}
+
+Pending Group::all_reduce_async(std::vector<torch::Tensor> tensors, Reduce op) {
+  auto pending = std::make_unique<Pending::Impl>();
+  pending->group = impl_.get();
+  pending->average = op == Reduce::avg;
+  pending->tensors = tensors;
+  if (!tensors.empty()) {
+    // Gloo has no average: sum, then divide.
+    const auto reduce = op == Reduce::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    if (tensors.size() == 1) {
+      c10d::AllreduceOptions o;
+      o.reduceOp = reduce;
+      pending->work = impl_->pg->allreduce(tensors, o);
+    } else {
+      c10d::AllreduceCoalescedOptions o;
+      o.reduceOp = reduce;
+      pending->work = impl_->pg->allreduce_coalesced(tensors, o);
+    }
+  }
+  return Pending(std::move(pending));
+}
+
+void Group::all_reduce(std::vector<torch::Tensor> tensors, Reduce op) {
+  all_reduce_async(std::move(tensors), op).wait();
+}
+
+void Group::broadcast(std::vector<torch::Tensor> tensors, int root) {
+  if (tensors.empty()) return;
+  try {
+    c10d::broadcast_coalesced(impl_->pg, tensors, kBroadcastBytes, root);
+  } catch (const std::exception& e) {
+    throw GroupError(strprintf("rank %d: broadcast from rank %d failed: %s", impl_->env.rank, root,
+                               first_line(e).c_str()));
+  }
+}
+
+std::string Group::broadcast_text(const std::string& text, int root) {
+  const auto on = torch::TensorOptions().device(device());
+  auto size = torch::full({1}, static_cast<int64_t>(text.size()), on.dtype(torch::kLong));
+  broadcast({size}, root);
+  if (size.item<int64_t>() == 0) return "";
+  auto bytes = torch::from_blob(const_cast<char*>(text.data()), {static_cast<int64_t>(text.size())},
+                                torch::kUInt8)
+                   .to(on.dtype(torch::kUInt8), /*non_blocking=*/false, /*copy=*/true);
+  if (impl_->env.rank != root)
+    bytes = torch::empty({size.item<int64_t>()}, on.dtype(torch::kUInt8));
+  broadcast({bytes}, root);
+  bytes = bytes.cpu();
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+                     static_cast<size_t>(bytes.numel()));
+}
+
+void Group::barrier() {
+  impl_->wait(impl_->pg->barrier(), "barrier");
+}
+
+c10d::ProcessGroup& Group::c10d() {
+  return *impl_->pg;
+}
+
+}  // namespace trainer::dist

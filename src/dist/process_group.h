@@ -1,0 +1,87 @@
+// A process group over LibTorch's c10d: the rendezvous of every rank through a TCPStore on
+// MASTER_ADDR:MASTER_PORT, then Gloo (CPU) or NCCL (CUDA) collectives.
+#pragma once
+
+#include <torch/types.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dist/env.h"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace trainer::dist {
+
+// The job could not form or lost its process group (a rank missing, a port in use, a collective
+// that timed out or lost a peer): one line naming the address, the rank and what was expected.
+class GroupError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct GroupOptions {
+  std::string backend = "gloo";       // gloo|nccl
+  torch::Device device{torch::kCPU};  // where this rank trains: NCCL's collectives run there
+  double init_timeout_s = 300;        // how long the rendezvous waits for every rank
+  double timeout_s = 600;             // how long one collective may take
+};
+
+enum class Reduce { sum, avg, max };
+
+// A collective in flight (Group::all_reduce_async).
+class Pending {
+ public:
+  struct Impl;
+  explicit Pending(std::unique_ptr<Impl> impl);
+  Pending(Pending&&) noexcept;
+  Pending& operator=(Pending&&) noexcept;
+  ~Pending();
+  // Returns when the collective is done and its result is in the tensors; throws GroupError.
+  void wait();
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Group {
+ public:
+  // Meets the other env.world_size - 1 ranks (rank 0 hosts the store) and builds the backend.
+  // Throws GroupError when they do not all arrive within init_timeout_s, when their world sizes
+  // or ranks disagree, or when rank 0 cannot listen on the port.
+  Group(const DistEnv& env, const GroupOptions& options);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  const std::string& backend() const;
+  // Where tensors given to this group's collectives live (the training device with NCCL).
+  torch::Device device() const;
+
+  // In place on every rank; one collective for all `tensors` (same device and dtype).
+  void all_reduce(std::vector<torch::Tensor> tensors, Reduce op);
+  // all_reduce started without waiting: the tensors must stay untouched until wait() returns.
+  Pending all_reduce_async(std::vector<torch::Tensor> tensors, Reduce op);
+  // Rank `root`'s values into every rank's `tensors`, coalesced into few messages.
+  void broadcast(std::vector<torch::Tensor> tensors, int root = 0);
+  // Rank `root`'s `text` on every rank.
+  std::string broadcast_text(const std::string& text, int root = 0);
+  // Returns when every rank has called it.
+  void barrier();
+
+  // The c10d process group, for c10d's Reducer (dist/ddp.cpp).
+  c10d::ProcessGroup& c10d();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainer::dist

@@ -1,0 +1,296 @@
+// Data-parallel training between real trainer processes over Gloo: equivalence with one
+// process at the global batch, every way of starting a job, and the faults a job meets.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <map>
+
+#include "cli_fixture.h"
+#include "launch/launcher.h"
+
+namespace {
+
+using trainer::test_support::Cli;
+using trainer::test_support::read_file;
+using trainer::test_support::step_file;
+namespace fs = std::filesystem;
+
+using trainer::launch::free_port;
+
+// The float32 model tensors of a checkpoint (a safetensors file), by name.
+std::map<std::string, std::vector<float>> model_tensors(const fs::path& file) {
+  const std::string bytes = read_file(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), sizeof n);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, info] : header.items()) {
+    if (name.rfind("model.", 0) != 0 || info["dtype"] != "F32") continue;
+    const size_t begin = 8 + n + info["data_offsets"][0].get<size_t>();
+    const size_t end = 8 + n + info["data_offsets"][1].get<size_t>();
+    std::vector<float> v((end - begin) / sizeof(float));
+    std::memcpy(v.data(), bytes.data() + begin, end - begin);
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+// The largest |a - b| over every model tensor; +inf when the tensors differ in name or size.
+double max_abs_diff(const fs::path& a, const fs::path& b) {
+  const auto ta = model_tensors(a), tb = model_tensors(b);
+  if (ta.empty() || ta.size() != tb.size()) return INFINITY;
+  double worst = 0.0;
+  for (const auto& [name, va] : ta) {
+    auto it = tb.find(name);
+    if (it == tb.end() || it->second.size() != va.size()) return INFINITY;
+    for (size_t i = 0; i < va.size(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(va[i]) - it->second[i]));
+    }
+  }
+  return worst;
+}
+
+// Plain SGD on Fashion-MNIST without dropout: 2 x B and 1 x 2B see the same samples per step.
+// (At lr 0.05 lenet's rounding differences grow from 4e-8 at step 10 to 3e-4 at step 20 as
+// ReLU/max-pool decisions flip; at 0.01 they stay below 1e-6.)
+std::string recipe(const std::string& config, int steps) {
+  return "--config configs/" + config +
+         " --set model.dropout=0 --set optim.name=sgd --set optim.lr=0.01 "
+         "--set optim.momentum=0.9 --set optim.weight_decay=0 --set sched.name=constant "
+         "--set sched.warmup_steps=0 --set train.max_steps=" +
+         std::to_string(steps) +
+         " --set data.workers=1 --set run.log_every=5 --set run.progress=never "
+         "--set train.eval_at_end=false --set run.threads=1";
+}
+
+class Dist : public Cli {
+ protected:
+  // `trainer launch` with its flags, then the trainer's arguments.
+  trainer::test_support::Result launch(const std::string& flags, const std::string& args) {
+    return run("launch --standalone " + flags + " -- " + args);
+  }
+};
+
+TEST_F(Dist, TwoProcessesEqualOneProcessAtTheGlobalBatch) {
+  for (const std::string config : {"fashion_mnist_mlp.yaml", "fashion_mnist_lenet.yaml"}) {
+    for (const int accum : {1, 2}) {
+      SCOPED_TRACE(config + " accum " + std::to_string(accum));
+      const std::string common =
+          recipe(config, 20) + " --set train.grad_accum_steps=" + std::to_string(accum);
+      const fs::path one = dir_ / "one", two = dir_ / "two";
+      ASSERT_EQ(run(common + " --set data.batch_size=32 --run-dir '" + one.string() + "'").code, 0);
+      const auto r = launch("--nproc-per-node 2",
+                            common + " --set data.batch_size=16 --run-dir '" + two.string() + "'");
+      ASSERT_EQ(r.code, 0) << r.out << r.err;
+      EXPECT_NE(r.err.find("[rank0]: "), std::string::npos) << r.err;
+      const double diff =
+          max_abs_diff(one / "checkpoints" / step_file(20), two / "checkpoints" / step_file(20));
+      EXPECT_LE(diff, 1e-5);
+      // The logged losses are averages over the ranks: those of the global batch.
+      const auto la = losses(one), lb = losses(two);
+      ASSERT_EQ(la.size(), lb.size());
+      for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-5);
+      // Only rank 0 wrote the run dir: one line per log step.
+      EXPECT_EQ(lb.size(), 4u);
+      fs::remove_all(one);
+      fs::remove_all(two);
+    }
+  }
+}
+
+// Batch norm: with dist.sync_bn the statistics are those of the global batch, so 2 x B trains
+// as 1 x 2B does up to rounding (which batch norm amplifies; the float64 check of the algorithm
+// is in test_batch_norm.cpp); without it each rank normalises its own half.
+TEST_F(Dist, SyncBatchNormTrainsAsTheGlobalBatch) {
+  const std::string common =
+      "--config configs/synthetic.yaml --set model.name=resnet18 --set model.stem=cifar "
+      "--set data.shape=[3,16,16] --set data.noise=4 --set optim.lr=0.01 --set optim.momentum=0.9 "
+      "--set train.max_steps=5 "
+      "--set run.progress=never --set train.eval_at_end=false --set run.threads=1 "
+      "--set deterministic=false";
+  const fs::path one = dir_ / "one", sync = dir_ / "sync", local = dir_ / "local";
+  ASSERT_EQ(run(common + " --set data.batch_size=16 --run-dir '" + one.string() + "'").code, 0);
+  auto r = launch("--nproc-per-node 2", common +
+                                            " --set dist.sync_bn=true --set data.batch_size=8 "
+                                            "--run-dir '" +
+                                            sync.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = launch("--nproc-per-node 2",
+             common + " --set data.batch_size=8 --run-dir '" + local.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto last = one / "checkpoints" / step_file(5);
+  const double synced = max_abs_diff(last, sync / "checkpoints" / step_file(5));
+  const double unsynced = max_abs_diff(last, local / "checkpoints" / step_file(5));
+  std::cout << "resnet18, 5 steps, max |w(1 x 16) - w(2 x 8)|: sync_bn " << synced
+            << ", per-rank batch norm " << unsynced << "\n";
+  EXPECT_LE(synced, 5e-3);
+  EXPECT_GT(unsynced, 20 * synced);
+}
+
+// Activation checkpointing inside DDP: a block's parameters get their gradients when its
+// recomputation ends, the reducer's hooks fire then, and the result is bit for bit the plain one.
+TEST_F(Dist, CheckpointedBlocksTrainAsPlainOnes) {
+  const std::string common =
+      "--config configs/synthetic.yaml --set model.name=resnet18 --set model.stem=cifar "
+      "--set data.shape=[3,8,8] --set model.dropout=0 --set train.max_steps=3 "
+      "--set data.batch_size=8 --set run.progress=never --set train.eval_at_end=false "
+      "--set run.threads=1";
+  const fs::path plain = dir_ / "plain", blocks = dir_ / "blocks";
+  auto r = launch("--nproc-per-node 2", common + " --run-dir '" + plain.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = launch("--nproc-per-node 2",
+             common + " --set model.checkpointing=blocks --run-dir '" + blocks.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(
+      max_abs_diff(plain / "checkpoints" / step_file(3), blocks / "checkpoints" / step_file(3)),
+      0.0);
+}
+
+TEST_F(Dist, EveryWayOfStartingAJobFormsTheSameGroup) {
+  const std::string args = recipe("fashion_mnist_mlp.yaml", 10) + " --set data.batch_size=16";
+  auto final_weights = [&](const std::string& name) {
+    return dir_ / name / "checkpoints" / step_file(10);
+  };
+  const auto base =
+      launch("--nproc-per-node 2", args + " --run-dir '" + (dir_ / "a").string() + "'");
+  ASSERT_EQ(base.code, 0) << base.err;
+
+  // Two "nodes" on loopback, one process each, one master.
+  const std::string port = std::to_string(free_port());
+  auto r =
+      sh("for n in 0 1; do \"$TRAINER\" launch --nnodes 2 --node-rank $n --nproc-per-node 1 "
+         "--master-addr 127.0.0.1 --master-port " +
+         port + " -- " + args + " --run-dir '" + (dir_ / "b").string() +
+         "' & pids+=($!); done; wait ${pids[0]} && wait ${pids[1]}");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(max_abs_diff(final_weights("a"), final_weights("b")), 0.0);
+
+  // SLURM's variables, set by hand as srun would.
+  r =
+      sh("for n in 0 1; do SLURM_PROCID=$n SLURM_LOCALID=$n SLURM_NTASKS=2 "
+         "SLURM_TASKS_PER_NODE=2 SLURM_JOB_NODELIST=127.0.0.1 MASTER_PORT=" +
+         std::to_string(free_port()) + " \"$TRAINER\" " + args + " --run-dir '" +
+         (dir_ / "c").string() + "' & pids+=($!); done; wait ${pids[0]} && wait ${pids[1]}");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(max_abs_diff(final_weights("a"), final_weights("c")), 0.0);
+
+  // torchrun from the project's virtual environment.
+  const fs::path torchrun = fs::path(TRAINER_VENV_DIR) / "bin" / "torchrun";
+  if (!fs::exists(torchrun)) GTEST_SKIP() << "no " << torchrun;
+  r = sh("'" + torchrun.string() + "' --standalone --nproc-per-node 2 --no-python \"$TRAINER\" " +
+         args + " --run-dir '" + (dir_ / "d").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(max_abs_diff(final_weights("a"), final_weights("d")), 0.0);
+}
+
+// A job long enough to be hit mid-training, checkpointing every 5 steps.
+std::string long_job(const fs::path& run_dir, int steps) {
+  return recipe("fashion_mnist_mlp.yaml", steps) +
+         " --set data.batch_size=16 --set run.checkpoint_every=5 --set run.log_every=5 "
+         "--run-dir '" +
+         run_dir.string() + "'";
+}
+
+// Bash: waits until the run dir logged step `step`, then kills one of $L's workers with -9.
+std::string kill_a_worker(const fs::path& run_dir, int step) {
+  return "for i in $(seq 600); do grep -Eq '\"step\":" + std::to_string(step) + "[,}]' '" +
+         (run_dir / "metrics.jsonl").string() +
+         "' 2>/dev/null && break; sleep 0.1; done\n"
+         "victim=$(pgrep -P $L | tail -1); kill -9 $victim\n";
+}
+
+TEST_F(Dist, AKilledRankEndsTheJobNamingIt) {
+  const fs::path run_dir = dir_ / "run";
+  const auto r = sh("\"$TRAINER\" launch --standalone --nproc-per-node 2 --grace-period 5 -- " +
+                    long_job(run_dir, 100000) + " & L=$!\n" + kill_a_worker(run_dir, 10) +
+                    "start=$(date +%s); wait $L; code=$?; end=$(date +%s)\n"
+                    "echo \"code=$code seconds=$((end - start)) left=$(pgrep -f '" +
+                    run_dir.string() + "' | wc -l)\"");
+  EXPECT_NE(r.out.find("left=0"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("code=0 "), std::string::npos) << r.out;
+  const auto seconds = std::stoi(r.out.substr(r.out.rfind("seconds=") + 8));
+  EXPECT_LE(seconds, 30);
+  EXPECT_NE(r.err.find("failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("SIGKILL"), std::string::npos) << r.err;
+}
+
+TEST_F(Dist, ARestartedJobEndsAsAnUninterruptedOne) {
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(launch("--nproc-per-node 2", long_job(a, 40)).code, 0);
+  const auto r = sh("\"$TRAINER\" launch --standalone --nproc-per-node 2 --max-restarts 1 -- " +
+                    long_job(b, 40) + " & L=$!\n" + kill_a_worker(b, 15) + "wait $L");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("restarting"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resumed from"), std::string::npos) << r.err;
+  EXPECT_EQ(max_abs_diff(a / "checkpoints" / step_file(40), b / "checkpoints" / step_file(40)),
+            0.0);
+  EXPECT_EQ(losses(a), losses(b));
+}
+
+TEST_F(Dist, AMissingRankEndsTheRendezvousWithAMessage) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto r =
+      sh("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+         " \"$TRAINER\" " + recipe("fashion_mnist_mlp.yaml", 5) +
+         " --set dist.init_timeout_s=2 --run-dir '" + (dir_ / "run").string() + "'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("1 of 2 ranks arrived within 2 s"), std::string::npos) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST_F(Dist, DifferentWorldSizesAreNamed) {
+  const std::string port = std::to_string(free_port());
+  const auto r =
+      sh("RANK=0 WORLD_SIZE=2 MASTER_PORT=" + port + " \"$TRAINER\" " +
+         recipe("fashion_mnist_mlp.yaml", 5) + " --set dist.init_timeout_s=3 --run-dir '" +
+         (dir_ / "run").string() +
+         "' 2>/dev/null & sleep 0.5; RANK=1 WORLD_SIZE=3 MASTER_PORT=" + port + " \"$TRAINER\" " +
+         recipe("fashion_mnist_mlp.yaml", 5) + " --set dist.init_timeout_s=3 --run-dir '" +
+         (dir_ / "run").string() + "'; code=$?; wait; exit $code");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("rank 1 was started with world size 3 but rank 0"), std::string::npos)
+      << r.err;
+}
+
+TEST_F(Dist, ABusyPortIsNamed) {
+  // Something listens on the port already.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  const auto r = sh("RANK=0 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(port) + " \"$TRAINER\" " +
+                    recipe("fashion_mnist_mlp.yaml", 5) +
+                    " --set dist.init_timeout_s=5 --run-dir '" + (dir_ / "run").string() + "'");
+  ::close(fd);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("port " + std::to_string(port)), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("in use"), std::string::npos) << r.err;
+}
+
+TEST_F(Dist, AStuckRankEndsTheRunAtTheCollectiveTimeout) {
+  const fs::path run_dir = dir_ / "run";
+  const auto r = sh("\"$TRAINER\" launch --standalone --nproc-per-node 2 --grace-period 2 -- " +
+                    long_job(run_dir, 100000) + " --set dist.timeout_s=3 & L=$!\n" +
+                    "for i in $(seq 600); do grep -Eq '\"step\":10[,}]' '" +
+                    (run_dir / "metrics.jsonl").string() +
+                    "' 2>/dev/null && break; sleep 0.1; done\n"
+                    "kill -STOP $(pgrep -P $L | tail -1)\n"
+                    "start=$(date +%s); wait $L; code=$?; end=$(date +%s)\n"
+                    "echo \"code=$code seconds=$((end - start))\"");
+  EXPECT_EQ(r.out.find("code=0 "), std::string::npos) << r.out;
+  EXPECT_LE(std::stoi(r.out.substr(r.out.rfind("seconds=") + 8)), 30) << r.out;
+  EXPECT_NE(r.err.find("dist.timeout_s"), std::string::npos) << r.err;
+}
+
+}  // namespace
