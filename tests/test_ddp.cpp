@@ -50,7 +50,7 @@ TEST(Ddp, GradientsOfOneRankAreItsOwnAndAccumulateUnderNoSync) {
       reference->parameters()[i].copy_(model->parameters()[i]);
     }
   }
-  DataParallel ddp(*model, *group, DdpOptions{});
+  DataParallel ddp(*model, model->named_parameters().pairs(), *group, DdpOptions{});
   auto x1 = torch::randn({5, 4}), x2 = torch::randn({5, 4});
   // Two micro-batches: the first without communication (no_sync), the second syncs.
   for (int step = 0; step < 3; ++step) {
@@ -79,7 +79,7 @@ TEST(Ddp, GradientsOfOneRankAreItsOwnAndAccumulateUnderNoSync) {
 TEST(Ddp, AParameterWithoutGradientIsNamedWithTheOption) {
   auto group = one_rank_group();
   TwoLayers model;
-  DataParallel ddp(*model, *group, DdpOptions{});
+  DataParallel ddp(*model, model->named_parameters().pairs(), *group, DdpOptions{});
   model->zero_grad(/*set_to_none=*/true);
   ddp.before_forward(/*first=*/true, /*sync=*/true);
   auto loss = model->forward(torch::randn({2, 4}), /*use_spare=*/false).sum();
@@ -101,7 +101,7 @@ TEST(Ddp, FindUnusedParametersAllowsThem) {
   TwoLayers model;
   DdpOptions options;
   options.find_unused_parameters = true;
-  DataParallel ddp(*model, *group, options);
+  DataParallel ddp(*model, model->named_parameters().pairs(), *group, options);
   for (int step = 0; step < 2; ++step) {
     model->zero_grad(/*set_to_none=*/true);
     ddp.before_forward(/*first=*/true, /*sync=*/true);

@@ -5,7 +5,6 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <limits>
-#include <set>
 #include <unordered_map>
 
 namespace trainer::dist {
@@ -17,15 +16,14 @@ int64_t mib(double megabytes) {
 
 }  // namespace
 
-DataParallel::DataParallel(torch::nn::Module& model, Group& group, const DdpOptions& options)
+DataParallel::DataParallel(torch::nn::Module& model,
+                           const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                           Group& group, const DdpOptions& options)
     : model_(model), group_(group), options_(options) {
-  // Each parameter once (shared ones, like tied embeddings, appear under several names).
-  std::set<const void*> seen;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) continue;
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    params_.push_back(item.value());
-    names_.push_back(item.key());
+  for (const auto& [name, p] : params) {
+    if (!p.requires_grad()) continue;
+    params_.push_back(p);
+    names_.push_back(name);
   }
   for (const auto& b : model.buffers(/*recurse=*/true)) buffers_.push_back(b);
   if (params_.empty()) throw std::runtime_error("DDP: the model has no trainable parameters");

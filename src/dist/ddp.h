@@ -37,8 +37,11 @@ struct DdpOptions {
 class DataParallel {
  public:
   // Broadcasts `model`'s parameters and buffers from rank 0 and registers the reducer's hooks on
-  // the gradient accumulators of its parameters that require gradients.
-  DataParallel(torch::nn::Module& model, Group& group, const DdpOptions& options);
+  // the gradient accumulators of `params`: the model's parameters by name, each once (shared ones
+  // under one name); those that require gradients are averaged.
+  DataParallel(torch::nn::Module& model,
+               const std::vector<std::pair<std::string, torch::Tensor>>& params, Group& group,
+               const DdpOptions& options);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;

@@ -33,6 +33,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The first line of an error's message, without a LibTorch backtrace.
+std::string first_line(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = c10 ? c10->what_without_backtrace() : e.what();
+  return what.substr(0, what.find('\n'));
+}
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -239,7 +246,8 @@ Trainer::Trainer(const config::LoadedConfig& config, const dist::DistEnv& job)
     ddp.first_bucket_mb = cfg.dist.first_bucket_mb;
     ddp.find_unused_parameters = cfg.dist.find_unused_parameters;
     ddp.broadcast_buffers = cfg.dist.broadcast_buffers;
-    s_->ddp = std::make_unique<dist::DataParallel>(*s_->model, *s_->group, ddp);
+    s_->ddp = std::make_unique<dist::DataParallel>(
+        *s_->model, models::unique_named_parameters(*s_->model), *s_->group, ddp);
   }
   if (s_->group && cfg.dist.sync_bn) {
     dist::Group* group = s_->group.get();  // outlives the model (declared before it)
@@ -856,24 +864,22 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         outcome = s.train_step(micro);
       } catch (const c10::OutOfMemoryError& e) {
         progress.clear();
-        const std::string what = e.what_without_backtrace();
         throw std::runtime_error(strprintf(
             "out of memory in step %lld at data.batch_size %lld x train.grad_accum_steps %lld "
             "(%s); `trainer doctor --config %s` estimates the step's memory and lists remedies: a "
             "smaller data.batch_size with more train.grad_accum_steps, bfloat16, more GPUs",
             static_cast<long long>(s.step + 1), static_cast<long long>(cfg.data.batch_size),
-            static_cast<long long>(cfg.train.grad_accum_steps),
-            what.substr(0, what.find('\n')).c_str(), s.loaded.source.c_str()));
+            static_cast<long long>(cfg.train.grad_accum_steps), first_line(e).c_str(),
+            s.loaded.source.c_str()));
       } catch (const std::exception& e) {
         if (!s.group) throw;
-        // A collective that lost a peer or timed out; other failures say what they are.
-        const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-        const std::string what = c10 ? c10->what_without_backtrace() : e.what();
+        // Gloo reports a lost peer or a timeout as a plain error: every failure of a step in a
+        // group names the collective timeout as a possible cause.
         throw std::runtime_error(
             strprintf("rank %d: step %lld failed: %s (when another rank has ended or is stuck, "
                       "collectives fail after dist.timeout_s, %g s)",
-                      s.job.rank, static_cast<long long>(s.step + 1),
-                      what.substr(0, what.find('\n')).c_str(), cfg.dist.timeout_s));
+                      s.job.rank, static_cast<long long>(s.step + 1), first_line(e).c_str(),
+                      cfg.dist.timeout_s));
       }
       ++s.step_in_epoch;
       if (outcome.bad_loss) {
