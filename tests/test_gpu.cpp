@@ -2,12 +2,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "config/loader.h"
 #include "engine/trainer.h"
 #include "launch/launcher.h"
+#include "models/model.h"
 #include "nn/activation_checkpoint.h"
 #include "nn/autocast.h"
 #include "optim/grad_scaler.h"
@@ -180,6 +185,44 @@ TEST(GpuMonitorTest, TrainRecordsCarryGpuReadings) {
   std::getline(in, first);
   EXPECT_NE(first.find("\"gpu_mem_mb\""), std::string::npos) << first;
   EXPECT_NE(first.find("\"gpu_util\""), std::string::npos) << first;
+  // The caching allocator's peak over the window: at least the weights, within what it reserved.
+  const auto record = nlohmann::json::parse(first);
+  const double weights_mb =
+      4.0 * static_cast<double>(models::parameter_count(t.model())) / (1024.0 * 1024.0);
+  ASSERT_TRUE(record.contains("cuda_peak_mb")) << first;
+  EXPECT_GT(record["cuda_peak_mb"].get<double>(), weights_mb) << first;
+  EXPECT_LE(record["cuda_peak_mb"].get<double>(), record["cuda_reserved_mb"].get<double>())
+      << first;
+}
+
+// A step that runs out of device memory (the allocator capped at 0.5% of the GPU) ends the run
+// with one line naming the step, the batch, the allocator's figures and the doctor's remedies.
+TEST(GpuMemory, OutOfMemoryNamesTheStepTheBatchAndThePeak) {
+  SKIP_WITHOUT_CUDA();
+  test_support::TempDir tmp("gpu_oom");
+  const fs::path cfg = tmp.path() / "oom.yaml";
+  std::ofstream(cfg) << "device: cuda\nmodel: {name: resnet18}\n"
+                        "data: {name: synthetic, shape: [3, 224, 224], train_samples: 256, "
+                        "val_samples: 64, batch_size: 128, workers: 1}\n"
+                        "train: {max_steps: 2}\nrun: {dir: "
+                     << (tmp.path() / "run").string() << "}\n";
+  const std::string cmd = "PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.005 '" +
+                          std::string(TRAINER_BIN) + "' --config '" + cfg.string() + "' 2>&1";
+  std::string out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("out of memory in step 1 at data.batch_size 128 x train.grad_accum_steps 1 "
+                     "with "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("MiB in tensors at the peak of the step"), std::string::npos) << out;
+  EXPECT_NE(out.find("trainer doctor --config"), std::string::npos) << out;
+  EXPECT_EQ(out.find("frame #"), std::string::npos) << out;  // no C++ stack trace
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "dist/ddp.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
@@ -13,6 +14,22 @@ namespace {
 int64_t mib(double megabytes) {
   return static_cast<int64_t>(megabytes * 1024.0 * 1024.0);
 }
+
+// The all-reduce of a group of one: the bucket as it is, complete at once (no hand-off to the
+// backend's threads). The future names the bucket's device, so that on a GPU it is ready in
+// stream order.
+class OneRankHook final : public c10d::CommHookInterface {
+ public:
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    const at::Tensor& buffer = bucket.getBufferRef();
+    std::vector<c10::Device> devices;
+    if (!buffer.is_cpu()) devices.push_back(buffer.device());
+    auto done = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get(), devices);
+    done->markCompleted(c10::IValue(buffer));
+    return done;
+  }
+  at::Tensor parseHookResult(const c10::IValue& result) override { return result.toTensor(); }
+};
 
 }  // namespace
 
@@ -48,13 +65,17 @@ DataParallel::DataParallel(torch::nn::Module& model,
   reducer_ = std::make_shared<c10d::Reducer>(
       params_, std::move(buckets), std::move(pg), /*expect_sparse_gradients=*/std::vector<bool>{},
       /*bucket_bytes_cap=*/mib(options.bucket_cap_mb), options.find_unused_parameters,
-      /*gradient_as_bucket_view=*/false, std::move(names),
+      /*gradient_as_bucket_view=*/true,  // no copy back from the buckets after the all-reduce
+      std::move(names),
       /*first_bucket_bytes_cap=*/mib(options.first_bucket_mb),
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
       /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
   // As DistributedDataParallel does: the reducer keeps a weak reference to its logger.
   logger_ = std::make_shared<c10d::Logger>(reducer_);
   reducer_->set_logger(logger_);
+  // Alone, there is nothing to average: the reducer's hooks and buckets run as in a larger
+  // group, without a collective.
+  if (group.world_size() == 1) reducer_->register_comm_hook(std::make_unique<OneRankHook>());
   const auto device = params_.front().device();
   logger_->set_construction_data_and_log(
       "trainer", device.is_cuda() ? std::vector<int>{device.index()} : std::vector<int>{},

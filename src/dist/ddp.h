@@ -33,7 +33,9 @@ struct DdpOptions {
 //     backward;
 //   ddp.after_backward();                            // gradients are now averaged over ranks
 //
-// Micro-batches with sync false only accumulate gradients locally (DDP's no_sync).
+// Micro-batches with sync false only accumulate gradients locally (DDP's no_sync). After the
+// last backward the parameters' gradients are views into the reducer's buckets: clear them by
+// resetting (`p.mutable_grad().reset()`); Optimizer::zero_grad cannot detach views.
 class DataParallel {
  public:
   // Broadcasts `model`'s parameters and buffers from rank 0 and registers the reducer's hooks on

@@ -1,6 +1,7 @@
 #include "engine/memory.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include <algorithm>
 #include <cstring>
@@ -77,6 +78,27 @@ class CountingAllocator final : public c10::Allocator {
 };
 
 }  // namespace
+
+DeviceMemory cuda_memory(int index) {
+  auto* allocator = c10::getDeviceAllocator(c10::kCUDA);
+  const auto device = static_cast<c10::DeviceIndex>(index);
+  const auto stats = allocator->getDeviceStats(device);
+  const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  DeviceMemory out;
+  out.allocated = stats.allocated_bytes[all].current;
+  out.peak = stats.allocated_bytes[all].peak;
+  out.reserved = stats.reserved_bytes[all].current;
+  return out;
+}
+
+int64_t cuda_total_memory(int index) {
+  const auto device = static_cast<c10::DeviceIndex>(index);
+  return static_cast<int64_t>(c10::getDeviceAllocator(c10::kCUDA)->getMemoryInfo(device).second);
+}
+
+void reset_cuda_peak(int index) {
+  c10::getDeviceAllocator(c10::kCUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(index));
+}
 
 int64_t measure_cpu_peak(const std::function<void()>& fn) {
   static std::mutex mu;

@@ -23,6 +23,20 @@ struct MemoryEstimate {
   }
 };
 
+// The CUDA caching allocator's figures for one device, in bytes.
+struct DeviceMemory {
+  int64_t allocated = 0;  // held by tensors now
+  int64_t peak = 0;       // the most held by tensors since the last reset_cuda_peak
+  int64_t reserved = 0;   // taken from the device, cached blocks included
+};
+
+// The allocator's figures for CUDA device `index` (host bookkeeping: no device synchronisation).
+DeviceMemory cuda_memory(int index);
+// The memory of CUDA device `index` in bytes (asks the driver).
+int64_t cuda_total_memory(int index);
+// Starts a new peak for cuda_memory(index).peak at the bytes held now.
+void reset_cuda_peak(int index);
+
 // The peak bytes the CPU allocator had out while `fn` ran, above what it had out when it began.
 // Tensors made before and freed during `fn` may make the figure slightly low.
 int64_t measure_cpu_peak(const std::function<void()>& fn);

@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "dist/ddp.h"
 #include "dist/process_group.h"
+#include "engine/memory.h"
 #include "engine/metrics.h"
 #include "losses/loss.h"
 #include "models/model.h"
@@ -107,8 +108,9 @@ struct Trainer::State {
   int64_t last_eval_step = -1;
   int64_t window_steps = 0;  // steps summed in window_loss (those with a finite loss)
   int64_t window_samples = 0;
-  torch::Tensor window_loss;  // summed step losses, a device scalar
-  int64_t resumed_step = -1;  // the step of the checkpoint resumed from; -1 = a fresh run
+  torch::Tensor window_loss;     // summed step losses, a device scalar
+  int64_t window_cuda_peak = 0;  // the most bytes the window's steps held in tensors (CUDA)
+  int64_t resumed_step = -1;     // the step of the checkpoint resumed from; -1 = a fresh run
   std::unique_ptr<checkpoint::Directory> checkpoints;
   std::string last_checkpoint;
 
@@ -319,7 +321,9 @@ std::string Trainer::summary() const {
 Trainer::State::StepOutcome Trainer::State::train_step(
     const std::vector<data::Batch>& micro_batches) {
   const double accum = static_cast<double>(micro_batches.size());
-  optimizer->zero_grad(/*set_to_none=*/true);
+  // Gradients dropped (set to none) rather than zeroed; under DDP they are views of its buckets,
+  // which Optimizer::zero_grad cannot detach.
+  for (auto& p : params) p.mutable_grad().reset();
 
   // Forward (under autocast) and backward, one micro-batch at a time; gradients add up. With
   // DDP the last micro-batch's backward averages them over the ranks (the others: no_sync).
@@ -392,6 +396,18 @@ bool must_match(const std::string& key) {
 
 constexpr const char* kOptimPrefix = "optim.";
 constexpr const char* kScalerPrefix = "scaler.";
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// After a CUDA out-of-memory error on device `index`: what the failed step held and the device has.
+std::string cuda_memory_note(int index) {
+  const auto m = cuda_memory(index);
+  return strprintf(
+      "with %.0f MiB in tensors at the peak of the step, %.0f MiB reserved by the "
+      "caching allocator, of the device's %.0f MiB ",
+      static_cast<double>(m.peak) / kMiB, static_cast<double>(m.reserved) / kMiB,
+      static_cast<double>(cuda_total_memory(index)) / kMiB);
+}
 
 int cuda_device_count() {
   return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
@@ -723,11 +739,13 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   const int64_t first_step = s.step;
   s.model->train();
 
-  // NVML readings in the train records when training on a GPU.
+  // On a GPU: the caching allocator's peak and NVML's readings in the train records.
+  const bool cuda = s.device.is_cuda();
+  const int cuda_index = s.device.has_index() ? s.device.index() : 0;
   std::unique_ptr<GpuMonitor> gpu;
-  if (s.device.is_cuda()) {
+  if (cuda) {
     std::string why;
-    gpu = GpuMonitor::open(s.device.has_index() ? s.device.index() : 0, &why);
+    gpu = GpuMonitor::open(cuda_index, &why);
     if (!gpu) log::info("GPU monitoring off: " + why);
   }
   auto window_start = Clock::now();
@@ -825,6 +843,12 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         "step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s",
         static_cast<long long>(s.step), static_cast<long long>(s.total_steps),
         static_cast<long long>(epoch), last_loss, lr, last_sps, format_duration(eta()).c_str());
+    if (cuda) {  // the caching allocator's view: what this process's tensors took
+      record["cuda_peak_mb"] = static_cast<double>(s.window_cuda_peak) / kMiB;
+      record["cuda_reserved_mb"] = static_cast<double>(cuda_memory(cuda_index).reserved) / kMiB;
+      line += strprintf(" | peak %.0f MiB", static_cast<double>(s.window_cuda_peak) / kMiB);
+      s.window_cuda_peak = 0;
+    }
     if (const auto g = gpu ? gpu->sample() : std::nullopt) {
       record["gpu_util"] = g->util_pct;
       record["gpu_mem_mb"] = g->mem_used_mb;
@@ -861,15 +885,21 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       State::StepOutcome outcome;
       s.stop_requested = stop && stop->load();
       try {
+        if (cuda) reset_cuda_peak(cuda_index);
         outcome = s.train_step(micro);
+        if (cuda) {
+          s.window_cuda_peak = std::max(s.window_cuda_peak, cuda_memory(cuda_index).peak);
+        }
       } catch (const c10::OutOfMemoryError& e) {
         progress.clear();
         throw std::runtime_error(strprintf(
             "out of memory in step %lld at data.batch_size %lld x train.grad_accum_steps %lld "
-            "(%s); `trainer doctor --config %s` estimates the step's memory and lists remedies: a "
-            "smaller data.batch_size with more train.grad_accum_steps, bfloat16, more GPUs",
+            "%s(%s); `trainer doctor --config %s` estimates the step's memory and lists remedies: "
+            "a smaller data.batch_size with more train.grad_accum_steps, bfloat16, activation "
+            "checkpointing, more GPUs",
             static_cast<long long>(s.step + 1), static_cast<long long>(cfg.data.batch_size),
-            static_cast<long long>(cfg.train.grad_accum_steps), first_line(e).c_str(),
+            static_cast<long long>(cfg.train.grad_accum_steps),
+            cuda ? cuda_memory_note(cuda_index).c_str() : "", first_line(e).c_str(),
             s.loaded.source.c_str()));
       } catch (const std::exception& e) {
         if (!s.group) throw;
