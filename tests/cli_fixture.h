@@ -9,12 +9,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "image_files.h"
+#include "temp_dir.h"
 
 namespace trainer::test_support {
 
@@ -35,13 +35,6 @@ inline std::string read_file(const fs::path& path) {
 
 class Cli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::random_device rd;
-    dir_ = fs::temp_directory_path() / ("trainer_cli_" + std::to_string(rd()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Runs `trainer <args>` from the source dir; stdout and stderr captured separately.
   Result run(const std::string& args) { return sh(std::string("'") + TRAINER_BIN + "' " + args); }
 
@@ -84,7 +77,8 @@ class Cli : public ::testing::Test {
     return out;
   }
 
-  fs::path dir_;
+  TempDir tmp_{"cli"};  // removed without std::filesystem::remove_all (see temp_dir.h)
+  const fs::path dir_ = tmp_.path();
 };
 
 // The name of the checkpoint of `step`.

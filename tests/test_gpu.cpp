@@ -2,13 +2,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <sys/wait.h>
 #include <nlohmann/json.hpp>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include "cli_fixture.h"
 #include "config/loader.h"
 #include "engine/trainer.h"
 #include "launch/launcher.h"
@@ -197,32 +196,28 @@ TEST(GpuMonitorTest, TrainRecordsCarryGpuReadings) {
 
 // A step that runs out of device memory (the allocator capped at 0.5% of the GPU) ends the run
 // with one line naming the step, the batch, the allocator's figures and the doctor's remedies.
-TEST(GpuMemory, OutOfMemoryNamesTheStepTheBatchAndThePeak) {
+using GpuMemory = test_support::Cli;
+
+TEST_F(GpuMemory, OutOfMemoryNamesTheStepTheBatchAndThePeak) {
   SKIP_WITHOUT_CUDA();
-  test_support::TempDir tmp("gpu_oom");
-  const fs::path cfg = tmp.path() / "oom.yaml";
-  std::ofstream(cfg) << "device: cuda\nmodel: {name: resnet18}\n"
-                        "data: {name: synthetic, shape: [3, 224, 224], train_samples: 256, "
-                        "val_samples: 64, batch_size: 128, workers: 1}\n"
-                        "train: {max_steps: 2}\nrun: {dir: "
-                     << (tmp.path() / "run").string() << "}\n";
-  const std::string cmd = "PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.005 '" +
-                          std::string(TRAINER_BIN) + "' --config '" + cfg.string() + "' 2>&1";
-  std::string out;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status)) << out;
-  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
-  EXPECT_NE(out.find("out of memory in step 1 at data.batch_size 128 x train.grad_accum_steps 1 "
-                     "with "),
+  const fs::path cfg = write("oom.yaml",
+                             "device: cuda\nmodel: {name: resnet18}\n"
+                             "data: {name: synthetic, shape: [3, 224, 224], train_samples: 256, "
+                             "val_samples: 64, batch_size: 128, workers: 1}\n"
+                             "train: {max_steps: 2}\nrun: {dir: " +
+                                 (dir_ / "run").string() + "}\n");
+  const auto r =
+      sh("PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.005 \"$TRAINER\" "
+         "--config '" +
+         cfg.string() + "'");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("out of memory in step 1 at data.batch_size 128 x "
+                       "train.grad_accum_steps 1 with "),
             std::string::npos)
-      << out;
-  EXPECT_NE(out.find("MiB in tensors at the peak of the step"), std::string::npos) << out;
-  EXPECT_NE(out.find("trainer doctor --config"), std::string::npos) << out;
-  EXPECT_EQ(out.find("frame #"), std::string::npos) << out;  // no C++ stack trace
+      << r.err;
+  EXPECT_NE(r.err.find("MiB in tensors at the peak of the step"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("trainer doctor --config"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("frame #"), std::string::npos) << r.err;  // no C++ stack trace
 }
 
 }  // namespace

@@ -85,7 +85,6 @@ DeviceMemory cuda_memory(int index) {
   const auto stats = allocator->getDeviceStats(device);
   const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   DeviceMemory out;
-  out.allocated = stats.allocated_bytes[all].current;
   out.peak = stats.allocated_bytes[all].peak;
   out.reserved = stats.reserved_bytes[all].current;
   return out;

@@ -25,9 +25,8 @@ struct MemoryEstimate {
 
 // The CUDA caching allocator's figures for one device, in bytes.
 struct DeviceMemory {
-  int64_t allocated = 0;  // held by tensors now
-  int64_t peak = 0;       // the most held by tensors since the last reset_cuda_peak
-  int64_t reserved = 0;   // taken from the device, cached blocks included
+  int64_t peak = 0;      // the most held by tensors since the last reset_cuda_peak
+  int64_t reserved = 0;  // taken from the device, cached blocks included
 };
 
 // The allocator's figures for CUDA device `index` (host bookkeeping: no device synchronisation).
