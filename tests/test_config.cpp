@@ -575,6 +575,9 @@ TEST_F(ConfigTest, MoreRangeRules) {
   EXPECT_EQ(issues_for({"model.checkpointing=every:2"}), "");
   EXPECT_HAS(issues_for({"optim.eps=0"}), "optim.eps: must be > 0, got 0");
   EXPECT_HAS(issues_for({"data.noise=-0.5"}), "data.noise: must be >= 0, got -0.5");
+  EXPECT_EQ(issues_for({"train.stop_at_top1=0.916"}), "");
+  EXPECT_HAS(issues_for({"train.stop_at_top1=91.6"}),
+             "train.stop_at_top1: must be a fraction in [0, 1] (0 = off), got 91.6");
 }
 
 TEST_F(ConfigTest, DataPipelineRules) {

@@ -85,6 +85,36 @@ TEST(SyntheticTest, RejectsBadShape) {
   EXPECT_THROW(make(cfg, /*seed=*/1), std::invalid_argument);
 }
 
+TEST(SyntheticTest, TokenWindowsAreShiftedSequencesOfTheVocabulary) {
+  config::DataConfig cfg;
+  cfg.name = "synthetic_tokens";
+  cfg.num_classes = 37;  // the vocabulary
+  cfg.seq_len = 12;
+  cfg.train_samples = 20;
+  cfg.val_samples = 4;
+  const Splits s = make(cfg, /*seed=*/2);
+  EXPECT_TRUE(s.spec.sequence);
+  EXPECT_EQ(s.spec.num_classes, 37);
+  EXPECT_EQ(s.spec.sample_shape, (std::vector<int64_t>{12}));
+  EXPECT_EQ(s.train->size(), 20);
+  EXPECT_EQ(s.val->size(), 4);
+  const Batch b = s.train->get(all_indices(*s.train));  // inputs, targets: [20, 12]
+  EXPECT_EQ(b.inputs.sizes(), (std::vector<int64_t>{20, 12}));
+  EXPECT_EQ(b.inputs.dtype(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(b.inputs.narrow(1, 1, 11), b.targets.narrow(1, 0, 11)));
+  EXPECT_GE(b.inputs.min().item<int64_t>(), 0);
+  EXPECT_LT(b.targets.max().item<int64_t>(), 37);
+  EXPECT_GT(std::get<0>(torch::_unique(b.inputs)).numel(), 30);  // the whole vocabulary in use
+  // A pure function of (seed, split, index).
+  EXPECT_TRUE(torch::equal(s.train->get({7}).inputs[0], b.inputs[7]));
+  EXPECT_TRUE(torch::equal(make(cfg, /*seed=*/2).train->get({3}).inputs, s.train->get({3}).inputs));
+  EXPECT_FALSE(
+      torch::equal(make(cfg, /*seed=*/3).train->get({3}).inputs, s.train->get({3}).inputs));
+  EXPECT_FALSE(torch::equal(s.val->get({3}).inputs, s.train->get({3}).inputs));
+  cfg.num_classes = 1;
+  EXPECT_THROW(make(cfg, /*seed=*/1), std::invalid_argument);
+}
+
 TEST(SyntheticTest, DeterministicFromSeed) {
   const auto cfg = synthetic_config();
   const Splits a = make(cfg, /*seed=*/7);

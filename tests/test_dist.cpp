@@ -107,6 +107,24 @@ TEST_F(Dist, TwoProcessesEqualOneProcessAtTheGlobalBatch) {
 // Batch norm: with dist.sync_bn the statistics are those of the global batch, so 2 x B trains
 // as 1 x 2B does up to rounding (which batch norm amplifies; the float64 check of the algorithm
 // is in test_batch_norm.cpp); without it each rank normalises its own half.
+TEST_F(Dist, BenchUnderTheLauncherCountsEveryRanksSamples) {
+  const auto json = dir_ / "bench.json";
+  const auto r = launch("--nproc-per-node 2",
+                        "bench --config configs/synthetic.yaml --steps 4 --warmup 1 "
+                        "--set run.threads=1 --json '" +
+                            json.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(read_file(json));
+  EXPECT_EQ(j["world_size"], 2);
+  // configs/synthetic.yaml: 32 samples per rank and step.
+  EXPECT_NEAR(j["samples_per_sec"].get<double>(), 2 * 4 * 32 / j["seconds"].get<double>(), 1e-6);
+  EXPECT_GE(j["phases_ms"]["grad_sync"].get<double>(), 0.0);
+  // Only rank 0 reports.
+  size_t tables = 0;
+  for (size_t at = 0; (at = r.out.find("trainer bench:", at)) != std::string::npos; ++at) ++tables;
+  EXPECT_EQ(tables, 1u) << r.out;
+}
+
 TEST_F(Dist, SyncBatchNormTrainsAsTheGlobalBatch) {
   const std::string common =
       "--config configs/synthetic.yaml --set model.name=resnet18 --set model.stem=cifar "

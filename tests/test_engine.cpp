@@ -48,6 +48,20 @@ TEST_F(EngineTest, AccumulatingTwoHalfBatchesEqualsOneFullBatch) {
   EXPECT_NEAR(a.last_eval.loss, b.last_eval.loss, 1e-5);
 }
 
+TEST_F(EngineTest, StopsAtTheFirstEvaluationThatReachesTheTargetTopOne) {
+  // Learnable synthetic classes: top-1 climbs over the first epochs.
+  auto loaded = load({"train.max_steps=0", "train.epochs=30", "train.stop_at_top1=0.9",
+                      "optim.lr=0.5", "data.noise=0.3"});
+  Trainer trainer(loaded);
+  const auto r = trainer.fit();
+  EXPECT_TRUE(r.reached_target);
+  EXPECT_FALSE(r.stopped);
+  EXPECT_GE(r.last_eval.top1, 0.9);
+  EXPECT_LT(r.steps, 30 * 4);  // 4 steps per epoch
+  EXPECT_EQ(r.steps % 4, 0);   // at an epoch's evaluation
+  EXPECT_FALSE(trainer.last_checkpoint().empty());
+}
+
 TEST_F(EngineTest, ClippingBoundsTheUpdate) {
   auto free_cfg = load({});
   auto clipped_cfg = load({"train.clip_grad_norm=1e-6"});

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <stdexcept>
+#include <string>
+
+#include "config/loader.h"
 
 namespace trainer::cli {
 
@@ -13,6 +16,15 @@ class UsageError : public std::runtime_error {
 
 // trainer doctor [--json] [--config FILE]; argv[0] is "doctor". Returns the exit code.
 int doctor_command(int argc, char** argv);
+
+// trainer bench --config FILE [options]; argv[0] is "bench". Returns the exit code.
+int bench_command(int argc, char** argv);
+
+// What configs are validated against: the devices present and every registry's names.
+config::Environment config_environment();
+
+// The CUDA version LibTorch was built with, e.g. "13.0", or "cpu".
+std::string cuda_build_version();
 
 // trainer launch [options] -- <trainer arguments>; argv[0] is "launch". Returns the exit code.
 int launch_command(int argc, char** argv);

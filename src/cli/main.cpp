@@ -5,6 +5,7 @@
 //   trainer launch [--nproc-per-node N|auto] [--nnodes N] [--node-rank R] ... -- <trainer args>
 //   trainer export --checkpoint PATH --out FILE.safetensors
 //   trainer doctor [--json] [--config FILE]
+//   trainer bench --config FILE [--steps N] [--warmup N] [--json FILE] ...
 //   trainer --help | --version
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
@@ -34,6 +35,31 @@
 #include "util/format.h"
 #include "util/log.h"
 
+namespace trainer::cli {
+
+std::string cuda_build_version() {
+  try {
+    const long v = at::detail::getCUDAHooks().versionCUDART();  // e.g. 13000
+    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+  } catch (const std::exception&) {
+    return "cpu";
+  }
+}
+
+config::Environment config_environment() {
+  config::Environment env;
+  env.cuda_available = torch::cuda::is_available();
+  env.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
+  env.choices["model.name"] = models::model_registry().names();
+  env.choices["data.name"] = data::dataset_registry().names();
+  env.choices["optim.name"] = optim::optimizer_registry().names();
+  env.choices["sched.name"] = optim::schedule_registry().names();
+  env.choices["train.loss"] = losses::loss_registry().names();
+  return env;
+}
+
+}  // namespace trainer::cli
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -53,30 +79,9 @@ void on_stop_signal(int sig) {
   std::signal(sig, SIG_DFL);  // a second signal ends the process at once
 }
 
-std::string cuda_build_version() {
-  try {
-    const long v = at::detail::getCUDAHooks().versionCUDART();  // e.g. 13000
-    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
-  } catch (const std::exception&) {
-    return "cpu";
-  }
-}
-
 std::string version_text() {
   return std::string("trainer ") + TRAINER_VERSION + "\nLibTorch " + TORCH_VERSION + "\nCUDA " +
-         cuda_build_version() + "\n";
-}
-
-trainer::config::Environment environment() {
-  trainer::config::Environment env;
-  env.cuda_available = torch::cuda::is_available();
-  env.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
-  env.choices["model.name"] = trainer::models::model_registry().names();
-  env.choices["data.name"] = trainer::data::dataset_registry().names();
-  env.choices["optim.name"] = trainer::optim::optimizer_registry().names();
-  env.choices["sched.name"] = trainer::optim::schedule_registry().names();
-  env.choices["train.loss"] = trainer::losses::loss_registry().names();
-  return env;
+         trainer::cli::cuda_build_version() + "\n";
 }
 
 cxxopts::Options train_options() {
@@ -113,6 +118,8 @@ int train(int argc, char** argv) {
                  "  trainer export --checkpoint PATH --out FILE.safetensors"
                  "   model weights with PyTorch names\n"
                  "  trainer doctor [--json] [--config FILE]   check the GPU environment\n"
+                 "  trainer bench --config FILE [--steps N] [--warmup N] [--json FILE]"
+                 "   time training steps (trainer bench --help)\n"
               << "\nExit codes: 0 success (also: stopped by SIGINT/SIGTERM after a checkpoint), "
                  "1 runtime failure, 2 usage or configuration error.\n";
     return kOk;
@@ -145,7 +152,7 @@ int train(int argc, char** argv) {
     }
   }
   auto loaded = trainer::config::load(args["config"].as<std::string>(), overrides);
-  trainer::config::check(loaded, environment());
+  trainer::config::check(loaded, trainer::cli::config_environment());
   const std::string resolved = trainer::config::to_yaml(loaded.cfg);
   if (args.count("print-config")) {
     std::cout << resolved;
@@ -247,9 +254,12 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "launch") {
       return trainer::cli::launch_command(argc - 1, argv + 1);
     }
+    if (argc > 1 && std::string(argv[1]) == "bench") {
+      return trainer::cli::bench_command(argc - 1, argv + 1);
+    }
     if (argc > 1 && argv[1][0] != '-') {
       throw UsageError(std::string("unknown command '") + argv[1] +
-                       "'; commands: launch, export, doctor");
+                       "'; commands: launch, bench, export, doctor");
     }
     return train(argc, argv);
   } catch (const UsageError& e) {

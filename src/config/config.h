@@ -156,6 +156,8 @@ struct TrainConfig {
   int64_t max_steps = 0;         // >0: stop after this many optimizer steps (overrides epochs)
   int64_t stop_at_step = 0;      // >0: end this process after that step, with a checkpoint, as if
                                  // preempted; the schedule still spans the whole run
+  double stop_at_top1 = 0.0;     // >0: end the run after the first evaluation whose top-1
+                                 // reaches this fraction (time-to-accuracy), with a checkpoint
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
   double clip_grad_norm = 0.0;   // clip gradients to this global L2 norm; 0 = off
   double label_smoothing = 0.0;  // label smoothing of the classification loss
@@ -169,6 +171,7 @@ struct TrainConfig {
     v("epochs", epochs);
     v("max_steps", max_steps);
     v("stop_at_step", stop_at_step);
+    v("stop_at_top1", stop_at_top1);
     v("grad_accum_steps", grad_accum_steps);
     v("clip_grad_norm", clip_grad_norm);
     v("label_smoothing", label_smoothing);

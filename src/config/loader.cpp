@@ -1086,6 +1086,9 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
     add("train.epochs", "must be >= 1 (or set train.max_steps > 0), got " + fmt(c.train.epochs));
   ge("train.max_steps", c.train.max_steps, 0);
   ge("train.stop_at_step", c.train.stop_at_step, 0);
+  if (!(c.train.stop_at_top1 >= 0.0 && c.train.stop_at_top1 <= 1.0))
+    add("train.stop_at_top1",
+        "must be a fraction in [0, 1] (0 = off), got " + fmt(c.train.stop_at_top1));
   ge("train.grad_accum_steps", c.train.grad_accum_steps, 1);
   ge_d("train.clip_grad_norm", c.train.clip_grad_norm, 0.0);
   ge("train.max_bad_steps", c.train.max_bad_steps, 0);

@@ -1,5 +1,7 @@
 // The `synthetic` dataset: one fixed random pattern per class plus gaussian noise, all derived
 // from the run's seed. Small, learnable and needs no files.
+// The `synthetic_tokens` dataset: windows of uniformly random token ids for language models, to
+// measure speed without a corpus (there is nothing to learn in them).
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -10,6 +12,7 @@
 #include "data/builtin.h"
 #include "data/dataset.h"
 #include "util/hash.h"
+#include "util/random.h"
 
 namespace trainer::data {
 namespace {
@@ -37,6 +40,53 @@ class SyntheticDataset final : public Dataset {
   torch::Tensor inputs_;   // [N, ...shape] float32
   torch::Tensor targets_;  // [N] int64
 };
+
+// Token windows: sample i of a split is seq_len + 1 ids drawn from a generator seeded by
+// (seed, split, i); inputs are the first seq_len, targets the last seq_len.
+class SyntheticTokens final : public Dataset {
+ public:
+  SyntheticTokens(int64_t count, int64_t seq_len, int64_t vocab, uint64_t seed)
+      : count_(count), seq_len_(seq_len), vocab_(vocab), seed_(seed) {}
+
+  int64_t size() const override { return count_; }
+
+ protected:
+  Batch fetch(const std::vector<int64_t>& indices, const Epoch& /*epoch*/) const override {
+    check_indices(indices, size(), "synthetic_tokens");
+    const auto b = static_cast<int64_t>(indices.size());
+    auto windows = torch::empty({b, seq_len_ + 1}, torch::kInt64);  // [B, T + 1]
+    auto* w = windows.data_ptr<int64_t>();
+    for (int64_t i = 0; i < b; ++i) {
+      Rng rng(mix_seed(seed_, static_cast<uint64_t>(indices[static_cast<size_t>(i)])));
+      for (int64_t j = 0; j <= seq_len_; ++j) w[i * (seq_len_ + 1) + j] = rng.below(vocab_);
+    }
+    return Batch{windows.narrow(1, 0, seq_len_).contiguous(),   // [B, T]
+                 windows.narrow(1, 1, seq_len_).contiguous()};  // [B, T]
+  }
+
+ private:
+  int64_t count_, seq_len_, vocab_;
+  uint64_t seed_;
+};
+
+Splits make_synthetic_tokens(const config::DataConfig& cfg, int64_t seed) {
+  if (cfg.num_classes < 2) {
+    throw DataConfigError("data.num_classes", "the vocabulary size must be at least 2");
+  }
+  if (cfg.seq_len < 1) throw DataConfigError("data.seq_len", "must be >= 1");
+  if (cfg.train_samples <= 0) throw DataConfigError("data.train_samples", "must be positive");
+  if (cfg.val_samples < 0) throw DataConfigError("data.val_samples", "must not be negative");
+  const auto useed = static_cast<uint64_t>(seed);
+  Splits splits;
+  splits.train = std::make_shared<SyntheticTokens>(cfg.train_samples, cfg.seq_len, cfg.num_classes,
+                                                   mix_seed(useed, kTrainStream));
+  splits.val = std::make_shared<SyntheticTokens>(cfg.val_samples, cfg.seq_len, cfg.num_classes,
+                                                 mix_seed(useed, kValStream));
+  splits.spec.sample_shape = {cfg.seq_len};
+  splits.spec.num_classes = cfg.num_classes;
+  splits.spec.sequence = true;
+  return splits;
+}
 
 // Sample i of a split: its class pattern plus noise drawn from a generator seeded by
 // (seed, split, i) alone, so a sample does not depend on the split's length.
@@ -97,6 +147,7 @@ Splits make_synthetic(const config::DataConfig& cfg, int64_t seed) {
 
 void register_synthetic(DatasetRegistry& registry) {
   registry.add("synthetic", make_synthetic);
+  registry.add("synthetic_tokens", make_synthetic_tokens);
 }
 
 }  // namespace trainer::data

@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "dist/ddp.h"
 #include "dist/process_group.h"
+#include "engine/flops.h"
 #include "engine/memory.h"
 #include "engine/metrics.h"
 #include "losses/loss.h"
@@ -97,9 +98,10 @@ struct Trainer::State {
   bool amp = false;         // autocast around forward and loss
   c10::ScalarType amp_dtype = c10::kBFloat16;
   std::unique_ptr<optim::GradScaler> scaler;  // gradient scaling (float16), else null
-  int64_t skipped_steps = 0;     // steps whose update was skipped for inf/NaN gradients or loss
-  int64_t bad_steps_in_row = 0;  // consecutive steps with an inf/NaN loss
-  bool stop_requested = false;   // this rank was asked to stop; the step's flags agree on it
+  int64_t skipped_steps = 0;         // steps whose update was skipped for inf/NaN gradients or loss
+  int64_t bad_steps_in_row = 0;      // consecutive steps with an inf/NaN loss
+  bool stop_requested = false;       // this rank was asked to stop; the step's flags agree on it
+  StepObserver* observer = nullptr;  // told where each phase of a step begins; null in fit()
 
   // Where training goes on: the epoch, its next step, and the metrics window in progress. A
   // checkpoint saves exactly these, so a resumed run continues bit for bit.
@@ -124,6 +126,9 @@ struct Trainer::State {
     bool stop = false;      // some rank was asked to stop
   };
   StepOutcome train_step(const std::vector<data::Batch>& micro_batches);
+  void begin(Phase phase) {
+    if (observer) observer->begin(phase);
+  }
   // The CPU peak of one forward/backward of `net` at `batch` training samples.
   int64_t step_peak(models::NetImpl& net, bool bf16, int64_t batch);
   // Ranks that must agree on each step's skip and stop decisions (a group of more than one).
@@ -332,6 +337,7 @@ Trainer::State::StepOutcome Trainer::State::train_step(
   std::optional<dist::Pending> agreed;  // their all-reduce, in flight during the last backward
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const bool sync = m + 1 == micro_batches.size();
+    begin(Phase::forward);
     auto inputs = micro_batches[m].inputs.to(device, /*non_blocking=*/true);    // [B, ...]
     auto targets = micro_batches[m].targets.to(device, /*non_blocking=*/true);  // [B] or [B, T]
     if (ddp) ddp->before_forward(/*first=*/m == 0, sync);
@@ -347,9 +353,12 @@ Trainer::State::StepOutcome Trainer::State::train_step(
                             torch::full({}, stop_requested ? 1.0 : 0.0, step_loss.options())});
       agreed = group->all_reduce_async({flags}, dist::Reduce::max);
     }
+    begin(Phase::backward);
     (scaler ? scaler->scale(loss) : loss).backward();
   }
+  begin(Phase::grad_sync);
   if (ddp) ddp->after_backward();
+  begin(Phase::optimizer);
 
   // Unscale once per step, then decide, the same on every rank: skip the update on inf/NaN
   // gradients (averaged, so equal on every rank) or an inf/NaN loss on any rank; stop when any
@@ -632,6 +641,80 @@ int Trainer::rank() const {
   return s_->job.rank;
 }
 
+int Trainer::world_size() const {
+  return s_->group ? s_->group->world_size() : 1;
+}
+
+torch::Device Trainer::device() const {
+  return s_->device;
+}
+
+const config::Config& Trainer::config() const {
+  return s_->cfg;
+}
+
+int64_t Trainer::tokens_per_sample() const {
+  return s_->splits.spec.sequence ? s_->splits.spec.sample_shape.at(0) : 0;
+}
+
+void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch) {
+  auto& s = *s_;
+  const int64_t accum = s.cfg.train.grad_accum_steps;
+  s.model->train();
+  s.observer = &observer;
+  std::vector<data::Batch> micro;
+  bool epoch_started = false;
+  try {
+    for (int64_t i = 0; i < steps; ++i) {
+      if (s.step_in_epoch == s.steps_per_epoch) {
+        ++s.epoch;
+        s.step_in_epoch = 0;
+        epoch_started = false;
+      }
+      if (!epoch_started && !(fixed_batch && !micro.empty())) {
+        s.train_loader->start_epoch(s.epoch, s.step_in_epoch * accum);
+        epoch_started = true;
+      }
+      observer.begin_step();
+      if (!fixed_batch || micro.empty()) {
+        micro.clear();
+        for (int64_t m = 0; m < accum; ++m) micro.push_back(*s.train_loader->next());
+      }
+      if (fixed_batch && micro.front().inputs.device() != s.device) {
+        for (auto& b : micro) {
+          b.inputs = b.inputs.to(s.device);
+          b.targets = b.targets.to(s.device);
+        }
+      }
+      const auto outcome = s.train_step(micro);
+      ++s.step_in_epoch;
+      observer.end_step(outcome.loss);
+    }
+  } catch (...) {
+    s.observer = nullptr;
+    throw;
+  }
+  s.observer = nullptr;
+}
+
+int64_t Trainer::forward_flops() {
+  auto& s = *s_;
+  const int64_t batch = s.cfg.data.batch_size;
+  std::vector<int64_t> indices(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) indices[static_cast<size_t>(i)] = i % s.splits.train->size();
+  const data::Batch b = s.splits.train->get(indices);
+  const auto inputs = b.inputs.to(s.device);  // [B, ...]
+  // Evaluation mode leaves batch-norm statistics alone; the counted operations are the same.
+  torch::NoGradGuard no_grad;
+  s.model->eval();
+  const int64_t flops = count_flops([&] {
+    nn::AutocastGuard autocast(s.device.type(), s.amp_dtype, /*enabled=*/s.amp);
+    s.model->forward(inputs);
+  });
+  s.model->train();
+  return flops;
+}
+
 int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
   return s_->step_peak(*s_->model, bf16, batch);
 }
@@ -786,6 +869,12 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         strprintf("eval step %lld epoch %lld: loss %.4f top1 %.2f%% top5 %.2f%% (%lld samples)",
                   static_cast<long long>(s.step), static_cast<long long>(epoch), e.loss,
                   100.0 * e.top1, 100.0 * e.top5, static_cast<long long>(e.samples)));
+    if (cfg.train.stop_at_top1 > 0.0 && e.top1 >= cfg.train.stop_at_top1) {
+      result.reached_target = true;
+      log::info(
+          strprintf("top-1 %.2f%% reached train.stop_at_top1 %.2f%% after %.1f s; ending the run",
+                    100.0 * e.top1, 100.0 * cfg.train.stop_at_top1, seconds_since(start)));
+    }
   };
   // A step whose loss was inf/NaN was skipped; too many in a row end the run with a checkpoint.
   auto on_bad_loss = [&](int64_t epoch) {
@@ -923,6 +1012,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       progress.update(s.step, s.total_steps, epoch, last_loss, last_sps, eta());
       if (cfg.run.eval_every > 0 && s.step % cfg.run.eval_every == 0) run_eval(epoch);
       if (cfg.run.checkpoint_every > 0 && s.step % cfg.run.checkpoint_every == 0) checkpoint();
+      if (result.reached_target) break;
       const bool stop_here =
           cfg.train.stop_at_step > 0 && s.step == cfg.train.stop_at_step && s.step < s.total_steps;
       // A group stops where its ranks agreed to (the step's flags); alone, at once.
@@ -936,10 +1026,11 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         break;
       }
     }
-    if (result.stopped) break;
+    if (result.stopped || result.reached_target) break;
     if (cfg.run.eval_every == 0 && s.last_eval_step != s.step) run_eval(epoch);
     // Resuming from the end of an epoch runs no step of it and goes on with the next.
     if (cfg.run.checkpoint_every == 0 && s.step_in_epoch == s.steps_per_epoch) checkpoint();
+    if (result.reached_target) break;
   }
   if (!result.stopped) {
     if (cfg.train.eval_at_end && s.last_eval_step != s.step) {

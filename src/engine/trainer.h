@@ -28,10 +28,34 @@ struct EvalResult {
 
 // What fit() did.
 struct FitResult {
-  int64_t steps = 0;     // optimizer steps taken, counted from the start of the run
-  bool stopped = false;  // ended early (stop flag or train.stop_at_step), after a checkpoint
-  EvalResult last_eval;  // the last evaluation (samples == 0 when none ran)
-  double seconds = 0.0;  // wall time of the loop
+  int64_t steps = 0;            // optimizer steps taken, counted from the start of the run
+  bool stopped = false;         // ended early (stop flag or train.stop_at_step), after a checkpoint
+  bool reached_target = false;  // ended when an evaluation reached train.stop_at_top1
+  EvalResult last_eval;         // the last evaluation (samples == 0 when none ran)
+  double seconds = 0.0;         // wall time of the loop
+};
+
+// The phases of a training step, in order (micro-batches repeat forward and backward).
+enum class Phase {
+  data,       // waiting for the step's batches from the loader
+  forward,    // host-to-device copy, forward pass and loss
+  backward,   // backward pass (with DDP: gradient all-reduces overlapping it)
+  grad_sync,  // waiting for DDP's last all-reduces after backward
+  optimizer,  // inf/NaN decision, unscale, clipping, optimizer step
+};
+constexpr int kPhaseCount = 5;
+
+// Told where each step of Trainer::run_steps and each of its phases begins: `trainer bench`'s
+// timers.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // A step begins with Phase::data.
+  virtual void begin_step() = 0;
+  // `phase` of the current step begins now, ending the phase before it.
+  virtual void begin(Phase phase) = 0;
+  // The step's work is queued; `loss` is its mean loss, a device scalar.
+  virtual void end_step(const torch::Tensor& loss) = 0;
 };
 
 // The model weights in a checkpoint the trainer wrote, under their state-dict names.
@@ -66,6 +90,15 @@ class Trainer {
   // appends); the run dir must exist.
   FitResult fit(const std::atomic<bool>* stop = nullptr);
 
+  // Runs `steps` training steps, epochs rolling over, without evaluation, checkpoints or metrics,
+  // telling `observer` where each step and phase begins. With `fixed_batch` every step trains on
+  // the first step's batches, kept on the device: the step's speed without the loader.
+  void run_steps(int64_t steps, StepObserver& observer, bool fixed_batch = false);
+
+  // The floating-point operations of one forward pass over one training batch (engine/flops.h),
+  // under autocast when amp.enabled.
+  int64_t forward_flops();
+
   // The newest checkpoint written or resumed from; "" when none.
   std::string last_checkpoint() const;
 
@@ -87,6 +120,14 @@ class Trainer {
 
   // This process's rank in the job (0 when training alone): only rank 0 writes the run dir.
   int rank() const;
+  // The processes training together (1 when alone).
+  int world_size() const;
+  // The device the model trains on.
+  torch::Device device() const;
+  // The validated config the trainer was built from.
+  const config::Config& config() const;
+  // Tokens per sample for language models (the sequence length); 0 for other data.
+  int64_t tokens_per_sample() const;
 
  private:
   struct State;

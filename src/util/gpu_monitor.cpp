@@ -59,6 +59,7 @@ struct GpuMonitor::Api {
   int (*memory)(void*, NvmlMemory*) = nullptr;
   int (*temperature)(void*, int, unsigned*) = nullptr;
   int (*power)(void*, unsigned*) = nullptr;
+  int (*name)(void*, char*, unsigned) = nullptr;
   ~Api() {
     if (shutdown) shutdown();
     if (lib) ::dlclose(lib);
@@ -82,7 +83,7 @@ std::unique_ptr<GpuMonitor> GpuMonitor::open(int index, std::string* why) {
       !load(api->utilization, "nvmlDeviceGetUtilizationRates") ||
       !load(api->memory, "nvmlDeviceGetMemoryInfo") ||
       !load(api->temperature, "nvmlDeviceGetTemperature") ||
-      !load(api->power, "nvmlDeviceGetPowerUsage")) {
+      !load(api->power, "nvmlDeviceGetPowerUsage") || !load(api->name, "nvmlDeviceGetName")) {
     *why = "libnvidia-ml.so.1 lacks an expected function";
     return nullptr;
   }
@@ -122,6 +123,11 @@ std::optional<GpuMonitor::Sample> GpuMonitor::sample() const {
   if (api_->temperature(device_, kNvmlTemperatureGpu, &temp) == 0) s.temp_c = temp;
   if (api_->power(device_, &milliwatts) == 0) s.power_w = milliwatts / 1000.0;
   return s;
+}
+
+std::string GpuMonitor::name() const {
+  char buffer[96] = {};  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
+  return api_->name(device_, buffer, sizeof buffer) == 0 ? std::string(buffer) : std::string();
 }
 
 }  // namespace trainer

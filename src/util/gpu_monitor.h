@@ -27,6 +27,8 @@ class GpuMonitor {
 
   // The current readings; nullopt when NVML reports an error.
   std::optional<Sample> sample() const;
+  // The product name, e.g. "NVIDIA H200"; "" when NVML reports an error.
+  std::string name() const;
 
  private:
   struct Api;

@@ -1,0 +1,176 @@
+// trainer bench: times training steps of a config and reports throughput, step-time
+// percentiles, the time per phase, peak memory and the FLOP rate, as a table and as JSON.
+#include <torch/torch.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "config/loader.h"
+#include "dist/env.h"
+#include "engine/bench.h"
+#include "engine/trainer.h"
+#include "util/fileio.h"
+#include "util/format.h"
+#include "util/log.h"
+
+namespace trainer::cli {
+namespace {
+
+std::string precision(const config::Config& cfg) {
+  return cfg.amp.enabled ? cfg.amp.dtype : "float32";
+}
+
+nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOptions& o,
+                           const engine::Trainer& t, const std::string& config_path) {
+  const auto& cfg = t.config();
+  nlohmann::json phases = nlohmann::json::object();
+  for (int p = 0; p < engine::kPhaseCount; ++p) {
+    phases[engine::phase_name(static_cast<engine::Phase>(p))] = r.phase_ms[static_cast<size_t>(p)];
+  }
+  return {{"impl", "trainer"},
+          {"config", config_path},
+          {"model", cfg.model.name},
+          {"data", cfg.data.name},
+          {"device", t.device().str()},
+          {"device_name", r.device_name},
+          {"precision", precision(cfg)},
+          {"channels_last", cfg.model.channels_last},
+          {"batch_size", cfg.data.batch_size},
+          {"grad_accum_steps", cfg.train.grad_accum_steps},
+          {"world_size", t.world_size()},
+          {"threads", torch::get_num_threads()},
+          {"steps", o.steps},
+          {"warmup", o.warmup},
+          {"fixed_batch", o.fixed_batch},
+          {"seconds", r.seconds},
+          {"samples_per_sec", r.samples_per_sec},
+          {"tokens_per_sec", r.tokens_per_sec > 0 ? nlohmann::json(r.tokens_per_sec) : nullptr},
+          {"step_time_ms",
+           {{"mean", r.step_ms.mean},
+            {"p50", r.step_ms.p50},
+            {"p90", r.step_ms.p90},
+            {"max", r.step_ms.max}}},
+          {"phases_ms", phases},
+          {"peak_memory_mb", r.peak_memory_mb},
+          {"peak_memory_kind", r.peak_memory_kind},
+          {"flops_per_step", r.flops_per_step},
+          {"tflops", r.tflops},
+          {"peak_tflops", r.peak_tflops},
+          {"mfu", r.mfu},
+          {"final_loss", r.final_loss},
+          {"versions",
+           {{"trainer", TRAINER_VERSION},
+            {"torch", TORCH_VERSION},
+            {"cuda", cuda_build_version()},
+            {"python", nullptr}}}};
+}
+
+std::string result_table(const engine::BenchResult& r, const engine::BenchOptions& o,
+                         const engine::Trainer& t) {
+  const auto& cfg = t.config();
+  std::string out = strprintf(
+      "trainer bench: %s on %s, %s (%s), %s, batch %lld x %lld, %d process%s, %d thread%s%s\n",
+      cfg.model.name.c_str(), cfg.data.name.c_str(), t.device().str().c_str(),
+      r.device_name.c_str(), precision(cfg).c_str(), static_cast<long long>(cfg.data.batch_size),
+      static_cast<long long>(cfg.train.grad_accum_steps), t.world_size(),
+      t.world_size() == 1 ? "" : "es", torch::get_num_threads(),
+      torch::get_num_threads() == 1 ? "" : "s", o.fixed_batch ? ", one fixed batch" : "");
+  out += strprintf("%lld timed steps after %lld warm-up steps, %.2f s\n\n",
+                   static_cast<long long>(o.steps), static_cast<long long>(o.warmup), r.seconds);
+  out += strprintf("  throughput    %.1f samples/s", r.samples_per_sec);
+  if (r.tokens_per_sec > 0) out += strprintf(", %.0f tokens/s", r.tokens_per_sec);
+  out += "\n";
+  out += strprintf("  step time     p50 %.2f ms, p90 %.2f ms, max %.2f ms, mean %.2f ms\n",
+                   r.step_ms.p50, r.step_ms.p90, r.step_ms.max, r.step_ms.mean);
+  out += "  per step      ";
+  for (int p = 0; p < engine::kPhaseCount; ++p) {
+    const double ms = r.phase_ms[static_cast<size_t>(p)];
+    out += strprintf("%s%s %.2f ms (%.0f%%)", p ? ", " : "",
+                     engine::phase_name(static_cast<engine::Phase>(p)), ms,
+                     r.step_ms.mean > 0 ? 100.0 * ms / r.step_ms.mean : 0.0);
+  }
+  out += "\n";
+  out += strprintf(
+      "  peak memory   %.0f MiB (%s)\n", r.peak_memory_mb,
+      r.peak_memory_kind == "cuda_allocator" ? "CUDA caching allocator" : "process peak RSS");
+  out += strprintf(
+      "  compute       %.3g GFLOP per step, %.3g TFLOP/s, %.1f%% of the measured %.3g TFLOP/s "
+      "matrix-product peak\n",
+      static_cast<double>(r.flops_per_step) / 1e9, r.tflops, 100.0 * r.mfu, r.peak_tflops);
+  out += strprintf("  final loss    %.4f\n", r.final_loss);
+  return out;
+}
+
+}  // namespace
+
+int bench_command(int argc, char** argv) {
+  cxxopts::Options options("trainer bench",
+                           "Times training steps of a config: throughput, step time, the time of "
+                           "each phase, peak memory, FLOP rate.");
+  // clang-format off
+  options.add_options()
+      ("c,config", "YAML config file", cxxopts::value<std::string>(), "FILE")
+      ("set", "override a config key (repeatable)", cxxopts::value<std::vector<std::string>>(),
+       "KEY.PATH=VALUE")
+      ("device", "auto|cpu|cuda|cuda:N (same as --set device=D)", cxxopts::value<std::string>(),
+       "D")
+      ("steps", "timed steps", cxxopts::value<int64_t>()->default_value("50"), "N")
+      ("warmup", "untimed steps before them", cxxopts::value<int64_t>()->default_value("10"), "N")
+      ("fixed-batch", "train every step on the first batch, kept on the device: the step's "
+       "speed without the data loader")
+      ("json", "also write the figures as one JSON object to FILE", cxxopts::value<std::string>(),
+       "FILE")
+      ("log-level", "trace|debug|info|warn|error",
+       cxxopts::value<std::string>()->default_value("warn"), "L")
+      ("h,help", "print this help");
+  // clang-format on
+  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
+  if (args.count("help")) {
+    std::cout << options.help()
+              << "\nRuns in a launched job too (trainer launch ... -- bench --config FILE): rank 0 "
+                 "reports, throughput counts every rank's samples. No run dir is written.\n";
+    return 0;
+  }
+  if (!args.count("config")) throw UsageError("bench: --config FILE is required");
+  engine::BenchOptions opts;
+  opts.steps = args["steps"].as<int64_t>();
+  opts.warmup = args["warmup"].as<int64_t>();
+  opts.fixed_batch = args.count("fixed-batch") > 0;
+  if (opts.steps < 1)
+    throw UsageError("--steps must be at least 1, got " + std::to_string(opts.steps));
+  if (opts.warmup < 0) {
+    throw UsageError("--warmup must not be negative, got " + std::to_string(opts.warmup));
+  }
+  log::Level level;
+  const auto level_text = args["log-level"].as<std::string>();
+  if (!log::parse_level(level_text, &level)) {
+    throw UsageError("--log-level: unknown level '" + level_text +
+                     "'; use trace, debug, info, warn or error");
+  }
+  const dist::DistEnv job = dist::read_process_env();
+  if (job.rank > 0 && level < log::Level::warn) level = log::Level::warn;
+  log::setup(level, job.rank);
+
+  std::vector<std::string> overrides;
+  if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
+  if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
+  const std::string config_path = args["config"].as<std::string>();
+  auto loaded = config::load(config_path, overrides);
+  config::check(loaded, config_environment());
+
+  engine::Trainer trainer(loaded, job);
+  const auto result = engine::run_bench(trainer, opts);
+  if (job.rank != 0) return 0;
+  std::cout << result_table(result, opts, trainer) << std::flush;
+  if (args.count("json")) {
+    write_text_atomically(args["json"].as<std::string>(),
+                          result_json(result, opts, trainer, config_path).dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace trainer::cli

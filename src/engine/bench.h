@@ -1,0 +1,53 @@
+// `trainer bench`: timed training steps of a configured run, where their time goes, the memory
+// they take and the FLOP rate they reach.
+#pragma once
+
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "engine/trainer.h"
+
+namespace trainer::engine {
+
+struct BenchOptions {
+  int64_t steps = 50;        // timed steps
+  int64_t warmup = 10;       // untimed steps before them
+  bool fixed_batch = false;  // every step on the first batch, kept on the device (no loader)
+};
+
+// Milliseconds per step over the timed steps.
+struct StepTimes {
+  double mean = 0, p50 = 0, p90 = 0, max = 0;
+};
+
+struct BenchResult {
+  std::string device_name;     // the CPU's or GPU's product name
+  double seconds = 0;          // wall time of the timed steps (device work finished)
+  double samples_per_sec = 0;  // of the whole job: every rank's samples
+  double tokens_per_sec = 0;   // language models; 0 for other data
+  StepTimes step_ms;           // this process's steps: CUDA events on a GPU, the clock on CPU
+  std::array<double, kPhaseCount> phase_ms{};  // mean milliseconds per step in each Phase
+  double peak_memory_mb = 0;     // CUDA: caching-allocator peak of the timed steps; CPU: peak RSS
+  std::string peak_memory_kind;  // "cuda_allocator" or "cpu_rss"
+  int64_t flops_per_step = 0;    // model FLOPs of one step of this process: 3 x forward
+  double tflops = 0;             // flops_per_step per mean step time
+  double peak_tflops = 0;        // the device's measured matrix-product rate in the compute dtype
+  double mfu = 0;                // tflops / peak_tflops
+  double final_loss = 0;         // the last timed step's loss (this process's)
+};
+
+// Runs options.warmup untimed then options.steps timed training steps of `trainer`. In a
+// launched job every rank runs it; the figures are this process's but for the job's throughput.
+BenchResult run_bench(Trainer& trainer, const BenchOptions& options);
+
+// TFLOP/s of an n x n by n x n matrix product in `dtype` on `device`, the best of 5 after 2
+// untimed: n = 8192 on a GPU, 1024 on the CPU.
+double matmul_peak_tflops(torch::Device device, c10::ScalarType dtype);
+
+// "data", "forward", "backward", "grad_sync", "optimizer".
+const char* phase_name(Phase phase);
+
+}  // namespace trainer::engine

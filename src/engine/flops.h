@@ -1,0 +1,17 @@
+// Counting the floating-point operations of model code, for throughput and utilisation figures.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace trainer::engine {
+
+// The floating-point operations of the matrix products (mm, addmm, bmm, baddbmm), 2-D
+// convolutions and scaled-dot-product attention that `fn` runs on this thread, counted by
+// LibTorch's profiler from the operations' shapes: 2 per multiply-add, attention 4*B*H*L*S*E
+// (its two products), as torch.utils.flop_counter.FlopCounterMode counts them. An operation
+// called inside another counted one (autocast's re-dispatch, attention's own products) counts
+// once. Other operations (element-wise, normalisation, softmax) are not counted.
+int64_t count_flops(const std::function<void()>& fn);
+
+}  // namespace trainer::engine
