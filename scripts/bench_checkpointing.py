@@ -30,78 +30,15 @@ Protocol (mirrored by the C++ side):
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, C, n_head):
-        super().__init__()
-        self.n_head = n_head
-        self.c_attn = nn.Linear(C, 3 * C)
-        self.c_proj = nn.Linear(C, C)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-
-class MLP(nn.Module):
-    def __init__(self, C):
-        super().__init__()
-        self.c_fc = nn.Linear(C, 4 * C)
-        self.gelu = nn.GELU(approximate="tanh")
-        self.c_proj = nn.Linear(4 * C, C)
-
-    def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, C, n_head):
-        super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(C), CausalSelfAttention(C, n_head)
-        self.ln_2, self.mlp = nn.LayerNorm(C), MLP(C)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab=50257, block_size=1024, n_layer=12, n_head=12, C=768, ckpt=False):
-        super().__init__()
-        self.ckpt = ckpt
-        self.wte = nn.Embedding(vocab, C)
-        self.wpe = nn.Embedding(block_size, C)
-        self.h = nn.ModuleList(Block(C, n_head) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(C)
-        self.lm_head = nn.Linear(C, vocab, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied
-        for name, p in self.named_parameters():  # GPT-2 init; LayerNorm weights stay 1
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
-            elif p.dim() == 2:  # Linear and Embedding weights (wte == lm_head once)
-                nn.init.normal_(p, 0.0, 0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-
-    def forward(self, idx):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for blk in self.h:
-            x = checkpoint(blk, x, use_reentrant=False) if self.ckpt else blk(x)
-        return self.lm_head(self.ln_f(x))
+from reference_models import GPT
 
 
 def resnet_forward(m, x, ckpt):

