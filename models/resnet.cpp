@@ -53,10 +53,12 @@ class BasicBlockImpl : public ResidualBlockImpl {
 
   torch::Tensor forward(torch::Tensor x) override {
     // x: [B, in, H, W]
-    auto out = torch::relu(bn1_->forward(conv1_->forward(x)));  // [B, planes, H/s, W/s]
-    out = bn2_->forward(conv2_->forward(out));                  // [B, planes, H/s, W/s]
-    const auto identity = downsample_.is_empty() ? x : downsample_->forward(x);
-    return torch::relu(out + identity);  // [B, planes, H/s, W/s]
+    // In place where torchvision is (ReLU and the residual sum on fresh batch-norm outputs,
+    // which no backward needs): fewer tensors allocated and written.
+    auto out = bn1_->forward(conv1_->forward(x)).relu_();  // [B, planes, H/s, W/s]
+    out = bn2_->forward(conv2_->forward(out));             // [B, planes, H/s, W/s]
+    out += downsample_.is_empty() ? x : downsample_->forward(x);
+    return out.relu_();  // [B, planes, H/s, W/s]
   }
 
   nn::BatchNorm2d last_norm() const override { return bn2_; }
@@ -88,11 +90,12 @@ class BottleneckImpl : public ResidualBlockImpl {
 
   torch::Tensor forward(torch::Tensor x) override {
     // x: [B, in, H, W]
-    auto out = torch::relu(bn1_->forward(conv1_->forward(x)));  // [B, planes, H, W]
-    out = torch::relu(bn2_->forward(conv2_->forward(out)));     // [B, planes, H/s, W/s]
-    out = bn3_->forward(conv3_->forward(out));                  // [B, 4 planes, H/s, W/s]
-    const auto identity = downsample_.is_empty() ? x : downsample_->forward(x);
-    return torch::relu(out + identity);  // [B, 4 planes, H/s, W/s]
+    // In place as in BasicBlock.
+    auto out = bn1_->forward(conv1_->forward(x)).relu_();  // [B, planes, H, W]
+    out = bn2_->forward(conv2_->forward(out)).relu_();     // [B, planes, H/s, W/s]
+    out = bn3_->forward(conv3_->forward(out));             // [B, 4 planes, H/s, W/s]
+    out += downsample_.is_empty() ? x : downsample_->forward(x);
+    return out.relu_();  // [B, 4 planes, H/s, W/s]
   }
 
   nn::BatchNorm2d last_norm() const override { return bn3_; }
@@ -164,7 +167,7 @@ class ResNetImpl : public NetImpl {
   torch::Tensor forward(torch::Tensor x) override {
     // x: [B, C, H, W]
     if (channels_last_) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
-    x = torch::relu(bn1_->forward(conv1_->forward(x)));
+    x = bn1_->forward(conv1_->forward(x)).relu_();
     if (!cifar_stem_) {
       // x: [B, 64, H/2, W/2]
       x = torch::max_pool2d(x, /*kernel_size=*/3, /*stride=*/2, /*padding=*/1);

@@ -30,8 +30,8 @@ Optimizers sgd, adam, adamw with the trainer's parameter groups (1-D parameters 
 decay when optim.weight_decay > 0, unless optim.decay_bias_and_norm), cross-entropy with
 train.label_smoothing, train.grad_accum_steps (DDP no_sync on all but the last micro-batch),
 train.clip_grad_norm, amp (torch.autocast in amp.dtype, a GradScaler for float16 or
-amp.scaler: on), model.channels_last for ResNets, dist.sync_bn. The learning rate stays at
-optim.lr: the schedule is not applied. Not supported (exit 2): model.checkpointing, data
+amp.scaler: on), model.channels_last for ResNets and lenet, dist.sync_bn. The learning rate
+stays at optim.lr: the schedule is not applied. Not supported (exit 2): model.checkpointing, data
 augmentation (data.crop_padding, data.hflip), other datasets and losses.
 
 Protocol: torch.manual_seed(seed); torch.set_num_threads(run.threads) when > 0; train mode.
@@ -461,7 +461,7 @@ def main():
     except ConfigError as e:
         fail(2, f"{args.config}: {e}")
     model = make_model(cfg, sample_shape, classes)
-    channels_last = m["channels_last"] and m["name"] in RESNETS
+    channels_last = m["channels_last"] and (m["name"] in RESNETS or m["name"] == "lenet")
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     if ddp and cfg["dist"]["sync_bn"]:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)

@@ -16,14 +16,22 @@ using trainer::dist::Group;
 
 using trainer::launch::free_port;
 
+// A free port can be taken by a test running beside this one before the store binds it: a few
+// tries, each on a fresh port.
 std::unique_ptr<Group> one_rank_group() {
-  DistEnv env;
-  env.source = "torchrun";
-  env.master_port = free_port();
   trainer::dist::GroupOptions options;
   options.init_timeout_s = 30;
   options.timeout_s = 30;
-  return std::make_unique<Group>(env, options);
+  for (int attempt = 1;; ++attempt) {
+    DistEnv env;
+    env.source = "torchrun";
+    env.master_port = free_port();
+    try {
+      return std::make_unique<Group>(env, options);
+    } catch (const trainer::dist::GroupError&) {
+      if (attempt == 3) throw;
+    }
+  }
 }
 
 // Two layers; the second is used only when asked.

@@ -43,6 +43,40 @@ TEST(Models, LenetShapesAndParameterCount) {
   EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 10}));
 }
 
+// Pooling before a non-decreasing activation, and NHWC convolutions, change neither the outputs
+// nor the gradients of the plain order and layout.
+TEST(Models, LenetLayoutsAndActivationOrderAgree) {
+  for (const std::string activation : {"relu", "tanh", "gelu"}) {
+    config::ModelConfig cfg;
+    cfg.activation = activation;
+    torch::manual_seed(3);
+    auto plain = build("lenet", cfg, {1, 12, 12}, 4);
+    cfg.channels_last = true;
+    torch::manual_seed(3);
+    auto nhwc = build("lenet", cfg, {1, 12, 12}, 4);
+    EXPECT_TRUE(
+        nhwc->named_parameters()["conv2.weight"].is_contiguous(torch::MemoryFormat::ChannelsLast));
+    plain->eval();
+    nhwc->eval();
+    const auto x = torch::randn({3, 1, 12, 12});
+    const auto a = plain->forward(x), b = nhwc->forward(x);
+    EXPECT_TRUE(torch::allclose(a, b, /*rtol=*/1e-5, /*atol=*/1e-6)) << activation;
+    // Reference: activation, then pooling, written out.
+    auto p = plain->named_parameters();
+    auto act = [&](const torch::Tensor& t) { return activate(activation, t); };
+    auto y = torch::max_pool2d(act(torch::conv2d(x, p["conv1.weight"], p["conv1.bias"], 1, 2)), 2);
+    y = torch::max_pool2d(act(torch::conv2d(y, p["conv2.weight"], p["conv2.bias"], 1, 2)), 2);
+    y = torch::linear(act(torch::linear(y.flatten(1), p["fc.weight"], p["fc.bias"])),
+                      p["head.weight"], p["head.bias"]);
+    EXPECT_TRUE(torch::allclose(a, y, /*rtol=*/1e-5, /*atol=*/1e-6)) << activation;
+    a.sum().backward();
+    b.sum().backward();
+    EXPECT_TRUE(torch::allclose(p["conv1.weight"].grad(),
+                                nhwc->named_parameters()["conv1.weight"].grad(), 1e-4, 1e-5))
+        << activation;
+  }
+}
+
 TEST(Models, LenetRejectsFlatSamples) {
   config::ModelConfig cfg;
   try {

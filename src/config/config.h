@@ -54,7 +54,7 @@ struct ModelConfig {
   int64_t in_channels = 0;                   // resnet: input channels; 0 = the data's channels
   std::string stem = "imagenet";             // resnet: imagenet (7x7/2 + max-pool)|cifar (3x3/1)
   bool zero_init_residual = false;           // resnet: zero the last norm of each residual block
-  bool channels_last = false;                // resnet: NHWC memory format
+  bool channels_last = false;                // resnet, lenet: NHWC memory format
   int64_t n_layer = 12;                      // gpt: transformer blocks
   int64_t n_head = 12;                       // gpt: attention heads (must divide n_embd)
   int64_t n_embd = 768;                      // gpt: embedding width
