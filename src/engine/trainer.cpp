@@ -61,7 +61,9 @@ torch::Device pick_device(const std::string& name, const dist::DistEnv& job) {
 // Seeds and determinism switches; before anything draws random numbers or touches cuBLAS.
 void seed_everything(const config::Config& cfg) {
   torch::manual_seed(static_cast<uint64_t>(cfg.seed));
-  if (cfg.run.threads > 0) torch::set_num_threads(static_cast<int>(cfg.run.threads));
+  // Fixes this thread's intra-op thread count now, before loader threads set theirs to one.
+  torch::set_num_threads(cfg.run.threads > 0 ? static_cast<int>(cfg.run.threads)
+                                             : torch::get_num_threads());
   auto& ctx = at::globalContext();
   if (cfg.deterministic) {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
