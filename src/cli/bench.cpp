@@ -15,7 +15,6 @@
 #include "engine/trainer.h"
 #include "util/fileio.h"
 #include "util/format.h"
-#include "util/log.h"
 
 namespace trainer::cli {
 namespace {
@@ -145,15 +144,8 @@ int bench_command(int argc, char** argv) {
   if (opts.warmup < 0) {
     throw UsageError("--warmup must not be negative, got " + std::to_string(opts.warmup));
   }
-  log::Level level;
-  const auto level_text = args["log-level"].as<std::string>();
-  if (!log::parse_level(level_text, &level)) {
-    throw UsageError("--log-level: unknown level '" + level_text +
-                     "'; use trace, debug, info, warn or error");
-  }
   const dist::DistEnv job = dist::read_process_env();
-  if (job.rank > 0 && level < log::Level::warn) level = log::Level::warn;
-  log::setup(level, job.rank);
+  setup_logging(args["log-level"].as<std::string>(), job);
 
   std::vector<std::string> overrides;
   if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();

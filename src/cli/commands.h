@@ -5,6 +5,7 @@
 #include <string>
 
 #include "config/loader.h"
+#include "dist/env.h"
 
 namespace trainer::cli {
 
@@ -19,6 +20,10 @@ int doctor_command(int argc, char** argv);
 
 // trainer bench --config FILE [options]; argv[0] is "bench". Returns the exit code.
 int bench_command(int argc, char** argv);
+
+// Sets up logging at --log-level `level_text` for this process of `job`: rank 0 at that level, the
+// other ranks at warn or above. A level that is not one throws UsageError.
+void setup_logging(const std::string& level_text, const dist::DistEnv& job);
 
 // What configs are validated against: the devices present and every registry's names.
 config::Environment config_environment();

@@ -46,6 +46,16 @@ std::string cuda_build_version() {
   }
 }
 
+void setup_logging(const std::string& level_text, const dist::DistEnv& job) {
+  log::Level level;
+  if (!log::parse_level(level_text, &level)) {
+    throw UsageError("--log-level: unknown level '" + level_text +
+                     "'; use trace, debug, info, warn or error");
+  }
+  if (job.rank > 0 && level < log::Level::warn) level = log::Level::warn;
+  log::setup(level, job.rank);
+}
+
 config::Environment config_environment() {
   config::Environment env;
   env.cuda_available = torch::cuda::is_available();
@@ -128,16 +138,9 @@ int train(int argc, char** argv) {
     std::cout << version_text();
     return kOk;
   }
-  trainer::log::Level level;
-  const auto level_text = args["log-level"].as<std::string>();
-  if (!trainer::log::parse_level(level_text, &level)) {
-    throw UsageError("--log-level: unknown level '" + level_text +
-                     "'; use trace, debug, info, warn or error");
-  }
   // A launched job's rank; rank 0 logs in full and writes the run dir, the others log warnings.
   const trainer::dist::DistEnv job = trainer::dist::read_process_env();
-  if (job.rank > 0 && level < trainer::log::Level::warn) level = trainer::log::Level::warn;
-  trainer::log::setup(level, job.rank);
+  trainer::cli::setup_logging(args["log-level"].as<std::string>(), job);
   if (!args.count("config")) throw UsageError("--config FILE is required");
 
   std::vector<std::string> overrides;

@@ -133,6 +133,8 @@ struct Trainer::State {
   }
   // The CPU peak of one forward/backward of `net` at `batch` training samples.
   int64_t step_peak(models::NetImpl& net, bool bf16, int64_t batch);
+  // The first `batch` training samples (repeated when the split is smaller), on the CPU.
+  data::Batch first_samples(int64_t batch) const;
   // Ranks that must agree on each step's skip and stop decisions (a group of more than one).
   bool agreeing() const { return group && group->world_size() > 1; }
   // Optimizer updates applied so far: the schedule's clock.
@@ -621,11 +623,15 @@ std::string Trainer::last_checkpoint() const {
   return s_->last_checkpoint;
 }
 
-int64_t Trainer::State::step_peak(models::NetImpl& net, bool bf16, int64_t batch) {
-  if (!device.is_cpu()) throw std::logic_error("memory measurement: the model must be on the CPU");
+data::Batch Trainer::State::first_samples(int64_t batch) const {
   std::vector<int64_t> indices(static_cast<size_t>(batch));
   for (int64_t i = 0; i < batch; ++i) indices[static_cast<size_t>(i)] = i % splits.train->size();
-  const data::Batch b = splits.train->get(indices);
+  return splits.train->get(indices);
+}
+
+int64_t Trainer::State::step_peak(models::NetImpl& net, bool bf16, int64_t batch) {
+  if (!device.is_cpu()) throw std::logic_error("memory measurement: the model must be on the CPU");
+  const data::Batch b = first_samples(batch);
   net.zero_grad(/*set_to_none=*/true);
   const int64_t peak = measure_cpu_peak([&] {
     torch::Tensor loss;
@@ -701,11 +707,7 @@ void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch)
 
 int64_t Trainer::forward_flops() {
   auto& s = *s_;
-  const int64_t batch = s.cfg.data.batch_size;
-  std::vector<int64_t> indices(static_cast<size_t>(batch));
-  for (int64_t i = 0; i < batch; ++i) indices[static_cast<size_t>(i)] = i % s.splits.train->size();
-  const data::Batch b = s.splits.train->get(indices);
-  const auto inputs = b.inputs.to(s.device);  // [B, ...]
+  const auto inputs = s.first_samples(s.cfg.data.batch_size).inputs.to(s.device);  // [B, ...]
   // Evaluation mode leaves batch-norm statistics alone; the counted operations are the same.
   torch::NoGradGuard no_grad;
   s.model->eval();
