@@ -3,8 +3,12 @@
 # beside PyTorch's DistributedDataParallel under torchrun (scripts/bench_ddp.py), same model, data,
 # per-rank batch, optimizer and threads, on Fashion-MNIST; then the cost of the trainer's DDP path
 # at world size 1 (a plain run against `trainer launch --nproc-per-node 1`, a 1-rank Gloo group),
-# and the same for PyTorch (no DDP against DDP under torchrun). Runs alternate between the
+# and the same for PyTorch (no DDP against DDP under torchrun). Alone the trainer builds no reducer;
+# a third world-size-1 run sets dist.reducer_at_world_size_1 to measure the reducer itself. Runs alternate between the
 # implementations, REPEATS times; the medians are printed as markdown tables, appended to $OUT.
+# A world-size-1 overhead is the median over the repeats of each repeat's own ratio (its runs are
+# neighbours in time, so a machine whose speed drifts between repeats affects both alike); a second
+# plain trainer run per repeat gives the same statistic between two identical runs: the noise.
 #
 # The trainer's throughput is taken from <run dir>/metrics.jsonl: the train windows (run.log_every
 # steps each; samples_per_sec summed over the ranks) after the first WARMUP steps, weighted by
@@ -15,7 +19,8 @@
 #
 #   scripts/bench_ddp.sh      Environment: MODELS ("lenet mlp"), BATCH (64 per rank), STEPS (300),
 #                             WARMUP (30), REPEATS (3), THREADS (1 per process, 2 processes),
-#                             WS1_THREADS (2, world-size-1 runs), LOG_EVERY (a divisor of WARMUP
+#                             WS1_THREADS (2, world-size-1 runs), WS2 (1: the 2-process
+#                             comparison; 0: only world size 1), LOG_EVERY (a divisor of WARMUP
 #                             giving >= 4 windows after it), PY_WS1 (1: also PyTorch at world
 #                             size 1), TRAINER (build/trainer), OUT (markdown file, appended to)
 set -euo pipefail
@@ -29,6 +34,7 @@ REPEATS=${REPEATS:-3}
 THREADS=${THREADS:-1}
 WS1_THREADS=${WS1_THREADS:-2}
 PY_WS1=${PY_WS1:-1}
+WS2=${WS2:-1}
 OUT=${OUT:-}
 PY="$ROOT/.venv/bin/python"
 TORCHRUN="$ROOT/.venv/bin/torchrun"
@@ -81,14 +87,16 @@ fail() {  # log
   exit 1
 }
 
-# One trainer run; appends its JSON line to $RESULTS. mode: plain | ddp (under trainer launch).
+# One trainer run; appends its JSON line to $RESULTS. mode: plain | plain2 (the same, again) | ddp
+# (under trainer launch) | reducer (ddp with the reducer at world size 1).
 run_trainer() {  # model mode nproc threads
   local model=$1 mode=$2 nproc=$3 threads=$4 dir targs
   dir=$(mktemp -d "$TMP/run.XXXXXX")
   trainer_args "$model" "$threads" "$dir/run"
-  if [[ $mode == plain ]]; then
+  if [[ $mode == plain* ]]; then
     OMP_NUM_THREADS=$threads "$TRAINER" "${targs[@]}" >"$dir/log" 2>&1 || fail "$dir/log"
   else
+    [[ $mode == reducer ]] && targs+=(--set dist.reducer_at_world_size_1=true)
     OMP_NUM_THREADS=$threads "$TRAINER" launch --standalone --nproc-per-node "$nproc" -- \
       "${targs[@]}" >"$dir/log" 2>&1 || fail "$dir/log"
   fi
@@ -132,10 +140,18 @@ run_python() {  # model mode nproc threads
   grep '^{' <<<"$line" >>"$RESULTS" || fail "$log"
 }
 
+tag() {  # adds the repeat number to the newest result
+  local last
+  last=$(tail -n 1 "$RESULTS")
+  sed -i '$d' "$RESULTS"
+  "$PY" -c 'import json, sys; r = json.loads(sys.argv[1]); r["repeat"] = int(sys.argv[2]); print(json.dumps(r))' \
+    "$last" "$1" >>"$RESULTS"
+}
+
 show() {  # the newest result, one line
   "$PY" -c 'import json, sys
 r = json.loads(sys.stdin.readlines()[-1])
-print("  %(impl)-7s %(mode)-5s %(model)-5s world %(world_size)s, %(threads)s threads: "
+print("  %(impl)-7s %(mode)-7s %(model)-5s world %(world_size)s, %(threads)s threads: "
       "%(samples_per_sec)8.0f samples/s" % r)' <"$RESULTS"
 }
 
@@ -146,17 +162,23 @@ for model in $MODELS; do
   echo "{\"impl\": \"trainer\", \"mode\": \"dry-run\", \"model\": \"$model\", \"parameters\": ${params:-null}}" \
     >>"$RESULTS"
   echo "$model: 2 processes x $THREADS threads"
-  for ((r = 1; r <= REPEATS; r++)); do
+  for ((r = 1; r <= REPEATS * WS2; r++)); do
     run_trainer "$model" ddp 2 "$THREADS"; show
     run_python "$model" ddp 2 "$THREADS"; show
   done
   echo "$model: world size 1, $WS1_THREADS threads"
   for ((r = 1; r <= REPEATS; r++)); do
-    run_trainer "$model" plain 1 "$WS1_THREADS"; show
-    run_trainer "$model" ddp 1 "$WS1_THREADS"; show
+    # Each repeat starts at another place in the order, so that no mode always runs first (the
+    # first run after the PyTorch ones measures slower here).
+    modes=(plain ddp reducer plain2)
+    for ((i = 0; i < 4; i++)); do
+      run_trainer "$model" "${modes[(i + r) % 4]}" 1 "$WS1_THREADS"; tag "$r"; show
+    done
     if [[ $PY_WS1 == 1 ]]; then
-      run_python "$model" plain 1 "$WS1_THREADS"; show
-      run_python "$model" ddp 1 "$WS1_THREADS"; show
+      modes=(plain ddp)
+      for ((i = 0; i < 2; i++)); do
+        run_python "$model" "${modes[(i + r) % 2]}" 1 "$WS1_THREADS"; tag "$r"; show
+      done
     fi
   done
 done
@@ -182,31 +204,51 @@ for m in models:  # the parameter counts agree
     note = "equal" if t == p else "DIFFERENT"
     print(f"{m}: parameters trainer {t}, python {p} ({note})")
 first = next(r for r in rows if r["mode"] != "dry-run")
-lines += ["| model | batch per rank | processes | threads per process | trainer samples/s "
-          "| python samples/s | trainer/python samples/s | step time trainer/python |",
-          "|---|---|---|---|---|---|---|---|"]
 threads = {(r["model"], r.get("world_size")): r["threads"] for r in rows if "threads" in r}
+if any(r.get("world_size") == 2 for r in rows):  # the 2-process comparison (WS2=1)
+    lines += ["| model | batch per rank | processes | threads per process | trainer samples/s "
+              "| python samples/s | trainer/python samples/s | step time trainer/python |",
+              "|---|---|---|---|---|---|---|---|"]
+    for m in models:
+        t, p = med("trainer", "ddp", m, 2), med("python", "ddp", m, 2)
+        ratio = t / p if t and p else None
+        lines.append(f"| {m} | {first['batch']} | 2 | {threads.get((m, 2), '?')} | {fmt(t)} | {fmt(p)} "
+                     f"| {ratio:.2f} | {1 / ratio:.2f} |" if ratio else
+                     f"| {m} | {first['batch']} | 2 | ? | {fmt(t)} | {fmt(p)} | – | – |")
+        if ratio:
+            print(f"{m}, 2 processes: trainer {t:.0f} samples/s, python {p:.0f} samples/s: "
+                  f"trainer/python {ratio:.2f} (goal >= 1.0), step time trainer/python "
+                  f"{1 / ratio:.2f} (goal <= 1.0)")
+    lines.append("")
+def paired(impl, mode, m):
+    """Per repeat: the step time in `mode` over the plain step time, less one; their median and
+    the middle half of them (quartiles)."""
+    by = {}
+    for r in rows:
+        if (r["impl"], r["model"], r.get("world_size")) == (impl, m, 1) and "repeat" in r:
+            by.setdefault(r["repeat"], {})[r["mode"]] = r["samples_per_sec"]
+    v = sorted(x["plain"] / x[mode] - 1 for x in by.values() if "plain" in x and mode in x)
+    if not v:
+        return None
+    q = statistics.quantiles(v, n=4, method="inclusive") if len(v) >= 2 else [v[0], v[0], v[0]]
+    return statistics.median(v), q[0], q[2], len(v)
+
+lines += ["| model | batch | threads | implementation | plain samples/s "
+          "| DDP (1 rank) samples/s | DDP overhead (median of repeats) | middle half of repeats |",
+          "|---|---|---|---|---|---|---|---|"]
 for m in models:
-    t, p = med("trainer", "ddp", m, 2), med("python", "ddp", m, 2)
-    ratio = t / p if t and p else None
-    lines.append(f"| {m} | {first['batch']} | 2 | {threads.get((m, 2), '?')} | {fmt(t)} | {fmt(p)} "
-                 f"| {ratio:.2f} | {1 / ratio:.2f} |" if ratio else
-                 f"| {m} | {first['batch']} | 2 | ? | {fmt(t)} | {fmt(p)} | – | – |")
-    if ratio:
-        print(f"{m}, 2 processes: trainer {t:.0f} samples/s, python {p:.0f} samples/s: "
-              f"trainer/python {ratio:.2f} (goal >= 1.0), step time trainer/python "
-              f"{1 / ratio:.2f} (goal <= 1.0)")
-lines += ["", "| model | batch | threads | implementation | plain samples/s "
-          "| DDP (1 rank) samples/s | DDP overhead |", "|---|---|---|---|---|---|---|"]
-for m in models:
-    for impl in ("trainer", "python"):
-        a, b = med(impl, "plain", m, 1), med(impl, "ddp", m, 1)
-        if a is None and b is None:
+    for impl, mode, label in (("trainer", "ddp", "trainer"),
+                              ("trainer", "reducer", "trainer, reducer at world size 1"),
+                              ("trainer", "plain2", "trainer, a second plain run (noise)"),
+                              ("python", "ddp", "python")):
+        a, b = med(impl, "plain", m, 1), med(impl, mode, m, 1)
+        p = paired(impl, mode, m)
+        if p is None:
             continue
-        # Overhead: the step time under DDP over the plain step time, less one.
-        over = f"{100 * (a / b - 1):+.1f}%" if a and b else "–"
-        lines.append(f"| {m} | {first['batch']} | {threads.get((m, 1), '?')} | {impl} | {fmt(a)} "
-                     f"| {fmt(b)} | {over} |")
+        over = f"{100 * p[0]:+.1f}%"
+        spread = f"{100 * p[1]:+.1f}% .. {100 * p[2]:+.1f}% ({p[3]} repeats)"
+        lines.append(f"| {m} | {first['batch']} | {threads.get((m, 1), '?')} | {label} | {fmt(a)} "
+                     f"| {fmt(b)} | {over} | {spread} |")
 text = "\n".join(lines) + "\n"
 print()
 print(text, end="")

@@ -20,7 +20,8 @@
 #   gpt2_bf16                GPT-2 small (12 x 12 heads x 768, context 1024, vocabulary 50257), batch 16
 #   gpt2_ckpt                the same with model.checkpointing=blocks: peak memory and step time
 #   ddp_ws1                  r50_bf16_b256 under `trainer launch --standalone --nproc-per-node 1`
-# Each case runs `trainer bench` and, except ddp_ws1, scripts/bench_reference.py with the same
+#   ddp_ws1_reducer          the same with dist.reducer_at_world_size_1=true (c10d's Reducer alone)
+# Each case runs `trainer bench` and, except ddp_ws1*, scripts/bench_reference.py with the same
 # --config/--set/--warmup/--steps/--json, all on one batch kept on the device (--fixed-batch). A
 # case that would not finish within the time budget (GPU_CHECK_BUDGET_S, default 480 s from the
 # start, build included) is skipped and marked so.
@@ -323,6 +324,7 @@ CASES=(
   "gpt2_bf16|gpu_gpt2.yaml|5|20|25|trainer pytorch"
   "gpt2_ckpt|gpu_gpt2.yaml|5|20|25|trainer|model.checkpointing=blocks"
   "ddp_ws1|gpu_resnet50.yaml|8|25|30|launch"
+  "ddp_ws1_reducer|gpu_resnet50.yaml|8|25|30|launch|dist.reducer_at_world_size_1=true"
   "r50_fp16_b256|gpu_resnet50.yaml|8|25|25|trainer pytorch|amp.dtype=float16"
   "r50_bf16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|data.batch_size=32"
   "r50_fp16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|amp.dtype=float16|data.batch_size=32"
@@ -378,7 +380,7 @@ run_bench() {
 
 # Which cases run: $GPU_CHECK_CASES (names), else all; --dry-run: one of each kind.
 SELECTED=${GPU_CHECK_CASES:-}
-[[ -n "$SELECTED" || $DRY == 0 ]] || SELECTED="r50_bf16_b256 r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1"
+[[ -n "$SELECTED" || $DRY == 0 ]] || SELECTED="r50_bf16_b256 r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1 ddp_ws1_reducer"
 for c in "${CASES[@]}"; do
   IFS='|' read -r -a f <<<"$c"
   name=${f[0]} config=${f[1]} warmup=${f[2]} steps=${f[3]} expect=${f[4]}
@@ -418,7 +420,7 @@ import json, os, sys
 
 bench, out, header = sys.argv[1:4]
 order = ["r50_bf16_b256", "r50_fp16_b256", "r50_bf16_b32", "r50_fp16_b32", "gpt2_bf16",
-         "gpt2_ckpt", "ddp_ws1"]
+         "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer"]
 runs = {}
 for f in sorted(os.listdir(bench)):
     if not f.endswith(".status"):
@@ -477,11 +479,15 @@ for case in order + sorted({k[0] for k in runs} - set(order)):
 def pct(a, b):
     return "%+.1f%%" % (100.0 * (a / b - 1.0)) if isinstance(a, (int, float)) and b else "n/a"
 
-plain, ddp = runs.get(("r50_bf16_b256", "trainer")), runs.get(("ddp_ws1", "launch"))
-if get(ddp, "step_time_ms", "mean") is not None:
-    print("DDP world size 1 (r50_bf16_b256, trainer launch --nproc-per-node 1 vs plain): step time "
-          "%s, samples/s %s" % (pct(get(ddp, "step_time_ms", "mean"), get(plain, "step_time_ms", "mean")),
-                                pct(get(ddp, "samples_per_sec"), get(plain, "samples_per_sec"))))
+plain = runs.get(("r50_bf16_b256", "trainer"))
+for case, what in (("ddp_ws1", ""), ("ddp_ws1_reducer", ", the reducer at world size 1")):
+    ddp = runs.get((case, "launch"))
+    if get(ddp, "step_time_ms", "mean") is None:
+        continue
+    print("DDP world size 1 (r50_bf16_b256, trainer launch --nproc-per-node 1%s vs plain): step "
+          "time %s, samples/s %s" % (what, pct(get(ddp, "step_time_ms", "mean"),
+                                               get(plain, "step_time_ms", "mean")),
+                                     pct(get(ddp, "samples_per_sec"), get(plain, "samples_per_sec"))))
 for impl in ("trainer", "pytorch"):
     a, b = runs.get(("gpt2_bf16", impl)), runs.get(("gpt2_ckpt", impl))
     if get(a, "peak_memory_mb") is None or get(b, "peak_memory_mb") is None:

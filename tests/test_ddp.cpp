@@ -1,11 +1,19 @@
-// DDP over a real one-rank Gloo group in this process: the reducer's averaging and no_sync, and
-// the message for a parameter that gets no gradient.
+// DDP over a real one-rank Gloo group in this process, with c10d's reducer (built alone only when
+// asked) and without it (the default alone): averaging and no_sync, the message for a parameter
+// that gets no gradient.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
+#include <map>
+
+#include "config/loader.h"
 #include "dist/ddp.h"
 #include "dist/process_group.h"
+#include "engine/trainer.h"
 #include "launch/launcher.h"
+#include "temp_dir.h"
 
 namespace {
 
@@ -16,6 +24,14 @@ using trainer::dist::Group;
 
 using trainer::launch::free_port;
 
+// A port for a one-rank group's store (taken by a test beside this one: a few tries, see below).
+DistEnv one_rank_env() {
+  DistEnv env;
+  env.source = "torchrun";
+  env.master_port = free_port();
+  return env;
+}
+
 // A free port can be taken by a test running beside this one before the store binds it: a few
 // tries, each on a fresh port.
 std::unique_ptr<Group> one_rank_group() {
@@ -23,11 +39,8 @@ std::unique_ptr<Group> one_rank_group() {
   options.init_timeout_s = 30;
   options.timeout_s = 30;
   for (int attempt = 1;; ++attempt) {
-    DistEnv env;
-    env.source = "torchrun";
-    env.master_port = free_port();
     try {
-      return std::make_unique<Group>(env, options);
+      return std::make_unique<Group>(one_rank_env(), options);
     } catch (const trainer::dist::GroupError&) {
       if (attempt == 3) throw;
     }
@@ -48,7 +61,22 @@ struct TwoLayersImpl : torch::nn::Module {
 };
 TORCH_MODULE(TwoLayers);
 
-TEST(Ddp, GradientsOfOneRankAreItsOwnAndAccumulateUnderNoSync) {
+// Each test runs with the reducer (as in a larger group) and without it (a group of one's default).
+class DdpAlone : public ::testing::TestWithParam<bool> {
+ protected:
+  DdpOptions options() const {
+    DdpOptions o;
+    o.reducer_when_alone = GetParam();
+    return o;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Ddp, DdpAlone, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "WithReducer" : "WithoutReducer";
+                         });
+
+TEST_P(DdpAlone, GradientsOfOneRankAreItsOwnAndAccumulateUnderNoSync) {
   auto group = one_rank_group();
   TwoLayers model;
   TwoLayers reference;
@@ -58,7 +86,7 @@ TEST(Ddp, GradientsOfOneRankAreItsOwnAndAccumulateUnderNoSync) {
       reference->parameters()[i].copy_(model->parameters()[i]);
     }
   }
-  DataParallel ddp(*model, model->named_parameters().pairs(), *group, DdpOptions{});
+  DataParallel ddp(*model, model->named_parameters().pairs(), *group, options());
   auto x1 = torch::randn({5, 4}), x2 = torch::randn({5, 4});
   // Two micro-batches: the first without communication (no_sync), the second syncs.
   for (int step = 0; step < 3; ++step) {
@@ -80,14 +108,20 @@ TEST(Ddp, GradientsOfOneRankAreItsOwnAndAccumulateUnderNoSync) {
                                   1e-6, 1e-7))
           << "step " << step << " parameter " << i;
     }
+    // The reducer's gradients are views into its buckets; without it they are autograd's own.
+    EXPECT_EQ(model->used->weight.grad().is_alias_of(model->spare->weight.grad()), GetParam());
   }
-  EXPECT_GE(ddp.buckets(), 1);
+  if (GetParam()) {
+    EXPECT_GE(ddp.buckets(), 1);
+  } else {
+    EXPECT_EQ(ddp.buckets(), 0);
+  }
 }
 
-TEST(Ddp, AParameterWithoutGradientIsNamedWithTheOption) {
+TEST_P(DdpAlone, AParameterWithoutGradientIsNamedWithTheOption) {
   auto group = one_rank_group();
   TwoLayers model;
-  DataParallel ddp(*model, model->named_parameters().pairs(), *group, DdpOptions{});
+  DataParallel ddp(*model, model->named_parameters().pairs(), *group, options());
   model->zero_grad(/*set_to_none=*/true);
   ddp.before_forward(/*first=*/true, /*sync=*/true);
   auto loss = model->forward(torch::randn({2, 4}), /*use_spare=*/false).sum();
@@ -104,12 +138,12 @@ TEST(Ddp, AParameterWithoutGradientIsNamedWithTheOption) {
   }
 }
 
-TEST(Ddp, FindUnusedParametersAllowsThem) {
+TEST_P(DdpAlone, FindUnusedParametersAllowsThem) {
   auto group = one_rank_group();
   TwoLayers model;
-  DdpOptions options;
-  options.find_unused_parameters = true;
-  DataParallel ddp(*model, model->named_parameters().pairs(), *group, options);
+  DdpOptions o = options();
+  o.find_unused_parameters = true;
+  DataParallel ddp(*model, model->named_parameters().pairs(), *group, o);
   for (int step = 0; step < 2; ++step) {
     model->zero_grad(/*set_to_none=*/true);
     ddp.before_forward(/*first=*/true, /*sync=*/true);
@@ -131,6 +165,99 @@ TEST(Ddp, GroupCollectivesOfOneRank) {
   group->all_reduce({t}, trainer::dist::Reduce::avg);
   EXPECT_TRUE(torch::equal(t, torch::tensor({1.0f, 4.0f})));
   group->barrier();
+}
+
+// The ATen operators this thread runs while an OperatorCount lives, by name.
+class OperatorCount {
+ public:
+  OperatorCount() {
+    counts() = {};
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                       -> std::unique_ptr<at::ObserverContext> {
+          ++counts()[fn.name()];
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~OperatorCount() { at::removeCallback(handle_); }
+  OperatorCount(const OperatorCount&) = delete;
+  OperatorCount& operator=(const OperatorCount&) = delete;
+
+  static std::map<std::string, int64_t>& counts() {
+    thread_local std::map<std::string, int64_t> by_name;
+    return by_name;
+  }
+
+ private:
+  at::CallbackHandle handle_;
+};
+
+struct Quiet : trainer::engine::StepObserver {
+  void begin_step() override {}
+  void begin(trainer::engine::Phase) override {}
+  void end_step(const torch::Tensor&) override {}
+};
+
+// "name: plain count -> launched count" for each operator whose counts differ.
+std::string differences(const std::map<std::string, int64_t>& a,
+                        const std::map<std::string, int64_t>& b) {
+  std::map<std::string, std::pair<int64_t, int64_t>> both;
+  for (const auto& [name, n] : a) both[name].first = n;
+  for (const auto& [name, n] : b) both[name].second = n;
+  std::string out;
+  for (const auto& [name, n] : both) {
+    if (n.first != n.second) {
+      out += name + ": " + std::to_string(n.first) + " -> " + std::to_string(n.second) + "\n";
+    }
+  }
+  return out;
+}
+
+// A job of one process trains without the reducer: its steps run exactly the operators of a plain
+// run's steps (with the reducer, the copies into its buckets and its bookkeeping come on top).
+TEST(DdpEngine, AJobOfOneRunsThePlainStepsOperators) {
+  trainer::test_support::TempDir tmp("ddp_engine");
+  const auto path = tmp / "run.yaml";
+  std::ofstream(path) << "seed: 3\ndevice: cpu\nmodel: {name: mlp, hidden: [32, 16]}\n"
+                         "data: {name: synthetic, shape: [24], num_classes: 4, "
+                         "train_samples: 64, val_samples: 16, batch_size: 8, workers: 0}\n"
+                         "train: {grad_accum_steps: 2}\noptim: {name: sgd, momentum: 0.9}\n"
+                         "run: {threads: 1, progress: never, dir: "
+                      << (tmp / "out").string() << "}\n";
+  // Operators of three steps after a first (which sets buckets up) by a trainer for `job`.
+  auto step_operators = [&](const DistEnv& job, bool reducer) {
+    auto loaded = trainer::config::load(
+        path.string(),
+        {std::string("dist.reducer_at_world_size_1=") + (reducer ? "true" : "false")});
+    trainer::config::check(loaded, trainer::config::Environment{});
+    trainer::engine::Trainer trainer(loaded, job);
+    Quiet quiet;
+    trainer.run_steps(/*steps=*/1, quiet, /*fixed_batch=*/true);
+    OperatorCount count;
+    trainer.run_steps(/*steps=*/3, quiet, /*fixed_batch=*/true);
+    return OperatorCount::counts();
+  };
+  const auto plain = step_operators(DistEnv{}, false);
+  ASSERT_GT(plain.count("aten::addmm"), 0u);
+  for (const bool reducer : {false, true}) {
+    SCOPED_TRACE(reducer ? "with the reducer" : "without the reducer");
+    std::map<std::string, int64_t> launched;
+    for (int attempt = 1; attempt <= 3; ++attempt) {  // a port taken meanwhile: a fresh one
+      try {
+        launched = step_operators(one_rank_env(), reducer);
+        break;
+      } catch (const trainer::dist::GroupError&) {
+        if (attempt == 3) throw;
+      }
+    }
+    const std::string diff = differences(plain, launched);
+    if (reducer) {
+      EXPECT_NE(diff, "");
+    } else {
+      EXPECT_EQ(diff, "");
+    }
+    std::cout << (reducer ? "with" : "without") << " the reducer:\n" << diff;
+  }
 }
 
 }  // namespace

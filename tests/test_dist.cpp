@@ -151,6 +151,29 @@ TEST_F(Dist, SyncBatchNormTrainsAsTheGlobalBatch) {
   EXPECT_GT(unsynced, 20 * synced);
 }
 
+// A job of one process (no reducer by default; with it when asked) trains bit for bit as a plain
+// run: ResNet-18 with dist.sync_bn (plain batch norm alone) and gradient accumulation (no_sync).
+TEST_F(Dist, AJobOfOneTrainsAsAPlainRun) {
+  const std::string common =
+      "--config configs/synthetic.yaml --set model.name=resnet18 --set model.stem=cifar "
+      "--set data.shape=[3,8,8] --set model.dropout=0 --set train.max_steps=3 "
+      "--set data.batch_size=4 --set train.grad_accum_steps=2 --set dist.sync_bn=true "
+      "--set run.progress=never --set train.eval_at_end=false --set run.threads=1";
+  const fs::path plain = dir_ / "plain";
+  ASSERT_EQ(run(common + " --run-dir '" + plain.string() + "'").code, 0);
+  for (const bool reducer : {false, true}) {
+    SCOPED_TRACE(reducer ? "with the reducer" : "without the reducer");
+    const fs::path one = dir_ / (reducer ? "reducer" : "alone");
+    const auto r = launch("--nproc-per-node 1", common + " --set dist.reducer_at_world_size_1=" +
+                                                    (reducer ? "true" : "false") + " --run-dir '" +
+                                                    one.string() + "'");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(
+        max_abs_diff(plain / "checkpoints" / step_file(3), one / "checkpoints" / step_file(3)),
+        0.0);
+  }
+}
+
 // Activation checkpointing inside DDP: a block's parameters get their gradients when its
 // recomputation ends, the reducer's hooks fire then, and the result is bit for bit the plain one.
 TEST_F(Dist, CheckpointedBlocksTrainAsPlainOnes) {

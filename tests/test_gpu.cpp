@@ -26,7 +26,8 @@ namespace fs = std::filesystem;
 #define SKIP_WITHOUT_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible"
 
-config::LoadedConfig synthetic_run(const fs::path& dir, const std::string& device) {
+config::LoadedConfig synthetic_run(const fs::path& dir, const std::string& device,
+                                   const std::vector<std::string>& overrides = {}) {
   fs::create_directories(dir);
   const fs::path cfg = dir / "run.yaml";
   std::ofstream(cfg) << "seed: 3\ndeterministic: true\ndevice: " << device
@@ -35,7 +36,7 @@ config::LoadedConfig synthetic_run(const fs::path& dir, const std::string& devic
                         "val_samples: 64, batch_size: 32, workers: 1}\n"
                         "train: {max_steps: 16}\noptim: {lr: 0.05}\nrun: {log_every: 4, dir: "
                      << (dir / "run").string() << "}\n";
-  auto loaded = config::load(cfg.string(), {});
+  auto loaded = config::load(cfg.string(), overrides);
   config::Environment env;
   env.cuda_available = torch::cuda::is_available();
   env.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
@@ -71,21 +72,28 @@ TEST(Gpu, DeterministicCudaRunsRepeat) {
 // through c10d's Reducer trains to the same weights as a plain run.
 TEST(GpuDist, NcclGroupOfOneTrainsAsAPlainRun) {
   SKIP_WITHOUT_CUDA();
-  test_support::TempDir plain_dir("gpu"), ddp_dir("gpu");
-  auto plain_cfg = synthetic_run(plain_dir.path(), "cuda");
-  auto ddp_cfg = synthetic_run(ddp_dir.path(), "cuda");
-  dist::DistEnv job;
-  job.source = "torchrun";
-  job.master_port = launch::free_port();
-  Trainer plain(plain_cfg), ddp(ddp_cfg, job);
-  EXPECT_NE(ddp.summary().find("nccl"), std::string::npos) << ddp.summary();
+  test_support::TempDir plain_dir("gpu");
+  Trainer plain(synthetic_run(plain_dir.path(), "cuda"));
   const auto a = plain.fit();
-  const auto b = ddp.fit();
-  EXPECT_EQ(b.steps, 16);
-  EXPECT_NEAR(a.last_eval.loss, b.last_eval.loss, 1e-4);
-  auto pa = plain.model().parameters(), pb = ddp.model().parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(pa[i], pb[i], 1e-5, 1e-6)) << i;
+  // Alone without the reducer (the default), and with it (NCCL's path of a larger group).
+  for (const bool reducer : {false, true}) {
+    SCOPED_TRACE(reducer ? "with the reducer" : "without the reducer");
+    test_support::TempDir ddp_dir("gpu");
+    auto ddp_cfg = synthetic_run(
+        ddp_dir.path(), "cuda",
+        {std::string("dist.reducer_at_world_size_1=") + (reducer ? "true" : "false")});
+    dist::DistEnv job;
+    job.source = "torchrun";
+    job.master_port = launch::free_port();
+    Trainer ddp(ddp_cfg, job);
+    EXPECT_NE(ddp.summary().find("nccl"), std::string::npos) << ddp.summary();
+    const auto b = ddp.fit();
+    EXPECT_EQ(b.steps, 16);
+    EXPECT_NEAR(a.last_eval.loss, b.last_eval.loss, 1e-4);
+    auto pa = plain.model().parameters(), pb = ddp.model().parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(pa[i], pb[i], 1e-5, 1e-6)) << i;
+    }
   }
 }
 

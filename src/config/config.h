@@ -255,8 +255,9 @@ struct DistConfig {
   bool find_unused_parameters = false;  // allow parameters that get no gradient in a step
   bool broadcast_buffers = true;        // copy rank 0's buffers (batch-norm statistics) each step
   bool sync_bn = false;                 // batch norm over the global batch (statistics all-reduced)
-  double init_timeout_s = 300.0;        // rendezvous: how long to wait for every rank
-  double timeout_s = 600.0;             // a collective that takes longer ends the run
+  bool reducer_at_world_size_1 = false;  // the reducer even in a one-process job (to measure it)
+  double init_timeout_s = 300.0;         // rendezvous: how long to wait for every rank
+  double timeout_s = 600.0;              // a collective that takes longer ends the run
 
   template <class V>
   void visit(V& v) {
@@ -266,6 +267,7 @@ struct DistConfig {
     v("find_unused_parameters", find_unused_parameters);
     v("broadcast_buffers", broadcast_buffers);
     v("sync_bn", sync_bn);
+    v("reducer_at_world_size_1", reducer_at_world_size_1);
     v("init_timeout_s", init_timeout_s);
     v("timeout_s", timeout_s);
   }

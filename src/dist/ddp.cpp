@@ -44,6 +44,7 @@ DataParallel::DataParallel(torch::nn::Module& model,
   }
   for (const auto& b : model.buffers(/*recurse=*/true)) buffers_.push_back(b);
   if (params_.empty()) throw std::runtime_error("DDP: the model has no trainable parameters");
+  if (group.world_size() == 1 && !options.reducer_when_alone) return;
   broadcast_state();
 
   // As torch.nn.parallel.DistributedDataParallel does: without unused-parameter detection, one
@@ -73,8 +74,8 @@ DataParallel::DataParallel(torch::nn::Module& model,
   // As DistributedDataParallel does: the reducer keeps a weak reference to its logger.
   logger_ = std::make_shared<c10d::Logger>(reducer_);
   reducer_->set_logger(logger_);
-  // Alone, there is nothing to average: the reducer's hooks and buckets run as in a larger
-  // group, without a collective.
+  // Alone (reducer_when_alone), there is nothing to average: the reducer's hooks and buckets run
+  // as in a larger group, without a collective.
   if (group.world_size() == 1) reducer_->register_comm_hook(std::make_unique<OneRankHook>());
   const auto device = params_.front().device();
   logger_->set_construction_data_and_log(
@@ -89,6 +90,7 @@ DataParallel::~DataParallel() {
 }
 
 void DataParallel::broadcast_state() {
+  if (group_.world_size() == 1) return;
   std::vector<torch::Tensor> state;
   for (const auto& p : model_.parameters(/*recurse=*/true)) state.push_back(p.detach());
   for (const auto& b : buffers_) state.push_back(b);
@@ -97,6 +99,7 @@ void DataParallel::broadcast_state() {
 }
 
 void DataParallel::before_forward(bool first, bool sync) {
+  if (!reducer_) return;
   if (sync) reducer_->prepare_for_forward();
   // After the first step: buckets in the order gradients became ready (a collective; a no-op
   // once done).
@@ -108,29 +111,43 @@ void DataParallel::before_forward(bool first, bool sync) {
 }
 
 void DataParallel::after_forward(const torch::Tensor& loss, bool sync) {
-  if (!sync) return;
+  if (!sync || !reducer_) return;
   reducer_->prepare_for_backward(options_.find_unused_parameters ? std::vector<torch::Tensor>{loss}
                                                                  : std::vector<torch::Tensor>{});
 }
 
 void DataParallel::after_backward() {
-  try {
-    reducer_->check_finalized();
-  } catch (const c10::Error&) {
-    std::string unused;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].grad().defined()) continue;
-      unused += (unused.empty() ? "" : ", ") + names_[i];
+  if (reducer_) {
+    try {
+      reducer_->check_finalized();
+      return;
+    } catch (const c10::Error&) {
+      throw_unused(/*reducing=*/true);
     }
-    throw std::runtime_error(
-        "DDP: the gradient reduction did not finish because parameter(s) " +
-        (unused.empty() ? std::string("of the model") : unused) +
-        " got no gradient in this step; set dist.find_unused_parameters: true when the model "
-        "leaves parameters unused in some steps");
+  }
+  // Alone: the check a reducer makes in a larger group.
+  if (options_.find_unused_parameters) return;
+  for (const auto& p : params_) {
+    if (!p.grad().defined()) throw_unused(/*reducing=*/false);
   }
 }
 
+void DataParallel::throw_unused(bool reducing) const {
+  std::string unused;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].grad().defined()) continue;
+    unused += (unused.empty() ? "" : ", ") + names_[i];
+  }
+  throw std::runtime_error(
+      std::string(reducing ? "DDP: the gradient reduction did not finish because parameter(s) "
+                           : "DDP: parameter(s) ") +
+      (unused.empty() ? std::string("of the model") : unused) +
+      " got no gradient in this step; set dist.find_unused_parameters: true when the model "
+      "leaves parameters unused in some steps");
+}
+
 int64_t DataParallel::buckets() const {
+  if (!reducer_) return 0;
   return static_cast<int64_t>(reducer_->get_grad_buckets(/*return_zero_tensors=*/false).size());
 }
 

@@ -24,6 +24,7 @@ struct DdpOptions {
   double first_bucket_mb = 1.0;         // the first bucket: the last layers' gradients, sent early
   bool find_unused_parameters = false;  // traverse the graph each step for unused parameters
   bool broadcast_buffers = true;        // rank 0's buffers to every rank before each step
+  bool reducer_when_alone = false;      // build the reducer in a group of one too (to measure it)
 };
 
 // Wraps the calls one training step makes around its micro-batches:
@@ -36,6 +37,11 @@ struct DdpOptions {
 // Micro-batches with sync false only accumulate gradients locally (DDP's no_sync). After the
 // last backward the parameters' gradients are views into the reducer's buckets: clear them by
 // resetting (`p.mutable_grad().reset()`); Optimizer::zero_grad cannot detach views.
+//
+// In a group of one there is nothing to broadcast or average: unless `reducer_when_alone`, no
+// reducer is built (as torchtitan and Lightning train one process without the DDP wrapper), the
+// gradients stay autograd's own, and only the unused-parameter check remains, so that a model
+// fails alone as it would in a larger group.
 class DataParallel {
  public:
   // Broadcasts `model`'s parameters and buffers from rank 0 and registers the reducer's hooks on
@@ -58,18 +64,23 @@ class DataParallel {
   // Rank 0's parameters and buffers to every rank (after loading a checkpoint on one rank).
   void broadcast_state();
 
-  // Buckets of the current assignment (rebuilt after the first step in gradient order).
+  // Buckets of the current assignment (rebuilt after the first step in gradient order); 0 when
+  // there is no reducer (a group of one).
   int64_t buckets() const;
 
  private:
+  // Throws the message naming the parameters without a gradient (`reducing`: the reducer's
+  // reduction was left unfinished by them).
+  [[noreturn]] void throw_unused(bool reducing) const;
+
   torch::nn::Module& model_;
   Group& group_;
   DdpOptions options_;
   std::vector<torch::Tensor> params_;  // those the reducer averages, in the model's order
   std::vector<std::string> names_;     // their names
   std::vector<torch::Tensor> buffers_;
-  std::shared_ptr<c10d::Reducer> reducer_;
-  std::shared_ptr<c10d::Logger> logger_;  // the reducer reports to it (and needs one)
+  std::shared_ptr<c10d::Reducer> reducer_;  // null in a group of one (see reducer_when_alone)
+  std::shared_ptr<c10d::Logger> logger_;    // the reducer reports to it (and needs one)
 };
 
 }  // namespace trainer::dist
