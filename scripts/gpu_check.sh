@@ -455,7 +455,7 @@ def num(v, fmt):
     return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
 print(header)
-cols = "%-14s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s"
+cols = "%-15s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s"
 print(cols % ("case", "impl", "precision", "samples/s", "tokens/s", "step p50", "step p90",
               "peak MB", "TFLOPS", "MFU", "vs torch"))
 for case in order + sorted({k[0] for k in runs} - set(order)):
@@ -464,7 +464,7 @@ for case in order + sorted({k[0] for k in runs} - set(order)):
         if r is None:
             continue
         if "result" not in r:
-            print("%-14s %-8s %s" % (case, impl, r["status"]))
+            print("%-15s %-8s %s" % (case, impl, r["status"]))
             continue
         ref = runs.get((case, "pytorch"))
         ratio = ""
