@@ -59,6 +59,7 @@ cd "$ROOT"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/bench_ddp.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 RESULTS=$TMP/results.jsonl
+REPEAT=0  # the repeat under way, recorded with each result
 : >"$RESULTS"
 
 # The conditions.
@@ -101,7 +102,7 @@ run_trainer() {  # model mode nproc threads
       "${targs[@]}" >"$dir/log" 2>&1 || fail "$dir/log"
   fi
   "$PY" - "$dir/run/metrics.jsonl" "$model" "$mode" "$nproc" "$threads" "$BATCH" "$STEPS" \
-    "$WARMUP" >>"$RESULTS" <<'PY' || fail "$dir/log"
+    "$WARMUP" <<'PY' | record || fail "$dir/log"
 import json, sys
 path, model, mode = sys.argv[1:4]
 world, threads, batch, steps, warmup = map(int, sys.argv[4:9])
@@ -137,15 +138,13 @@ run_python() {  # model mode nproc threads
     line=$(OMP_NUM_THREADS=$threads "$TORCHRUN" --standalone --nproc-per-node "$nproc" \
       scripts/bench_ddp.py "${args[@]}" 2>"$log") || fail "$log"
   fi
-  grep '^{' <<<"$line" >>"$RESULTS" || fail "$log"
+  grep '^{' <<<"$line" | record || fail "$log"
 }
 
-tag() {  # adds the repeat number to the newest result
-  local last
-  last=$(tail -n 1 "$RESULTS")
-  sed -i '$d' "$RESULTS"
-  "$PY" -c 'import json, sys; r = json.loads(sys.argv[1]); r["repeat"] = int(sys.argv[2]); print(json.dumps(r))' \
-    "$last" "$1" >>"$RESULTS"
+record() {  # the JSON lines on stdin, each with the current repeat ($REPEAT), onto $RESULTS
+  "$PY" -c 'import json, sys
+for line in sys.stdin:
+    print(json.dumps({**json.loads(line), "repeat": int(sys.argv[1])}))' "$REPEAT" >>"$RESULTS"
 }
 
 show() {  # the newest result, one line
@@ -162,22 +161,22 @@ for model in $MODELS; do
   echo "{\"impl\": \"trainer\", \"mode\": \"dry-run\", \"model\": \"$model\", \"parameters\": ${params:-null}}" \
     >>"$RESULTS"
   echo "$model: 2 processes x $THREADS threads"
-  for ((r = 1; r <= REPEATS * WS2; r++)); do
+  for ((REPEAT = 1; REPEAT <= REPEATS * WS2; REPEAT++)); do
     run_trainer "$model" ddp 2 "$THREADS"; show
     run_python "$model" ddp 2 "$THREADS"; show
   done
   echo "$model: world size 1, $WS1_THREADS threads"
-  for ((r = 1; r <= REPEATS; r++)); do
+  for ((REPEAT = 1; REPEAT <= REPEATS; REPEAT++)); do
     # Each repeat starts at another place in the order, so that no mode always runs first (the
     # first run after the PyTorch ones measures slower here).
     modes=(plain ddp reducer plain2)
     for ((i = 0; i < 4; i++)); do
-      run_trainer "$model" "${modes[(i + r) % 4]}" 1 "$WS1_THREADS"; tag "$r"; show
+      run_trainer "$model" "${modes[(i + REPEAT) % 4]}" 1 "$WS1_THREADS"; show
     done
     if [[ $PY_WS1 == 1 ]]; then
       modes=(plain ddp)
       for ((i = 0; i < 2; i++)); do
-        run_python "$model" "${modes[(i + r) % 2]}" 1 "$WS1_THREADS"; tag "$r"; show
+        run_python "$model" "${modes[(i + REPEAT) % 2]}" 1 "$WS1_THREADS"; show
       done
     fi
   done

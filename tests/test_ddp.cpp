@@ -24,27 +24,27 @@ using trainer::dist::Group;
 
 using trainer::launch::free_port;
 
-// A port for a one-rank group's store (taken by a test beside this one: a few tries, see below).
-DistEnv one_rank_env() {
-  DistEnv env;
-  env.source = "torchrun";
-  env.master_port = free_port();
-  return env;
-}
-
-// A free port can be taken by a test running beside this one before the store binds it: a few
-// tries, each on a fresh port.
-std::unique_ptr<Group> one_rank_group() {
-  trainer::dist::GroupOptions options;
-  options.init_timeout_s = 30;
-  options.timeout_s = 30;
+// `start` of a one-rank job on a free port. The port can be taken by a test running beside this
+// one before the store binds it: a few tries, each on a fresh port.
+template <class Start>
+auto on_a_free_port(Start start) {
   for (int attempt = 1;; ++attempt) {
+    DistEnv env;
+    env.source = "torchrun";
+    env.master_port = free_port();
     try {
-      return std::make_unique<Group>(one_rank_env(), options);
+      return start(env);
     } catch (const trainer::dist::GroupError&) {
       if (attempt == 3) throw;
     }
   }
+}
+
+std::unique_ptr<Group> one_rank_group() {
+  trainer::dist::GroupOptions options;
+  options.init_timeout_s = 30;
+  options.timeout_s = 30;
+  return on_a_free_port([&](const DistEnv& env) { return std::make_unique<Group>(env, options); });
 }
 
 // Two layers; the second is used only when asked.
@@ -66,7 +66,7 @@ class DdpAlone : public ::testing::TestWithParam<bool> {
  protected:
   DdpOptions options() const {
     DdpOptions o;
-    o.reducer_when_alone = GetParam();
+    o.reducer_at_world_size_1 = GetParam();
     return o;
   }
 };
@@ -241,15 +241,8 @@ TEST(DdpEngine, AJobOfOneRunsThePlainStepsOperators) {
   ASSERT_GT(plain.count("aten::addmm"), 0u);
   for (const bool reducer : {false, true}) {
     SCOPED_TRACE(reducer ? "with the reducer" : "without the reducer");
-    std::map<std::string, int64_t> launched;
-    for (int attempt = 1; attempt <= 3; ++attempt) {  // a port taken meanwhile: a fresh one
-      try {
-        launched = step_operators(one_rank_env(), reducer);
-        break;
-      } catch (const trainer::dist::GroupError&) {
-        if (attempt == 3) throw;
-      }
-    }
+    const auto launched =
+        on_a_free_port([&](const DistEnv& env) { return step_operators(env, reducer); });
     const std::string diff = differences(plain, launched);
     if (reducer) {
       EXPECT_NE(diff, "");

@@ -44,7 +44,7 @@ DataParallel::DataParallel(torch::nn::Module& model,
   }
   for (const auto& b : model.buffers(/*recurse=*/true)) buffers_.push_back(b);
   if (params_.empty()) throw std::runtime_error("DDP: the model has no trainable parameters");
-  if (group.world_size() == 1 && !options.reducer_when_alone) return;
+  if (group.world_size() == 1 && !options.reducer_at_world_size_1) return;
   broadcast_state();
 
   // As torch.nn.parallel.DistributedDataParallel does: without unused-parameter detection, one
@@ -74,8 +74,8 @@ DataParallel::DataParallel(torch::nn::Module& model,
   // As DistributedDataParallel does: the reducer keeps a weak reference to its logger.
   logger_ = std::make_shared<c10d::Logger>(reducer_);
   reducer_->set_logger(logger_);
-  // Alone (reducer_when_alone), there is nothing to average: the reducer's hooks and buckets run
-  // as in a larger group, without a collective.
+  // Alone (reducer_at_world_size_1), there is nothing to average: the reducer's hooks and buckets
+  // run as in a larger group, without a collective.
   if (group.world_size() == 1) reducer_->register_comm_hook(std::make_unique<OneRankHook>());
   const auto device = params_.front().device();
   logger_->set_construction_data_and_log(

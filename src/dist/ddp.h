@@ -20,11 +20,11 @@ class Reducer;
 namespace trainer::dist {
 
 struct DdpOptions {
-  double bucket_cap_mb = 25.0;          // bucket size after the first
-  double first_bucket_mb = 1.0;         // the first bucket: the last layers' gradients, sent early
-  bool find_unused_parameters = false;  // traverse the graph each step for unused parameters
-  bool broadcast_buffers = true;        // rank 0's buffers to every rank before each step
-  bool reducer_when_alone = false;      // build the reducer in a group of one too (to measure it)
+  double bucket_cap_mb = 25.0;           // bucket size after the first
+  double first_bucket_mb = 1.0;          // the first bucket: the last layers' gradients, sent early
+  bool find_unused_parameters = false;   // traverse the graph each step for unused parameters
+  bool broadcast_buffers = true;         // rank 0's buffers to every rank before each step
+  bool reducer_at_world_size_1 = false;  // the reducer in a group of one too (to measure it)
 };
 
 // Wraps the calls one training step makes around its micro-batches:
@@ -38,7 +38,7 @@ struct DdpOptions {
 // last backward the parameters' gradients are views into the reducer's buckets: clear them by
 // resetting (`p.mutable_grad().reset()`); Optimizer::zero_grad cannot detach views.
 //
-// In a group of one there is nothing to broadcast or average: unless `reducer_when_alone`, no
+// In a group of one there is nothing to broadcast or average: unless `reducer_at_world_size_1`, no
 // reducer is built (as torchtitan and Lightning train one process without the DDP wrapper), the
 // gradients stay autograd's own, and only the unused-parameter check remains, so that a model
 // fails alone as it would in a larger group.
@@ -79,7 +79,7 @@ class DataParallel {
   std::vector<torch::Tensor> params_;  // those the reducer averages, in the model's order
   std::vector<std::string> names_;     // their names
   std::vector<torch::Tensor> buffers_;
-  std::shared_ptr<c10d::Reducer> reducer_;  // null in a group of one (see reducer_when_alone)
+  std::shared_ptr<c10d::Reducer> reducer_;  // null in a group of one (see reducer_at_world_size_1)
   std::shared_ptr<c10d::Logger> logger_;    // the reducer reports to it (and needs one)
 };
 

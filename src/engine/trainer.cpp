@@ -257,14 +257,14 @@ Trainer::Trainer(const config::LoadedConfig& config, const dist::DistEnv& job)
     ddp.first_bucket_mb = cfg.dist.first_bucket_mb;
     ddp.find_unused_parameters = cfg.dist.find_unused_parameters;
     ddp.broadcast_buffers = cfg.dist.broadcast_buffers;
-    ddp.reducer_when_alone = cfg.dist.reducer_at_world_size_1;
+    ddp.reducer_at_world_size_1 = cfg.dist.reducer_at_world_size_1;
     s_->ddp = std::make_unique<dist::DataParallel>(
         *s_->model, models::unique_named_parameters(*s_->model), *s_->group, ddp);
   }
   if (s_->group && cfg.dist.sync_bn) {
     dist::Group* group = s_->group.get();  // outlives the model (declared before it)
     nn::BatchNormSync sync{group->rank(), group->world_size(), {}};
-    // Alone, the global batch is this process's: plain batch norm.
+    // Alone, the global batch is this process's: plain batch norm (no sum).
     if (group->world_size() > 1) {
       sync.sum = [group](torch::Tensor& t) { group->all_reduce({t}, dist::Reduce::sum); };
     }
