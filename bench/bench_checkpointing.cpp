@@ -104,17 +104,16 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   torch::set_num_threads(static_cast<int>(threads));
 
-  trainer::config::ModelConfig cfg;
-  cfg.name = model_name;
+  trainer::config::ModelConfig cfg = trainer::models::default_model_config(model_name);
   cfg.checkpointing = checkpointing;
-  cfg.n_layer = n_layer;
-  cfg.block_size = block_size;
-  cfg.dropout = 0.0;
+  cfg.options.set("n_layer", n_layer);
+  cfg.options.set("block_size", block_size);
+  cfg.options.set("dropout", 0.0);
   const trainer::models::InputSpec input = gpt ? trainer::models::InputSpec{{block_size}, 50257}
                                                : trainer::models::InputSpec{{3, 224, 224}, 1000};
   trainer::models::Net model;
   try {
-    model = trainer::models::model_registry().get(cfg.name)(cfg, input);
+    model = trainer::models::build_model(cfg, input);
   } catch (const std::exception& e) {
     usage(e.what());
   }

@@ -16,6 +16,7 @@
 
 #include "config/loader.h"
 #include "data/dataset.h"
+#include "engine/components.h"
 
 namespace {
 
@@ -51,10 +52,11 @@ int main(int argc, char** argv) {
   if (path.empty()) usage("--config is required");
   if (batches < 1 || warmup < 0) usage("--batches must be >= 1 and --warmup >= 0");
   try {
-    const auto loaded = trainer::config::load(path, overrides);
+    const auto loaded = trainer::engine::load_config(path, overrides);
     const auto& cfg = loaded.cfg;
     if (cfg.run.threads > 0) torch::set_num_threads(static_cast<int>(cfg.run.threads));
-    const auto splits = trainer::data::dataset_registry().get(cfg.data.name)(cfg.data, cfg.seed);
+    const auto splits = trainer::data::dataset_registry().get(cfg.data.name)(
+        cfg.data, trainer::engine::data_context(cfg));
     trainer::data::LoaderOptions options;
     options.batch_size = cfg.data.batch_size;
     options.workers = cfg.data.workers;

@@ -1,15 +1,11 @@
-// Registration functions of the built-in models, called once by model_registry().
+// What the built-in models' files share: the checkpointing policy and the options of the models'
+// common keys.
 #pragma once
 
 #include "models/model.h"
 #include "nn/activation_checkpoint.h"
 
 namespace trainer::models {
-
-void register_mlp(ModelRegistry& registry);
-void register_lenet(ModelRegistry& registry);
-void register_gpt(ModelRegistry& registry);
-void register_resnet(ModelRegistry& registry);
 
 // The blocks `model.checkpointing` selects. Throws ModelError when the setting is malformed, or
 // when it asks for checkpointing and `has_blocks` is false.

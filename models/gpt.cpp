@@ -1,8 +1,8 @@
 // gpt: a GPT-2-style decoder-only transformer (nanoGPT's layout and parameter names).
 //
 // Input: token ids [B, T] (int64, T <= block_size). Output: next-token logits [B, T, vocab].
-// The vocabulary is `model.vocab_size`; when that is 0 the InputSpec's num_classes is used instead
-// (otherwise num_classes and sample_shape are ignored).
+// The vocabulary is `model.vocab_size`; when that is 0 the InputSpec's num_classes is used instead.
+// Token samples longer than block_size, or ids beyond a set vocab_size, are rejected at build.
 //
 // lm_head's weight is tied to transformer.wte.weight: the same tensor, registered under both
 // names (as in a PyTorch state_dict), so Module::parameters() lists it twice; parameter_count()
@@ -16,6 +16,40 @@
 
 namespace trainer::models {
 namespace {
+
+// The `model.` keys of gpt.
+struct GptOptions {
+  int64_t n_layer = 12;        // transformer blocks
+  int64_t n_head = 12;         // attention heads (must divide n_embd)
+  int64_t n_embd = 768;        // embedding width
+  int64_t block_size = 1024;   // context length in tokens
+  int64_t vocab_size = 50257;  // vocabulary size; 0 = the data's class count
+  bool bias = true;            // biases in linear layers and layer norms
+  double dropout = 0.0;        // dropout rate on embeddings, attention and residuals
+
+  template <class V>
+  void visit(V& v) {
+    v("n_layer", n_layer);
+    v("n_head", n_head);
+    v("n_embd", n_embd);
+    v("block_size", block_size);
+    v("vocab_size", vocab_size);
+    v("bias", bias);
+    v("dropout", dropout);
+  }
+  void validate(config::Checks& c) const {
+    c.at_least("n_layer", n_layer, 1);
+    c.at_least("n_head", n_head, 1);
+    c.at_least("n_embd", n_embd, 1);
+    if (n_head >= 1 && n_embd % n_head != 0) {
+      c.add("n_embd", "must be a multiple of model.n_head (" + std::to_string(n_head) + "), got " +
+                          std::to_string(n_embd));
+    }
+    c.at_least("block_size", block_size, 1);
+    c.at_least("vocab_size", vocab_size, 0);
+    c.fraction("dropout", dropout);
+  }
+};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -54,8 +88,7 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 // Multi-head causal self-attention with fused q, k, v projection.
 class GptAttentionImpl : public torch::nn::Module {
  public:
-  explicit GptAttentionImpl(const config::ModelConfig& cfg)
-      : n_head_(cfg.n_head), dropout_(cfg.dropout) {
+  explicit GptAttentionImpl(const GptOptions& cfg) : n_head_(cfg.n_head), dropout_(cfg.dropout) {
     c_attn = register_module("c_attn", linear(cfg.n_embd, 3 * cfg.n_embd, cfg.bias));
     c_proj = register_module("c_proj", linear(cfg.n_embd, cfg.n_embd, cfg.bias));
   }
@@ -86,7 +119,7 @@ TORCH_MODULE(GptAttention);
 
 class GptMlpImpl : public torch::nn::Module {
  public:
-  explicit GptMlpImpl(const config::ModelConfig& cfg) : dropout_(cfg.dropout) {
+  explicit GptMlpImpl(const GptOptions& cfg) : dropout_(cfg.dropout) {
     c_fc = register_module("c_fc", linear(cfg.n_embd, 4 * cfg.n_embd, cfg.bias));
     c_proj = register_module("c_proj", linear(4 * cfg.n_embd, cfg.n_embd, cfg.bias));
   }
@@ -108,7 +141,7 @@ TORCH_MODULE(GptMlp);
 // Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
 class GptBlockImpl : public torch::nn::Module {
  public:
-  explicit GptBlockImpl(const config::ModelConfig& cfg) {
+  explicit GptBlockImpl(const GptOptions& cfg) {
     ln_1 = register_module("ln_1", GptLayerNorm(cfg.n_embd, cfg.bias));
     attn = register_module("attn", GptAttention(cfg));
     ln_2 = register_module("ln_2", GptLayerNorm(cfg.n_embd, cfg.bias));
@@ -132,7 +165,7 @@ TORCH_MODULE(GptBlock);
 // nanoGPT's `transformer` ModuleDict: embeddings, blocks `h`, final norm.
 class GptTransformerImpl : public torch::nn::Module {
  public:
-  GptTransformerImpl(const config::ModelConfig& cfg, int64_t vocab) {
+  GptTransformerImpl(const GptOptions& cfg, int64_t vocab) {
     wte = register_module("wte", torch::nn::Embedding(vocab, cfg.n_embd));
     wpe = register_module("wpe", torch::nn::Embedding(cfg.block_size, cfg.n_embd));
     h = register_module("h", torch::nn::ModuleList());
@@ -171,14 +204,13 @@ TORCH_MODULE(GptTiedHead);
 
 class GptImpl : public NetImpl {
  public:
-  GptImpl(const config::ModelConfig& cfg, const InputSpec& input)
-      : block_size_(cfg.block_size),
-        dropout_(cfg.dropout),
-        policy_(checkpoint_policy(cfg, /*has_blocks=*/true)) {
+  GptImpl(const GptOptions& cfg, const nn::CheckpointPolicy& policy, const InputSpec& input)
+      : block_size_(cfg.block_size), dropout_(cfg.dropout), policy_(policy) {
     const int64_t vocab = cfg.vocab_size > 0 ? cfg.vocab_size : input.num_classes;
     if (vocab <= 0) {
       throw ModelError("model.vocab_size", "gpt needs a vocabulary size > 0");
     }
+    check_input(cfg, input);
     if (cfg.n_layer <= 0) throw ModelError("model.n_layer", "gpt needs n_layer > 0");
     if (cfg.n_head <= 0) throw ModelError("model.n_head", "gpt needs n_head > 0");
     if (cfg.block_size <= 0) throw ModelError("model.block_size", "gpt needs block_size > 0");
@@ -214,6 +246,22 @@ class GptImpl : public NetImpl {
   }
 
  private:
+  // Token data longer than the context, or with ids beyond the vocabulary.
+  static void check_input(const GptOptions& cfg, const InputSpec& input) {
+    const int64_t seq_len = input.sample_shape.size() == 1 ? input.sample_shape[0] : 0;
+    if (seq_len > cfg.block_size) {
+      throw ModelError("data.seq_len",
+                       "data.seq_len " + std::to_string(seq_len) + " exceeds model.block_size " +
+                           std::to_string(cfg.block_size) + "; use 0 to take the block size");
+    }
+    if (cfg.vocab_size > 0 && cfg.vocab_size < input.num_classes) {
+      throw ModelError("model.vocab_size",
+                       "the token data has ids up to " + std::to_string(input.num_classes - 1) +
+                           ", beyond model.vocab_size " + std::to_string(cfg.vocab_size) +
+                           "; use 0 to take the data's vocabulary");
+    }
+  }
+
   // GPT-2 init: Linear and Embedding weights N(0, 0.02), biases 0, LayerNorm 1/0, and the residual
   // projections c_proj.weight N(0, 0.02/sqrt(2*n_layer)).
   void init_weights(int64_t n_layer) {
@@ -239,9 +287,14 @@ TORCH_MODULE(Gpt);
 }  // namespace
 
 void register_gpt(ModelRegistry& registry) {
-  registry.add("gpt", [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
-    return Gpt(cfg, input).ptr();
-  });
+  ModelKind kind;
+  kind.make = [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
+    return Gpt(cfg.own<GptOptions>(), checkpoint_policy(cfg, /*has_blocks=*/true), input).ptr();
+  };
+  kind.context_length = [](const config::ModelConfig& cfg) {
+    return cfg.own<GptOptions>().block_size;
+  };
+  registry.add("gpt", kind, config::options_of<GptOptions>());
 }
 
 }  // namespace trainer::models

@@ -6,10 +6,44 @@
 namespace trainer::models {
 namespace {
 
+// The `model.` keys of lenet.
+struct LenetOptions {
+  std::vector<int64_t> channels = {32, 64};  // output channels of the two conv layers
+  int64_t kernel_size = 5;                   // conv kernel size (odd; padded to keep size)
+  int64_t fc_hidden = 128;                   // width of the hidden fully connected layer
+  double dropout = 0.0;                      // dropout rate after the hidden layer
+  std::string activation = "relu";           // hidden activation: relu|gelu|tanh
+  bool channels_last = false;                // NHWC memory format
+
+  template <class V>
+  void visit(V& v) {
+    v("channels", channels);
+    v("kernel_size", kernel_size);
+    v("fc_hidden", fc_hidden);
+    v("dropout", dropout);
+    v("activation", activation);
+    v("channels_last", channels_last);
+  }
+  void validate(config::Checks& c) const {
+    if (channels.size() != 2) {
+      c.add("channels", "must have exactly 2 entries, got " + std::to_string(channels.size()) +
+                            " (e.g. [32, 64])");
+    } else {
+      c.each_at_least("channels", channels, 1);
+    }
+    if (kernel_size < 1 || kernel_size % 2 == 0) {
+      c.add("kernel_size", "must be odd and >= 1, got " + std::to_string(kernel_size));
+    }
+    c.at_least("fc_hidden", fc_hidden, 1);
+    c.fraction("dropout", dropout);
+    c.one_of("activation", activation, activation_names());
+  }
+};
+
 class LenetImpl : public NetImpl {
  public:
-  LenetImpl(const config::ModelConfig& cfg, const InputSpec& input)
-      : activation_(cfg.activation), dropout_(cfg.dropout), channels_last_(cfg.channels_last) {
+  LenetImpl(const LenetOptions& o, const InputSpec& input)
+      : activation_(o.activation), dropout_(o.dropout), channels_last_(o.channels_last) {
     if (input.sample_shape.size() != 3) {
       throw ModelError("data.shape", "lenet needs image samples (C, H, W); got " +
                                          std::to_string(input.sample_shape.size()) + " dims");
@@ -22,12 +56,12 @@ class LenetImpl : public NetImpl {
     }
     const auto conv = [&](int64_t in, int64_t out) {
       return torch::nn::Conv2d(
-          torch::nn::Conv2dOptions(in, out, cfg.kernel_size).padding(cfg.kernel_size / 2));
+          torch::nn::Conv2dOptions(in, out, o.kernel_size).padding(o.kernel_size / 2));
     };
-    conv1_ = register_module("conv1", conv(channels, cfg.channels[0]));
-    conv2_ = register_module("conv2", conv(cfg.channels[0], cfg.channels[1]));
-    fc_ = register_module("fc", torch::nn::Linear(cfg.channels[1] * height * width, cfg.fc_hidden));
-    head_ = register_module("head", torch::nn::Linear(cfg.fc_hidden, input.num_classes));
+    conv1_ = register_module("conv1", conv(channels, o.channels[0]));
+    conv2_ = register_module("conv2", conv(o.channels[0], o.channels[1]));
+    fc_ = register_module("fc", torch::nn::Linear(o.channels[1] * height * width, o.fc_hidden));
+    head_ = register_module("head", torch::nn::Linear(o.fc_hidden, input.num_classes));
     if (channels_last_) {
       for (auto* conv : {&conv1_, &conv2_}) {
         auto& w = (*conv)->weight;
@@ -69,10 +103,11 @@ TORCH_MODULE(Lenet);
 }  // namespace
 
 void register_lenet(ModelRegistry& registry) {
-  registry.add("lenet", [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
+  const auto make = [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
     checkpoint_policy(cfg, /*has_blocks=*/false);
-    return Lenet(cfg, input).ptr();
-  });
+    return Lenet(cfg.own<LenetOptions>(), input).ptr();
+  };
+  registry.add("lenet", {make, nullptr}, config::options_of<LenetOptions>());
 }
 
 }  // namespace trainer::models

@@ -1,7 +1,8 @@
-// Classification networks and their registry, keyed by the YAML `model.name`.
+// Networks and their registry, keyed by the YAML `model.name`.
 //
-// Adding a model: one file with a `register_<name>(ModelRegistry&)` function, and one line in
-// models/registry.cpp calling it.
+// Adding a model: one file with its options struct (its own `model.` keys, config/options.h), its
+// network and a `register_<name>(ModelRegistry&)` function, and one line in models/registry.cpp
+// naming it.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -10,10 +11,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
-#include "util/registry.h"
+#include "config/registry.h"
+#include "nn/parameters.h"
 
 namespace trainer::models {
 
@@ -43,22 +46,36 @@ class ModelError : public std::invalid_argument {
 };
 
 using ModelFactory = std::function<Net(const config::ModelConfig& cfg, const InputSpec& input)>;
-using ModelRegistry = Registry<ModelFactory>;
+
+// A registered model: how to build it and what the engine needs to know before it does.
+struct ModelKind {
+  ModelFactory make;
+  // The tokens per sample a language model reads at most (gpt: model.block_size), the length the
+  // token data sets cut samples to unless data.seq_len says otherwise; null for other models.
+  std::function<int64_t(const config::ModelConfig& cfg)> context_length;
+};
+using ModelRegistry = Registry<ModelKind>;
 
 // The built-in models.
 const ModelRegistry& model_registry();
 
+// Builds the model cfg.name names. Throws ModelError for settings the model or `input` reject.
+Net build_model(const config::ModelConfig& cfg, const InputSpec& input);
+
+// The model section with every model's default options and name `name` (what a config file
+// starts from).
+config::ModelConfig default_model_config(const std::string& name = "mlp");
+
+// The hidden-layer activations activate() knows (relu, gelu, tanh).
+const std::vector<std::string>& activation_names();
+
 // Hidden-layer activation by name (relu|gelu|tanh).
 torch::Tensor activate(const std::string& name, const torch::Tensor& x);
 
-// The parameters of `module`, each tensor once under its first name (tied weights appear under
-// several names).
-std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(
-    const torch::nn::Module& module);
-std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module);
-
-// Total number of parameter elements, tied weights counted once.
-int64_t parameter_count(const torch::nn::Module& module);
+// A module's parameters with tied weights once (nn/parameters.h).
+using nn::parameter_count;
+using nn::unique_named_parameters;
+using nn::unique_parameters;
 
 // Parameters, then buffers, under their dotted state-dict names (torchvision's and nanoGPT's
 // spelling for the built-in models; a tied weight appears under each of its names).

@@ -1,23 +1,47 @@
 #include <torch/torch.h>
 
 #include <sstream>
-#include <unordered_set>
 
-#include "config/loader.h"
 #include "models/builtin.h"
 
 namespace trainer::models {
 
+// The built-in models, a line each: X(name) for the register_<name> function in models/<name>.cpp.
+#define TRAINER_BUILTIN_MODELS(X) \
+  X(mlp)                          \
+  X(lenet)                        \
+  X(gpt)                          \
+  X(resnet)
+
+#define TRAINER_DECLARE_MODEL(name) void register_##name(ModelRegistry& registry);
+TRAINER_BUILTIN_MODELS(TRAINER_DECLARE_MODEL)
+#undef TRAINER_DECLARE_MODEL
+
 const ModelRegistry& model_registry() {
   static const ModelRegistry registry = [] {
     ModelRegistry r("model");
-    register_mlp(r);
-    register_lenet(r);
-    register_gpt(r);
-    register_resnet(r);
+#define TRAINER_REGISTER_MODEL(name) register_##name(r);
+    TRAINER_BUILTIN_MODELS(TRAINER_REGISTER_MODEL)
+#undef TRAINER_REGISTER_MODEL
     return r;
   }();
   return registry;
+}
+
+Net build_model(const config::ModelConfig& cfg, const InputSpec& input) {
+  return model_registry().get(cfg.name).make(cfg, input);
+}
+
+config::ModelConfig default_model_config(const std::string& name) {
+  config::ModelConfig cfg;
+  cfg.name = name;
+  cfg.options = model_registry().options();
+  return cfg;
+}
+
+const std::vector<std::string>& activation_names() {
+  static const std::vector<std::string> names = {"relu", "gelu", "tanh"};
+  return names;
 }
 
 nn::CheckpointPolicy checkpoint_policy(const config::ModelConfig& cfg, bool has_blocks) {
@@ -38,30 +62,6 @@ torch::Tensor activate(const std::string& name, const torch::Tensor& x) {
   if (name == "gelu") return torch::gelu(x);
   if (name == "tanh") return torch::tanh(x);
   return torch::relu(x);
-}
-
-std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(
-    const torch::nn::Module& module) {
-  // A tied weight (gpt's lm_head.weight and transformer.wte.weight) is registered under two names
-  // and listed twice by named_parameters(); keep its first appearance.
-  std::unordered_set<const c10::TensorImpl*> seen;
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
-    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
-  }
-  return out;
-}
-
-std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module) {
-  std::vector<torch::Tensor> out;
-  for (auto& [name, p] : unique_named_parameters(module)) out.push_back(std::move(p));
-  return out;
-}
-
-int64_t parameter_count(const torch::nn::Module& module) {
-  int64_t n = 0;
-  for (const auto& p : unique_parameters(module)) n += p.numel();
-  return n;
 }
 
 std::string summary(const torch::nn::Module& module, const std::string& name) {

@@ -110,14 +110,32 @@ class BottleneckImpl : public ResidualBlockImpl {
   torch::nn::Sequential downsample_{nullptr};
 };
 
+// The `model.` keys of the ResNets.
+struct ResNetOptions {
+  int64_t in_channels = 0;          // input channels; 0 = the data's channels
+  std::string stem = "imagenet";    // imagenet (7x7/2 + max-pool)|cifar (3x3/1)
+  bool zero_init_residual = false;  // zero the last norm of each residual block
+  bool channels_last = false;       // NHWC memory format
+
+  template <class V>
+  void visit(V& v) {
+    v("in_channels", in_channels);
+    v("stem", stem);
+    v("zero_init_residual", zero_init_residual);
+    v("channels_last", channels_last);
+  }
+  void validate(config::Checks& c) const {
+    c.at_least("in_channels", in_channels, 0);
+    c.one_of("stem", stem, {"imagenet", "cifar"});
+  }
+};
+
 template <class Block>
 class ResNetImpl : public NetImpl {
  public:
-  ResNetImpl(const std::string& name, const std::vector<int64_t>& blocks,
-             const config::ModelConfig& cfg, const InputSpec& input)
-      : cifar_stem_(cfg.stem == "cifar"),
-        channels_last_(cfg.channels_last),
-        policy_(checkpoint_policy(cfg, /*has_blocks=*/true)) {
+  ResNetImpl(const std::string& name, const std::vector<int64_t>& blocks, const ResNetOptions& cfg,
+             const nn::CheckpointPolicy& policy, const InputSpec& input)
+      : cifar_stem_(cfg.stem == "cifar"), channels_last_(cfg.channels_last), policy_(policy) {
     if (input.sample_shape.size() != 3) {
       throw ModelError("data.shape", name + " needs image samples (C, H, W); got " +
                                          std::to_string(input.sample_shape.size()) + " dims");
@@ -200,9 +218,11 @@ class ResNetImpl : public NetImpl {
 
 template <class Block>
 void add(ModelRegistry& registry, const std::string& name, std::vector<int64_t> blocks) {
-  registry.add(name, [name, blocks](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
-    return std::make_shared<ResNetImpl<Block>>(name, blocks, cfg, input);
-  });
+  const auto make = [name, blocks](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
+    return std::make_shared<ResNetImpl<Block>>(name, blocks, cfg.own<ResNetOptions>(),
+                                               checkpoint_policy(cfg, /*has_blocks=*/true), input);
+  };
+  registry.add(name, {make, nullptr}, config::options_of<ResNetOptions>());
 }
 
 }  // namespace

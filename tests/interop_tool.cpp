@@ -23,8 +23,7 @@ int main(int argc, char** argv) {
   }
   try {
     using namespace trainer;
-    config::ModelConfig cfg;
-    cfg.name = argv[1];
+    config::ModelConfig cfg = models::default_model_config(argv[1]);
     cfg.num_classes = std::atoll(argv[2]);
     const auto input = checkpoint::read_safetensors(argv[4]);
     torch::Tensor x;
@@ -32,8 +31,7 @@ int main(int argc, char** argv) {
       if (name == "x") x = t;
     if (!x.defined()) throw std::runtime_error(std::string(argv[4]) + ": no tensor 'x'");
     std::vector<int64_t> shape(x.sizes().begin() + 1, x.sizes().end());
-    auto model =
-        models::model_registry().get(cfg.name)(cfg, models::InputSpec{shape, cfg.num_classes});
+    auto model = models::build_model(cfg, models::InputSpec{shape, cfg.num_classes});
     const std::string problems =
         models::load_weights(*model, checkpoint::read_safetensors(argv[3]).tensors, false);
     if (!problems.empty()) throw std::runtime_error(problems);

@@ -179,7 +179,7 @@ void expect_same_training(config::ModelConfig cfg, const models::InputSpec& inpu
   auto build = [&](const std::string& mode) {
     cfg.checkpointing = mode;
     torch::manual_seed(11);
-    return models::model_registry().get(cfg.name)(cfg, input);
+    return models::build_model(cfg, input);
   };
   auto plain = build("none"), checkpointed = build(checkpointing);
   torch::manual_seed(12);
@@ -211,9 +211,9 @@ void expect_same_training(config::ModelConfig cfg, const models::InputSpec& inpu
 }
 
 TEST(ActivationCheckpointTest, Resnet18TrainsAsWithout) {
-  config::ModelConfig cfg;
+  config::ModelConfig cfg = models::default_model_config();
   cfg.name = "resnet18";
-  cfg.stem = "cifar";
+  cfg.options.set("stem", "cifar");
   expect_same_training(
       cfg, models::InputSpec{{3, 32, 32}, 10},
       [] {
@@ -223,14 +223,14 @@ TEST(ActivationCheckpointTest, Resnet18TrainsAsWithout) {
 }
 
 TEST(ActivationCheckpointTest, GptWithDropoutTrainsAsWithout) {
-  config::ModelConfig cfg;
+  config::ModelConfig cfg = models::default_model_config();
   cfg.name = "gpt";
-  cfg.n_layer = 4;
-  cfg.n_head = 2;
-  cfg.n_embd = 32;
-  cfg.block_size = 16;
-  cfg.vocab_size = 40;
-  cfg.dropout = 0.1;
+  cfg.options.set("n_layer", int64_t{4});
+  cfg.options.set("n_head", int64_t{2});
+  cfg.options.set("n_embd", int64_t{32});
+  cfg.options.set("block_size", int64_t{16});
+  cfg.options.set("vocab_size", int64_t{40});
+  cfg.options.set("dropout", 0.1);
   for (const std::string mode : {"blocks", "every:2"}) {
     SCOPED_TRACE(mode);
     expect_same_training(
@@ -243,11 +243,11 @@ TEST(ActivationCheckpointTest, GptWithDropoutTrainsAsWithout) {
 }
 
 TEST(ActivationCheckpointTest, ModelsWithoutBlocksRejectIt) {
-  config::ModelConfig cfg;
+  config::ModelConfig cfg = models::default_model_config();
   cfg.name = "mlp";
   cfg.checkpointing = "blocks";
   try {
-    models::model_registry().get("mlp")(cfg, models::InputSpec{{12}, 3});
+    models::build_model(cfg, models::InputSpec{{12}, 3});
     FAIL() << "expected a ModelError";
   } catch (const models::ModelError& e) {
     EXPECT_EQ(e.key(), "model.checkpointing");

@@ -150,13 +150,13 @@ TEST(BatchNorm, TwoRanksTrainAsOneWithTheWholeBatch) {
 // averaged as DDP does) take the steps one process takes with the whole batch. In float64: in
 // float32 the network's batch norms amplify rounding differences to ~1% by the third step.
 TEST(BatchNorm, TwoRanksOfAResNetStepAsOne) {
-  trainer::config::ModelConfig cfg;
+  trainer::config::ModelConfig cfg = trainer::models::default_model_config();
   cfg.name = "resnet18";
-  cfg.stem = "cifar";
+  cfg.options.set("stem", "cifar");
   const trainer::models::InputSpec input{{3, 8, 8}, 4};
   auto build = [&] {
     torch::manual_seed(3);
-    auto net = trainer::models::model_registry().get("resnet18")(cfg, input);
+    auto net = trainer::models::build_model(cfg, input);
     net->to(torch::kDouble);
     return net;
   };

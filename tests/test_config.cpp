@@ -6,35 +6,35 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "config/loader.h"
+#include "engine/components.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace trainer::config;
 
 namespace {
 
+// Loads over the built-in defaults (every model's, data set's and optimizer's keys), as the
+// trainer does.
+LoadedConfig load(const std::string& path, const std::vector<std::string>& overrides) {
+  return trainer::config::load(path, overrides, trainer::engine::config_defaults());
+}
+
 class ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ =
-        fs::temp_directory_path() / ("trainer_config_" + std::string(info->name()) + "_" +
-                                     std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    tmp_ = std::make_unique<trainer::test_support::TempDir>("config");
+    dir_ = tmp_->path();
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  void TearDown() override { tmp_.reset(); }
 
   // Writes `text` to dir_/name and returns the path.
   std::string write(const std::string& name, const std::string& text) {
@@ -73,6 +73,7 @@ class ConfigTest : public ::testing::Test {
     return issues.empty() ? Issue{} : issues.front();
   }
 
+  std::unique_ptr<trainer::test_support::TempDir> tmp_;
   fs::path dir_;
 };
 
@@ -103,10 +104,11 @@ TEST(LocationTest, Formats) {
 TEST_F(ConfigTest, DefaultsWhenOneKeySet) {
   auto path = write("one.yaml", "seed: 42\n");
   auto l = load(path, {});
-  Config d;
+  Config d = trainer::engine::config_defaults();
   EXPECT_EQ(l.cfg.seed, 42);
   EXPECT_EQ(l.cfg.optim.lr, d.optim.lr);
-  EXPECT_EQ(l.cfg.model.hidden, d.model.hidden);
+  EXPECT_EQ(l.cfg.model.options.value<std::vector<int64_t>>("hidden"),
+            d.model.options.value<std::vector<int64_t>>("hidden"));
   EXPECT_EQ(l.cfg.data.batch_size, d.data.batch_size);
   EXPECT_EQ(l.cfg.device, "auto");
   EXPECT_EQ(l.source, path);
@@ -140,13 +142,14 @@ TEST_F(ConfigTest, NestedValuesParsed) {
   auto c = load(path, {}).cfg;
   EXPECT_EQ(c.device, "cuda:1");
   EXPECT_EQ(c.model.name, "lenet");
-  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{64, 32, 16}));
-  EXPECT_EQ(c.model.channels, (std::vector<int64_t>{8, 16}));
-  EXPECT_DOUBLE_EQ(c.model.dropout, 0.25);
+  EXPECT_EQ(c.model.options.value<std::vector<int64_t>>("hidden"),
+            (std::vector<int64_t>{64, 32, 16}));
+  EXPECT_EQ(c.model.options.value<std::vector<int64_t>>("channels"), (std::vector<int64_t>{8, 16}));
+  EXPECT_DOUBLE_EQ(c.model.options.value<double>("dropout"), 0.25);
   EXPECT_FALSE(c.data.shuffle);
-  EXPECT_DOUBLE_EQ(c.data.noise, 1.0);
+  EXPECT_DOUBLE_EQ(c.data.options.value<double>("noise"), 1.0);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
-  EXPECT_EQ(c.optim.betas, (std::vector<double>{0.8, 0.99}));
+  EXPECT_EQ(c.optim.options.value<std::vector<double>>("betas"), (std::vector<double>{0.8, 0.99}));
   EXPECT_EQ(c.sched.milestones, (std::vector<int64_t>{10, 20}));
   EXPECT_EQ(c.sched.warmup_steps, -1);
   EXPECT_EQ(c.amp.dtype, "float16");
@@ -403,8 +406,9 @@ TEST_F(ConfigTest, BaseDeepMerge) {
   EXPECT_EQ(l.cfg.seed, 7);
   EXPECT_EQ(l.cfg.optim.name, "adam");
   EXPECT_DOUBLE_EQ(l.cfg.optim.lr, 0.01);
-  EXPECT_DOUBLE_EQ(l.cfg.optim.momentum, 0.8);
-  EXPECT_EQ(l.cfg.model.hidden, (std::vector<int64_t>{9}));  // sequences replace
+  EXPECT_DOUBLE_EQ(l.cfg.optim.options.value<double>("momentum"), 0.8);
+  EXPECT_EQ(l.cfg.model.options.value<std::vector<int64_t>>("hidden"),
+            (std::vector<int64_t>{9}));  // sequences replace
   EXPECT_EQ(l.where("optim.lr").str(), child + ":3:3");
   EXPECT_EQ(l.where("optim.momentum").str(), (dir_ / "base.yaml").string() + ":5:3");
   EXPECT_EQ(l.cfg.run.dir, "runs/child");  // from the top-level file, not the base
@@ -437,7 +441,7 @@ TEST_F(ConfigTest, BaseChainOfThree) {
   auto c = load(top, {}).cfg;
   EXPECT_EQ(c.seed, 2);
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.1);
-  EXPECT_DOUBLE_EQ(c.optim.momentum, 0.2);
+  EXPECT_DOUBLE_EQ(c.optim.options.value<double>("momentum"), 0.2);
   EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.3);
 }
 
@@ -459,10 +463,11 @@ TEST_F(ConfigTest, OverridesTyped) {
   EXPECT_EQ(l.cfg.seed, 5);
   EXPECT_DOUBLE_EQ(l.cfg.optim.lr, 1e-3);
   EXPECT_FALSE(l.cfg.data.shuffle);
-  EXPECT_EQ(l.cfg.model.hidden, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(l.cfg.model.options.value<std::vector<int64_t>>("hidden"),
+            (std::vector<int64_t>{64, 32}));
   EXPECT_EQ(l.cfg.run.dir, "x");
-  EXPECT_DOUBLE_EQ(l.cfg.optim.momentum, -1.0);
-  EXPECT_DOUBLE_EQ(l.cfg.model.dropout, 0.5);
+  EXPECT_DOUBLE_EQ(l.cfg.optim.options.value<double>("momentum"), -1.0);
+  EXPECT_DOUBLE_EQ(l.cfg.model.options.value<double>("dropout"), 0.5);
   EXPECT_EQ(l.cfg.model.pretrained, "");
   // Origins record the override, exactly as given.
   EXPECT_EQ(l.where("optim.lr").file, "--set optim.lr=1e-3");
@@ -673,12 +678,13 @@ void expect_equal(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.pretrained, b.model.pretrained);
   EXPECT_EQ(a.data.root, b.data.root);
   EXPECT_EQ(a.optim.lr, b.optim.lr);
-  EXPECT_EQ(a.optim.eps, b.optim.eps);
-  EXPECT_EQ(a.optim.betas, b.optim.betas);
+  EXPECT_EQ(a.optim.options.value<double>("eps"), b.optim.options.value<double>("eps"));
+  EXPECT_EQ(a.optim.options.value<std::vector<double>>("betas"),
+            b.optim.options.value<std::vector<double>>("betas"));
   EXPECT_EQ(a.sched.min_lr, b.sched.min_lr);
   EXPECT_EQ(a.sched.milestones, b.sched.milestones);
-  EXPECT_EQ(a.model.dropout, b.model.dropout);
-  EXPECT_EQ(a.data.noise, b.data.noise);
+  EXPECT_EQ(a.model.options.value<double>("dropout"), b.model.options.value<double>("dropout"));
+  EXPECT_EQ(a.data.options.value<double>("noise"), b.data.options.value<double>("noise"));
   EXPECT_EQ(a.dist.bucket_cap_mb, b.dist.bucket_cap_mb);
   EXPECT_EQ(a.data.shuffle, b.data.shuffle);
   EXPECT_EQ(a.device, b.device);
@@ -688,7 +694,7 @@ void expect_equal(const Config& a, const Config& b) {
 }
 
 TEST_F(ConfigTest, ToYamlRoundTrip) {
-  Config c;
+  Config c = trainer::engine::config_defaults();
   c.seed = -7;
   c.deterministic = true;
   c.device = "cuda:0";
@@ -700,17 +706,17 @@ TEST_F(ConfigTest, ToYamlRoundTrip) {
   c.train.loss = "null";
   c.amp.dtype = "a\"b\\c\nd\te";
   c.optim.lr = 3e-4;
-  c.optim.eps = 1e-8;
-  c.optim.momentum = 0.1;
-  c.optim.betas = {0.1, 1.0 / 3.0};
+  c.optim.options.set("eps", 1e-8);
+  c.optim.options.set("momentum", 0.1);
+  c.optim.options.set("betas", std::vector<double>{0.1, 1.0 / 3.0});
   c.sched.min_lr = 1e-300;
   c.sched.milestones = {};
   c.sched.gamma = 0.30000000000000004;
-  c.model.dropout = 2.5e-5;
-  c.data.noise = 123456789.125;
+  c.model.options.set("dropout", 2.5e-5);
+  c.data.options.set("noise", 123456789.125);
   c.data.shuffle = false;
   c.dist.bucket_cap_mb = 25;
-  c.model.hidden = {};
+  c.model.options.set("hidden", std::vector<int64_t>{});
 
   std::string y = to_yaml(c);
   EXPECT_HAS(y, "optim:\n  name: sgd\n  lr: 0.0003\n");
@@ -733,17 +739,18 @@ TEST_F(ConfigTest, ToYamlRoundTrip) {
   EXPECT_EQ(back.train.loss, "null");
   EXPECT_EQ(back.amp.dtype, c.amp.dtype);
   EXPECT_EQ(back.run.dir, "runs/a b#c");
-  EXPECT_EQ(back.optim.betas[1], 1.0 / 3.0);
+  EXPECT_EQ(back.optim.options.value<std::vector<double>>("betas")[1], 1.0 / 3.0);
   EXPECT_EQ(back.sched.gamma, 0.30000000000000004);
   EXPECT_EQ(back.sched.min_lr, 1e-300);
-  EXPECT_EQ(back.model.hidden, std::vector<int64_t>{});
+  EXPECT_EQ(back.model.options.value<std::vector<int64_t>>("hidden"), std::vector<int64_t>{});
   // Every field was set from the file.
   auto l = load(path, {});
-  for (const auto& k : key_paths()) EXPECT_EQ(l.origins.count(k), 1u) << k;
+  for (const auto& k : key_paths(trainer::engine::config_defaults()))
+    EXPECT_EQ(l.origins.count(k), 1u) << k;
 }
 
 TEST_F(ConfigTest, ToYamlOfDefaultsRoundTrips) {
-  Config d;
+  Config d = trainer::engine::config_defaults();
   d.run.dir = "runs/x";
   auto back = load(write("d.yaml", to_yaml(d)), {}).cfg;
   expect_equal(d, back);
@@ -751,7 +758,7 @@ TEST_F(ConfigTest, ToYamlOfDefaultsRoundTrips) {
 }
 
 TEST(KeyPathsTest, ContainsLeavesInOrder) {
-  auto keys = key_paths();
+  auto keys = key_paths(trainer::engine::config_defaults());
   ASSERT_FALSE(keys.empty());
   EXPECT_EQ(keys.front(), "seed");
   auto pos = [&](const std::string& k) {

@@ -28,18 +28,18 @@ namespace {
 namespace fs = std::filesystem;
 
 config::DataConfig synthetic_config() {
-  config::DataConfig cfg;
+  config::DataConfig cfg = default_data_config();
   cfg.name = "synthetic";
-  cfg.shape = {1, 6, 5};
-  cfg.num_classes = 4;
-  cfg.train_samples = 50;
-  cfg.val_samples = 20;
-  cfg.noise = 0.5;
+  cfg.options.set("shape", std::vector<int64_t>{1, 6, 5});
+  cfg.options.set("num_classes", int64_t{4});
+  cfg.options.set("train_samples", int64_t{50});
+  cfg.options.set("val_samples", int64_t{20});
+  cfg.options.set("noise", 0.5);
   return cfg;
 }
 
 Splits make(const config::DataConfig& cfg, int64_t seed) {
-  return dataset_registry().get(cfg.name)(cfg, seed);
+  return dataset_registry().get(cfg.name)(cfg, DataContext{seed});
 }
 
 std::vector<int64_t> all_indices(const Dataset& d) {
@@ -72,26 +72,26 @@ TEST(SyntheticTest, SizesShapesAndClasses) {
 
 TEST(SyntheticTest, OneDimensionalShape) {
   auto cfg = synthetic_config();
-  cfg.shape = {16};
+  cfg.options.set("shape", std::vector<int64_t>{16});
   const Splits s = make(cfg, /*seed=*/1);
   EXPECT_EQ(s.train->get({1, 2}).inputs.sizes(), (std::vector<int64_t>{2, 16}));
 }
 
 TEST(SyntheticTest, RejectsBadShape) {
   auto cfg = synthetic_config();
-  cfg.shape = {};
+  cfg.options.set("shape", std::vector<int64_t>{});
   EXPECT_THROW(make(cfg, /*seed=*/1), std::invalid_argument);
-  cfg.shape = {1, 2, 3, 4};
+  cfg.options.set("shape", std::vector<int64_t>{1, 2, 3, 4});
   EXPECT_THROW(make(cfg, /*seed=*/1), std::invalid_argument);
 }
 
 TEST(SyntheticTest, TokenWindowsAreShiftedSequencesOfTheVocabulary) {
-  config::DataConfig cfg;
+  config::DataConfig cfg = default_data_config();
   cfg.name = "synthetic_tokens";
-  cfg.num_classes = 37;  // the vocabulary
-  cfg.seq_len = 12;
-  cfg.train_samples = 20;
-  cfg.val_samples = 4;
+  cfg.options.set("num_classes", int64_t{37});  // the vocabulary
+  cfg.options.set("seq_len", int64_t{12});
+  cfg.options.set("train_samples", int64_t{20});
+  cfg.options.set("val_samples", int64_t{4});
   const Splits s = make(cfg, /*seed=*/2);
   EXPECT_TRUE(s.spec.sequence);
   EXPECT_EQ(s.spec.num_classes, 37);
@@ -111,7 +111,7 @@ TEST(SyntheticTest, TokenWindowsAreShiftedSequencesOfTheVocabulary) {
   EXPECT_FALSE(
       torch::equal(make(cfg, /*seed=*/3).train->get({3}).inputs, s.train->get({3}).inputs));
   EXPECT_FALSE(torch::equal(s.val->get({3}).inputs, s.train->get({3}).inputs));
-  cfg.num_classes = 1;
+  cfg.options.set("num_classes", int64_t{1});
   EXPECT_THROW(make(cfg, /*seed=*/1), std::invalid_argument);
 }
 
@@ -150,14 +150,14 @@ TEST(SyntheticTest, TrainAndValDiffer) {
 TEST(SyntheticTest, Learnable) {
   // Nearest class mean on the training set classifies the validation set well.
   auto cfg = synthetic_config();
-  cfg.train_samples = 400;
-  cfg.val_samples = 100;
+  cfg.options.set("train_samples", int64_t{400});
+  cfg.options.set("val_samples", int64_t{100});
   const Splits s = make(cfg, /*seed=*/5);
   const Batch train = s.train->get(all_indices(*s.train));
   const Batch val = s.val->get(all_indices(*s.val));
   auto x = train.inputs.flatten(1);  // [N, D]
   std::vector<torch::Tensor> means;
-  for (int64_t c = 0; c < cfg.num_classes; ++c)
+  for (int64_t c = 0; c < cfg.options.value<int64_t>("num_classes"); ++c)
     means.push_back(x.index({train.targets == c}).mean(0));
   auto centers = torch::stack(means);                        // [C, D]
   auto dist = torch::cdist(val.inputs.flatten(1), centers);  // [M, C]
@@ -188,7 +188,7 @@ class FashionMnistTest : public ::testing::Test {
   }
 
   config::DataConfig config(bool normalize) const {
-    config::DataConfig cfg;
+    config::DataConfig cfg = default_data_config();
     cfg.name = "fashion_mnist";
     cfg.root = dir_.string();
     cfg.normalize = normalize;
@@ -291,7 +291,7 @@ TEST_F(FashionMnistTest, TruncatedFileIsDataError) {
 TEST_F(FashionMnistTest, RealData) {
   const std::string root = "/usr/share/datasets/fashion-mnist";
   if (!fs::is_directory(root)) GTEST_SKIP() << root << " absent";
-  config::DataConfig cfg;
+  config::DataConfig cfg = default_data_config();
   cfg.name = "fashion_mnist";
   cfg.root = "";  // the default
   const Splits s = make(cfg, /*seed=*/0);
@@ -623,7 +623,7 @@ class Cifar10Test : public ::testing::Test {
     write_batch("test_batch.bin", 4);
   }
   config::DataConfig config() const {
-    config::DataConfig cfg;
+    config::DataConfig cfg = default_data_config();
     cfg.name = "cifar10";
     cfg.root = tmp_.path().string();  // the archive's parent folder
     cfg.normalize = false;

@@ -9,20 +9,21 @@
 #include <map>
 
 #include "config/loader.h"
-#include "dist/ddp.h"
-#include "dist/process_group.h"
+#include "distributed/ddp.h"
+#include "distributed/process_group.h"
+#include "engine/components.h"
 #include "engine/trainer.h"
-#include "launch/launcher.h"
 #include "temp_dir.h"
+#include "util/net.h"
 
 namespace {
 
-using trainer::dist::DataParallel;
-using trainer::dist::DdpOptions;
-using trainer::dist::DistEnv;
-using trainer::dist::Group;
+using trainer::distributed::DataParallel;
+using trainer::distributed::DdpOptions;
+using trainer::distributed::DistEnv;
+using trainer::distributed::Group;
 
-using trainer::launch::free_port;
+using trainer::free_port;
 
 // `start` of a one-rank job on a free port. The port can be taken by a test running beside this
 // one before the store binds it: a few tries, each on a fresh port.
@@ -34,14 +35,14 @@ auto on_a_free_port(Start start) {
     env.master_port = free_port();
     try {
       return start(env);
-    } catch (const trainer::dist::GroupError&) {
+    } catch (const trainer::distributed::GroupError&) {
       if (attempt == 3) throw;
     }
   }
 }
 
 std::unique_ptr<Group> one_rank_group() {
-  trainer::dist::GroupOptions options;
+  trainer::distributed::GroupOptions options;
   options.init_timeout_s = 30;
   options.timeout_s = 30;
   return on_a_free_port([&](const DistEnv& env) { return std::make_unique<Group>(env, options); });
@@ -162,7 +163,7 @@ TEST(Ddp, GroupCollectivesOfOneRank) {
             "checkpoints/step_00000005.safetensors");
   EXPECT_EQ(group->broadcast_text(""), "");
   auto t = torch::tensor({1.0f, 4.0f});
-  group->all_reduce({t}, trainer::dist::Reduce::avg);
+  group->all_reduce({t}, trainer::distributed::Reduce::avg);
   EXPECT_TRUE(torch::equal(t, torch::tensor({1.0f, 4.0f})));
   group->barrier();
 }
@@ -226,7 +227,7 @@ TEST(DdpEngine, AJobOfOneRunsThePlainStepsOperators) {
                       << (tmp / "out").string() << "}\n";
   // Operators of three steps after a first (which sets buckets up) by a trainer for `job`.
   auto step_operators = [&](const DistEnv& job, bool reducer) {
-    auto loaded = trainer::config::load(
+    auto loaded = trainer::engine::load_config(
         path.string(),
         {std::string("dist.reducer_at_world_size_1=") + (reducer ? "true" : "false")});
     trainer::config::check(loaded, trainer::config::Environment{});

@@ -12,7 +12,7 @@
 #include <map>
 
 #include "cli_fixture.h"
-#include "launch/launcher.h"
+#include "util/net.h"
 
 namespace {
 
@@ -21,7 +21,7 @@ using trainer::test_support::read_file;
 using trainer::test_support::step_file;
 namespace fs = std::filesystem;
 
-using trainer::launch::free_port;
+using trainer::free_port;
 
 // The float32 model tensors of a checkpoint (a safetensors file), by name.
 std::map<std::string, std::vector<float>> model_tensors(const fs::path& file) {

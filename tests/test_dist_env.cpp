@@ -4,15 +4,15 @@
 #include <map>
 #include <string>
 
-#include "dist/env.h"
+#include "distributed/env.h"
 
 namespace {
 
-using trainer::dist::DistEnv;
-using trainer::dist::EnvError;
+using trainer::distributed::DistEnv;
+using trainer::distributed::EnvError;
 
 DistEnv read(const std::map<std::string, std::string>& vars) {
-  return trainer::dist::read_env([&](const char* name) -> const char* {
+  return trainer::distributed::read_env([&](const char* name) -> const char* {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
   });
@@ -70,7 +70,7 @@ TEST(DistEnv, SlurmVariablesAndTheFirstHost) {
 }
 
 TEST(DistEnv, SlurmNodeLists) {
-  using trainer::dist::first_slurm_host;
+  using trainer::distributed::first_slurm_host;
   EXPECT_EQ(first_slurm_host("node1"), "node1");
   EXPECT_EQ(first_slurm_host("a,b,c"), "a");
   EXPECT_EQ(first_slurm_host("gpu[003-010,020]"), "gpu003");

@@ -8,6 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
+#include "engine/components.h"
 #include "engine/memory.h"
 #include "engine/trainer.h"
 #include "models/model.h"
@@ -28,7 +29,7 @@ class EngineTest : public ::testing::Test {
                            "train: {max_steps: 4}\noptim: {lr: 0.1, momentum: 0.0}\n"
                            "run: {log_every: 1, progress: never, dir: "
                         << (tmp_ / ("out" + std::to_string(runs_))).string() << "}\n";
-    auto loaded = config::load(path.string(), overrides);
+    auto loaded = engine::load_config(path.string(), overrides);
     config::check(loaded, config::Environment{});
     std::filesystem::create_directories(loaded.cfg.run.dir);
     return loaded;
@@ -147,8 +148,7 @@ TEST_F(EngineTest, MemoryEstimateMatchesAMeasuredStep) {
   EXPECT_EQ(checkpointed.params_bytes, fp32.params_bytes);
   EXPECT_LT(checkpointed.step_bytes_per_sample, fp32.step_bytes_per_sample);
 
-  auto model =
-      models::model_registry().get("resnet18")(cfg.cfg.model, models::InputSpec{{3, 48, 48}, 10});
+  auto model = models::build_model(cfg.cfg.model, models::InputSpec{{3, 48, 48}, 10});
   model->train();
   const auto x = torch::randn({8, 3, 48, 48});
   const auto y = torch::randint(10, {8}, torch::kInt64);

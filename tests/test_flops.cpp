@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "config/loader.h"
+#include "engine/components.h"
 #include "engine/flops.h"
 #include "engine/trainer.h"
 #include "nn/autocast.h"
@@ -65,7 +66,7 @@ TEST(Flops, TrainerCountsOneForwardOverOneBatch) {
   std::ofstream(path) << "device: cpu\nmodel: {name: mlp, hidden: [24, 12]}\n"
                          "data: {name: synthetic, shape: [1, 4, 5], num_classes: 3, "
                          "train_samples: 64, val_samples: 8, batch_size: 16, workers: 0}\n";
-  auto loaded = config::load(path.string(), {});
+  auto loaded = engine::load_config(path.string(), {});
   config::check(loaded, config::Environment{});
   Trainer trainer(loaded);
   EXPECT_EQ(trainer.forward_flops(), 2 * 16 * (20 * 24 + 24 * 12 + 12 * 3));

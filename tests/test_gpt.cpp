@@ -11,19 +11,19 @@ namespace trainer::models {
 namespace {
 
 config::ModelConfig small_config() {
-  config::ModelConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_head = 2;
-  cfg.n_embd = 32;
-  cfg.block_size = 16;
-  cfg.vocab_size = 50;
-  cfg.dropout = 0.0;
-  cfg.bias = true;
+  config::ModelConfig cfg = default_model_config("gpt");
+  cfg.options.set("n_layer", int64_t{2});
+  cfg.options.set("n_head", int64_t{2});
+  cfg.options.set("n_embd", int64_t{32});
+  cfg.options.set("block_size", int64_t{16});
+  cfg.options.set("vocab_size", int64_t{50});
+  cfg.options.set("dropout", 0.0);
+  cfg.options.set("bias", true);
   return cfg;
 }
 
 Net build_gpt(const config::ModelConfig& cfg) {
-  return model_registry().get("gpt")(cfg, InputSpec{{cfg.block_size}, /*num_classes=*/0});
+  return build_model(cfg, InputSpec{{cfg.options.value<int64_t>("block_size")}, /*num_classes=*/0});
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -32,13 +32,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 TEST(Gpt, Gpt2SmallParameterCount) {
-  config::ModelConfig cfg;  // defaults: 12 layers, 12 heads, 768 wide, block 1024, vocab 50257
-  cfg.n_layer = 12;
-  cfg.n_head = 12;
-  cfg.n_embd = 768;
-  cfg.block_size = 1024;
-  cfg.vocab_size = 50257;
-  cfg.bias = true;
+  config::ModelConfig cfg = default_model_config(
+      "gpt");  // defaults: 12 layers, 12 heads, 768 wide, block 1024, vocab 50257
+  cfg.options.set("n_layer", int64_t{12});
+  cfg.options.set("n_head", int64_t{12});
+  cfg.options.set("n_embd", int64_t{768});
+  cfg.options.set("block_size", int64_t{1024});
+  cfg.options.set("vocab_size", int64_t{50257});
+  cfg.options.set("bias", true);
   auto net = build_gpt(cfg);
   // nanoGPT's / Hugging Face's count, the tied lm_head counted once.
   EXPECT_EQ(parameter_count(*net), 124439808);
@@ -111,7 +112,7 @@ TEST(Gpt, Causal) {
 
 TEST(Gpt, WithoutBias) {
   auto cfg = small_config();
-  cfg.bias = false;
+  cfg.options.set("bias", false);
   auto net = build_gpt(cfg);
   for (const auto& p : net->named_parameters()) {
     EXPECT_FALSE(ends_with(p.key(), ".bias")) << p.key();
@@ -137,7 +138,7 @@ TEST(Gpt, RejectsSequenceLongerThanBlockSize) {
 
 TEST(Gpt, RejectsHeadsNotDividingWidth) {
   auto cfg = small_config();
-  cfg.n_head = 5;
+  cfg.options.set("n_head", int64_t{5});
   try {
     build_gpt(cfg);
     FAIL() << "expected ModelError";
@@ -148,15 +149,15 @@ TEST(Gpt, RejectsHeadsNotDividingWidth) {
 
 TEST(Gpt, VocabularyFromInputSpecWhenZero) {
   auto cfg = small_config();
-  cfg.vocab_size = 0;
-  auto net = model_registry().get("gpt")(cfg, InputSpec{{16}, /*num_classes=*/7});
+  cfg.options.set("vocab_size", int64_t{0});
+  auto net = build_model(cfg, InputSpec{{16}, /*num_classes=*/7});
   EXPECT_EQ(net->forward(torch::randint(/*high=*/7, {1, 4}, torch::kLong)).sizes(),
             (std::vector<int64_t>{1, 4, 7}));
 }
 
 TEST(Gpt, DropoutOnlyWhileTraining) {
   auto cfg = small_config();
-  cfg.dropout = 0.2;
+  cfg.options.set("dropout", 0.2);
   auto net = build_gpt(cfg);
   auto x = torch::randint(/*high=*/50, {2, 12}, torch::kLong);
   net->eval();
@@ -166,12 +167,12 @@ TEST(Gpt, DropoutOnlyWhileTraining) {
 }
 
 TEST(Gpt, Gpt2Init) {
-  config::ModelConfig cfg;
-  cfg.n_layer = 4;
-  cfg.n_head = 4;
-  cfg.n_embd = 128;
-  cfg.block_size = 64;
-  cfg.vocab_size = 200;
+  config::ModelConfig cfg = default_model_config("gpt");
+  cfg.options.set("n_layer", int64_t{4});
+  cfg.options.set("n_head", int64_t{4});
+  cfg.options.set("n_embd", int64_t{128});
+  cfg.options.set("block_size", int64_t{64});
+  cfg.options.set("vocab_size", int64_t{200});
   auto net = build_gpt(cfg);
   const double proj_std = 0.02 / std::sqrt(2.0 * 4);
   int64_t projections = 0;

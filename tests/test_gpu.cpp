@@ -9,14 +9,15 @@
 
 #include "cli_fixture.h"
 #include "config/loader.h"
+#include "engine/components.h"
 #include "engine/trainer.h"
-#include "launch/launcher.h"
 #include "models/model.h"
 #include "nn/activation_checkpoint.h"
 #include "nn/autocast.h"
 #include "optim/grad_scaler.h"
 #include "temp_dir.h"
 #include "util/gpu_monitor.h"
+#include "util/net.h"
 
 namespace trainer::engine {
 namespace {
@@ -36,7 +37,7 @@ config::LoadedConfig synthetic_run(const fs::path& dir, const std::string& devic
                         "val_samples: 64, batch_size: 32, workers: 1}\n"
                         "train: {max_steps: 16}\noptim: {lr: 0.05}\nrun: {log_every: 4, dir: "
                      << (dir / "run").string() << "}\n";
-  auto loaded = config::load(cfg.string(), overrides);
+  auto loaded = engine::load_config(cfg.string(), overrides);
   config::Environment env;
   env.cuda_available = torch::cuda::is_available();
   env.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
@@ -82,9 +83,9 @@ TEST(GpuDist, NcclGroupOfOneTrainsAsAPlainRun) {
     auto ddp_cfg = synthetic_run(
         ddp_dir.path(), "cuda",
         {std::string("dist.reducer_at_world_size_1=") + (reducer ? "true" : "false")});
-    dist::DistEnv job;
+    distributed::DistEnv job;
     job.source = "torchrun";
-    job.master_port = launch::free_port();
+    job.master_port = free_port();
     Trainer ddp(ddp_cfg, job);
     EXPECT_NE(ddp.summary().find("nccl"), std::string::npos) << ddp.summary();
     const auto b = ddp.fit();
@@ -154,7 +155,7 @@ TEST(GpuAmp, Float16TrainingWithScalerAndCheckpointing) {
          "train: {max_steps: 16}\noptim: {lr: 0.05}\namp: {enabled: true, dtype: float16}\n"
          "run: {log_every: 4, dir: "
       << (dir.path() / "run").string() << "}\n";
-  auto loaded = config::load(cfg.string(), {});
+  auto loaded = engine::load_config(cfg.string(), {});
   config::Environment env;
   env.cuda_available = true;
   env.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());

@@ -204,17 +204,17 @@ class ImageFolderTest : public ::testing::Test {
   }
 
   config::DataConfig config() const {
-    config::DataConfig cfg;
+    config::DataConfig cfg = default_data_config();
     cfg.name = "imagefolder";
     cfg.root = root().string();
-    cfg.image_size = 16;
-    cfg.resize_size = 20;
-    cfg.hflip = 0.5;
+    cfg.options.set("image_size", int64_t{16});
+    cfg.options.set("resize_size", int64_t{20});
+    cfg.options.set("hflip", 0.5);
     return cfg;
   }
 
   Splits make(const config::DataConfig& cfg) const {
-    return dataset_registry().get("imagefolder")(cfg, /*seed=*/0);
+    return dataset_registry().get("imagefolder")(cfg, DataContext{/*seed=*/0});
   }
 
   const fs::path& root() const { return tmp_.path(); }
@@ -268,8 +268,9 @@ TEST_F(ImageFolderTest, EvalIsResizeAndCenterCrop) {
   add("val", "a", "0.png", 0, 40, 20);
   auto cfg = config();
   cfg.normalize = false;
-  cfg.image_size = 10;
-  cfg.resize_size = 10;  // 40x20 -> 20x10 -> central 10x10: the middle of the red ramp
+  cfg.options.set("image_size", int64_t{10});
+  cfg.options.set("resize_size",
+                  int64_t{10});  // 40x20 -> 20x10 -> central 10x10: the middle of the red ramp
   const Batch b = make(cfg).val->get({0});
   const auto red = b.inputs[0][0];  // [10, 10] in [0, 1]
   EXPECT_NEAR(red.mean().item<double>(), 0.5, 0.05);

@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "cli/commands.h"
 #include "launch/launcher.h"
 #include "temp_dir.h"
+#include "util/net.h"
 
 namespace trainer::launch {
 namespace {
@@ -131,7 +131,7 @@ LaunchOptions parse(const std::vector<std::string>& args, int gpus = 0) {
 std::string usage_error(const std::vector<std::string>& args, int gpus = 0) {
   try {
     parse(args, gpus);
-  } catch (const cli::UsageError& e) {
+  } catch (const ArgumentError& e) {
     return e.what();
   }
   return "(accepted)";

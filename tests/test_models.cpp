@@ -9,14 +9,15 @@
 namespace trainer::models {
 namespace {
 
-Net build(const std::string& name, const config::ModelConfig& cfg, std::vector<int64_t> shape,
+Net build(const std::string& name, config::ModelConfig cfg, std::vector<int64_t> shape,
           int64_t classes) {
-  return model_registry().get(name)(cfg, InputSpec{std::move(shape), classes});
+  cfg.name = name;
+  return build_model(cfg, InputSpec{std::move(shape), classes});
 }
 
 TEST(Models, MlpShapesAndParameterCount) {
-  config::ModelConfig cfg;
-  cfg.hidden = {256, 128, 100};
+  config::ModelConfig cfg = default_model_config();
+  cfg.options.set("hidden", std::vector<int64_t>{256, 128, 100});
   auto net = build("mlp", cfg, {1, 28, 28}, 10);
   // (784*256 + 256) + (256*128 + 128) + (128*100 + 100) + (100*10 + 10)
   EXPECT_EQ(parameter_count(*net), 247766);
@@ -25,17 +26,17 @@ TEST(Models, MlpShapesAndParameterCount) {
 }
 
 TEST(Models, MlpWithoutHiddenLayersIsLinear) {
-  config::ModelConfig cfg;
-  cfg.hidden = {};
+  config::ModelConfig cfg = default_model_config();
+  cfg.options.set("hidden", std::vector<int64_t>{});
   auto net = build("mlp", cfg, {5}, 3);
   EXPECT_EQ(parameter_count(*net), 5 * 3 + 3);
 }
 
 TEST(Models, LenetShapesAndParameterCount) {
-  config::ModelConfig cfg;
-  cfg.channels = {32, 64};
-  cfg.kernel_size = 5;
-  cfg.fc_hidden = 128;
+  config::ModelConfig cfg = default_model_config();
+  cfg.options.set("channels", std::vector<int64_t>{32, 64});
+  cfg.options.set("kernel_size", int64_t{5});
+  cfg.options.set("fc_hidden", int64_t{128});
   auto net = build("lenet", cfg, {1, 28, 28}, 10);
   // conv1 1*32*25+32, conv2 32*64*25+64, fc 64*7*7*128+128, head 128*10+10
   EXPECT_EQ(parameter_count(*net), 832 + 51264 + 401536 + 1290);
@@ -47,11 +48,11 @@ TEST(Models, LenetShapesAndParameterCount) {
 // nor the gradients of the plain order and layout.
 TEST(Models, LenetLayoutsAndActivationOrderAgree) {
   for (const std::string activation : {"relu", "tanh", "gelu"}) {
-    config::ModelConfig cfg;
-    cfg.activation = activation;
+    config::ModelConfig cfg = default_model_config();
+    cfg.options.set("activation", activation);
     torch::manual_seed(3);
     auto plain = build("lenet", cfg, {1, 12, 12}, 4);
-    cfg.channels_last = true;
+    cfg.options.set("channels_last", true);
     torch::manual_seed(3);
     auto nhwc = build("lenet", cfg, {1, 12, 12}, 4);
     EXPECT_TRUE(
@@ -78,7 +79,7 @@ TEST(Models, LenetLayoutsAndActivationOrderAgree) {
 }
 
 TEST(Models, LenetRejectsFlatSamples) {
-  config::ModelConfig cfg;
+  config::ModelConfig cfg = default_model_config();
   try {
     build("lenet", cfg, {64}, 10);
     FAIL() << "expected ModelError";
@@ -89,8 +90,8 @@ TEST(Models, LenetRejectsFlatSamples) {
 }
 
 TEST(Models, DropoutOnlyWhileTraining) {
-  config::ModelConfig cfg;
-  cfg.dropout = 0.5;
+  config::ModelConfig cfg = default_model_config();
+  cfg.options.set("dropout", 0.5);
   auto net = build("mlp", cfg, {16}, 4);
   auto x = torch::randn({8, 16});
   net->eval();
@@ -100,8 +101,8 @@ TEST(Models, DropoutOnlyWhileTraining) {
 }
 
 TEST(Models, SummaryEndsWithParameterLine) {
-  config::ModelConfig cfg;
-  cfg.hidden = {8};
+  config::ModelConfig cfg = default_model_config();
+  cfg.options.set("hidden", std::vector<int64_t>{8});
   auto net = build("mlp", cfg, {4}, 2);
   const auto text = summary(*net, "mlp");
   EXPECT_NE(text.find("parameters: 58\n"), std::string::npos) << text;  // 4*8+8 + 8*2+2

@@ -16,13 +16,13 @@ struct TinyImpl : torch::nn::Module {
   torch::Tensor weight, bias;
 };
 
-// Runs optimizer steps with the given gradient (the same for every element) at each step.
-void run_steps(TinyImpl& m, torch::optim::Optimizer& opt, const std::vector<double>& grads) {
+// Runs optimizer steps at learning rate `lr` with the given gradient (the same for every element)
+// at each step.
+void run_steps(TinyImpl& m, Optimizer& opt, double lr, const std::vector<double>& grads) {
   for (double g : grads) {
-    opt.zero_grad();
     m.weight.mutable_grad() = torch::full_like(m.weight, g);
     m.bias.mutable_grad() = torch::full_like(m.bias, g);
-    opt.step();
+    opt.step(lr);
   }
 }
 
@@ -35,8 +35,7 @@ void expect_values(const torch::Tensor& t, const std::vector<double>& want) {
 }
 
 config::OptimConfig optim(const std::string& name, double lr) {
-  config::OptimConfig cfg;
-  cfg.name = name;
+  config::OptimConfig cfg = default_optim_config(name);
   cfg.lr = lr;
   return cfg;
 }
@@ -44,12 +43,12 @@ config::OptimConfig optim(const std::string& name, double lr) {
 TEST(Optimizer, SgdMomentumWithWeightDecayOnWeightsOnly) {
   TinyImpl m;
   auto cfg = optim("sgd", 0.1);
-  cfg.momentum = 0.9;
+  cfg.options.set("momentum", 0.9);
   cfg.weight_decay = 0.1;
   auto opt = make_optimizer(m, cfg);
   // step 1: d = g + wd * p = {0.6, 0.3}; buf = d; p -= lr * buf -> {0.94, -2.03}
   // step 2: d = {0.5 + 0.094, 0.5 - 0.203}; buf = 0.9 * buf + d = {1.134, 0.567}
-  run_steps(m, *opt, {0.5, 0.5});
+  run_steps(m, *opt, cfg.lr, {0.5, 0.5});
   expect_values(m.weight, {0.94 - 0.1134, -2.03 - 0.0567});
   // bias without decay: buf = 0.5, then 0.95; p = 1 - 0.05 - 0.095
   expect_values(m.bias, {1.0 - 0.05 - 0.095});
@@ -58,25 +57,25 @@ TEST(Optimizer, SgdMomentumWithWeightDecayOnWeightsOnly) {
 TEST(Optimizer, SgdNesterov) {
   TinyImpl m;
   auto cfg = optim("sgd", 0.1);
-  cfg.momentum = 0.9;
-  cfg.nesterov = true;
+  cfg.options.set("momentum", 0.9);
+  cfg.options.set("nesterov", true);
   auto opt = make_optimizer(m, cfg);
   // step 1: buf = g; update = g + 0.9 * buf = 1.9 g
-  run_steps(m, *opt, {0.5});
+  run_steps(m, *opt, cfg.lr, {0.5});
   expect_values(m.weight, {1.0 - 0.1 * 0.95, -2.0 - 0.1 * 0.95});
 }
 
 TEST(Optimizer, DecayBiasAndNormPutsEverythingInOneGroup) {
   TinyImpl m;
   auto cfg = optim("sgd", 0.1);
-  cfg.momentum = 0.0;
+  cfg.options.set("momentum", 0.0);
   cfg.weight_decay = 0.1;
   cfg.decay_bias_and_norm = true;
   auto groups = split_parameters(m, cfg);
   EXPECT_EQ(groups.decay.size(), 2u);
   EXPECT_TRUE(groups.no_decay.empty());
   auto opt = make_optimizer(m, cfg);
-  run_steps(m, *opt, {0.5});
+  run_steps(m, *opt, cfg.lr, {0.5});
   expect_values(m.bias, {1.0 - 0.1 * (0.5 + 0.1)});
 }
 
@@ -84,7 +83,7 @@ TEST(Optimizer, AdamTwoSteps) {
   TinyImpl m;
   auto cfg = optim("adam", 0.01);
   auto opt = make_optimizer(m, cfg);
-  run_steps(m, *opt, {0.5, 0.1});
+  run_steps(m, *opt, cfg.lr, {0.5, 0.1});
   // m_t = b1 m + (1 - b1) g, v_t = b2 v + (1 - b2) g^2, p -= lr * m^ / (sqrt(v^) + eps)
   expect_values(m.weight, {0.9819695906384652, -2.018030409361535});
   expect_values(m.bias, {0.9819695906384652});
@@ -95,7 +94,7 @@ TEST(Optimizer, AdamWeightDecayIsL2) {
   auto cfg = optim("adam", 0.01);
   cfg.weight_decay = 0.1;
   auto opt = make_optimizer(m, cfg);
-  run_steps(m, *opt, {0.5, 0.1});
+  run_steps(m, *opt, cfg.lr, {0.5, 0.1});
   // g' = g + wd * p before the moments.
   expect_values(m.weight.select(1, 0), {0.981296786265348});
   expect_values(m.bias, {0.9819695906384652});
@@ -106,31 +105,32 @@ TEST(Optimizer, AdamWDecoupledDecaySkipsBias) {
   auto cfg = optim("adamw", 0.01);
   cfg.weight_decay = 0.1;
   auto opt = make_optimizer(m, cfg);
-  run_steps(m, *opt, {0.5, 0.1});
+  run_steps(m, *opt, cfg.lr, {0.5, 0.1});
   // p *= 1 - lr * wd, then the Adam update.
   expect_values(m.weight, {0.9799805906382653, -2.0140224093617345});
   expect_values(m.bias, {0.9819695906384652});
 }
 
-TEST(Optimizer, SetLrChangesEveryGroup) {
+TEST(Optimizer, StepTakesItsLearningRateInEveryGroup) {
   TinyImpl m;
   auto cfg = optim("sgd", 0.1);
   cfg.weight_decay = 0.1;
   auto opt = make_optimizer(m, cfg);
-  ASSERT_EQ(opt->param_groups().size(), 2u);
-  set_lr(*opt, 0.5);
-  for (auto& g : opt->param_groups()) EXPECT_DOUBLE_EQ(g.options().get_lr(), 0.5);
+  run_steps(m, *opt, /*lr=*/0.5, {0.5});
+  // weight (decayed): d = g + wd * p = {0.6, 0.3}; bias: d = g; p -= 0.5 * d
+  expect_values(m.weight, {1.0 - 0.5 * 0.6, -2.0 - 0.5 * 0.3});
+  expect_values(m.bias, {1.0 - 0.5 * 0.5});
 }
 
 TEST(Optimizer, TiedWeightIsUpdatedOnce) {
   TinyImpl m;
   m.register_parameter("tied", m.weight);  // the same tensor under a second name
   auto cfg = optim("sgd", 0.1);
-  cfg.momentum = 0.0;
+  cfg.options.set("momentum", 0.0);
   auto groups = split_parameters(m, cfg);
   EXPECT_EQ(groups.decay.size(), 2u);  // weight (once) and bias
   auto opt = make_optimizer(m, cfg);
-  run_steps(m, *opt, {0.5});
+  run_steps(m, *opt, cfg.lr, {0.5});
   expect_values(m.weight, {1.0 - 0.05, -2.0 - 0.05});
 }
 

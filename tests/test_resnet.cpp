@@ -16,9 +16,10 @@
 namespace trainer::models {
 namespace {
 
-Net build(const std::string& name, const config::ModelConfig& cfg, std::vector<int64_t> shape,
+Net build(const std::string& name, config::ModelConfig cfg, std::vector<int64_t> shape,
           int64_t classes) {
-  return model_registry().get(name)(cfg, InputSpec{std::move(shape), classes});
+  cfg.name = name;
+  return build_model(cfg, InputSpec{std::move(shape), classes});
 }
 
 std::string join_dims(c10::IntArrayRef sizes) {
@@ -94,8 +95,8 @@ TEST(Resnet, ImagenetStemForward) {
 }
 
 TEST(Resnet, CifarStemIsThreeByThreeWithoutPooling) {
-  config::ModelConfig cfg;
-  cfg.stem = "cifar";
+  config::ModelConfig cfg = default_model_config();
+  cfg.options.set("stem", "cifar");
   auto net = build("resnet18", cfg, {3, 32, 32}, 10);
   const auto params = net->named_parameters();
   EXPECT_EQ(params["conv1.weight"].sizes(), (std::vector<int64_t>{64, 3, 3, 3}));
@@ -111,18 +112,18 @@ TEST(Resnet, InputChannelsFromDataOrConfig) {
   EXPECT_EQ(gray->named_parameters()["conv1.weight"].size(1), 1);
   EXPECT_EQ(gray->forward(torch::randn({2, 1, 28, 28})).sizes(), (std::vector<int64_t>{2, 10}));
 
-  config::ModelConfig cfg;
-  cfg.in_channels = 4;
+  config::ModelConfig cfg = default_model_config();
+  cfg.options.set("in_channels", int64_t{4});
   auto four = build("resnet18", cfg, {3, 32, 32}, 10);
   EXPECT_EQ(four->named_parameters()["conv1.weight"].size(1), 4);
 }
 
 TEST(Resnet, ChannelsLastMatchesDefaultFormat) {
   for (const std::string name : {"resnet18", "resnet50"}) {
-    config::ModelConfig cfg;
+    config::ModelConfig cfg = default_model_config();
     torch::manual_seed(7);
     auto plain = build(name, cfg, {3, 32, 32}, 10);
-    cfg.channels_last = true;
+    cfg.options.set("channels_last", true);
     torch::manual_seed(7);
     auto nhwc = build(name, cfg, {3, 32, 32}, 10);
     EXPECT_TRUE(
@@ -146,8 +147,8 @@ TEST(Resnet, KaimingInitOnConvolutions) {
 }
 
 TEST(Resnet, ZeroInitResidualZeroesLastNormOfEachBlock) {
-  config::ModelConfig cfg;
-  cfg.zero_init_residual = true;
+  config::ModelConfig cfg = default_model_config();
+  cfg.options.set("zero_init_residual", true);
   const std::vector<std::pair<std::string, std::string>> cases = {{"resnet18", ".bn2.weight"},
                                                                   {"resnet50", ".bn3.weight"}};
   for (const auto& [name, last] : cases) {

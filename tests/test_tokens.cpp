@@ -33,15 +33,15 @@ class TokensTest : public ::testing::Test {
     return write(name, bytes);
   }
   config::DataConfig config(const std::string& root, int64_t seq_len) const {
-    config::DataConfig cfg;
+    config::DataConfig cfg = default_data_config();
     cfg.name = "tokens";
     cfg.root = root;
-    cfg.seq_len = seq_len;
-    cfg.val_fraction = 0.25;
+    cfg.options.set("seq_len", seq_len);
+    cfg.options.set("val_fraction", 0.25);
     return cfg;
   }
   Splits make(const config::DataConfig& cfg) const {
-    return dataset_registry().get("tokens")(cfg, /*seed=*/0);
+    return dataset_registry().get("tokens")(cfg, DataContext{/*seed=*/0});
   }
   test_support::TempDir tmp_{"tokens"};
 };

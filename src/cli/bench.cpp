@@ -10,8 +10,9 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "config/loader.h"
-#include "dist/env.h"
+#include "distributed/env.h"
 #include "engine/bench.h"
+#include "engine/components.h"
 #include "engine/trainer.h"
 #include "util/fileio.h"
 #include "util/format.h"
@@ -37,7 +38,7 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
           {"device", t.device().str()},
           {"device_name", r.device_name},
           {"precision", precision(cfg)},
-          {"channels_last", cfg.model.channels_last},
+          {"channels_last", config::lookup(cfg, "model.channels_last") == "true"},
           {"batch_size", cfg.data.batch_size},
           {"grad_accum_steps", cfg.train.grad_accum_steps},
           {"world_size", t.world_size()},
@@ -144,15 +145,14 @@ int bench_command(int argc, char** argv) {
   if (opts.warmup < 0) {
     throw UsageError("--warmup must not be negative, got " + std::to_string(opts.warmup));
   }
-  const dist::DistEnv job = dist::read_process_env();
+  const distributed::DistEnv job = distributed::read_process_env();
   setup_logging(args["log-level"].as<std::string>(), job);
 
   std::vector<std::string> overrides;
   if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
   if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
   const std::string config_path = args["config"].as<std::string>();
-  auto loaded = config::load(config_path, overrides);
-  config::check(loaded, config_environment());
+  const auto loaded = load_config(config_path, overrides, engine::config_environment());
 
   engine::Trainer trainer(loaded, job);
   const auto result = engine::run_bench(trainer, opts);

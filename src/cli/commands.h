@@ -3,9 +3,10 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "config/loader.h"
-#include "dist/env.h"
+#include "distributed/env.h"
 
 namespace trainer::cli {
 
@@ -23,10 +24,13 @@ int bench_command(int argc, char** argv);
 
 // Sets up logging at --log-level `level_text` for this process of `job`: rank 0 at that level, the
 // other ranks at warn or above. A level that is not one throws UsageError.
-void setup_logging(const std::string& level_text, const dist::DistEnv& job);
+void setup_logging(const std::string& level_text, const distributed::DistEnv& job);
 
-// What configs are validated against: the devices present and every registry's names.
-config::Environment config_environment();
+// Reads `path` with `overrides` over the built-in defaults (engine::config_defaults(): every
+// model's, data set's and optimizer's own keys) and validates it against `env`. Throws
+// config::ConfigError listing every problem.
+config::LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                                 const config::Environment& env);
 
 // The CUDA version LibTorch was built with, e.g. "13.0", or "cpu".
 std::string cuda_build_version();

@@ -9,6 +9,7 @@
 #include "cli/options.h"
 #include "config/loader.h"
 #include "doctor/probe.h"
+#include "engine/components.h"
 #include "engine/trainer.h"
 #include "models/model.h"
 #include "util/format.h"
@@ -72,8 +73,7 @@ std::string gib(int64_t bytes) {
 // run is built and measured on the CPU (engine/memory.h).
 doctor::Finding memory_finding(const std::string& config_path, const doctor::Facts& facts,
                                int64_t measure_batch, nlohmann::json& out) {
-  auto loaded = config::load(config_path, {"device=cpu", "data.workers=0"});
-  config::check(loaded, config::Environment{});
+  const auto loaded = load_config(config_path, {"device=cpu", "data.workers=0"}, {});
   const auto& cfg = loaded.cfg;
   engine::Trainer trainer(loaded);
   const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
@@ -192,7 +192,7 @@ int doctor_command(int argc, char** argv) {
   if (args.count("config")) {
     // Read without validating: a config asking for a GPU this machine lacks is what the doctor
     // reports, not a usage error.
-    const auto loaded = config::load(args["config"].as<std::string>(), {});
+    const auto loaded = engine::load_config(args["config"].as<std::string>(), {});
     wants_cuda = loaded.cfg.device.rfind("cuda", 0) == 0;
   }
   const doctor::Facts facts = doctor::probe(wants_cuda);

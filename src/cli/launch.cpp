@@ -32,7 +32,12 @@ std::string own_executable() {
 
 int launch_command(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  launch::LaunchCommand command = launch::parse_launch_args(args, cuda_devices);
+  launch::LaunchCommand command;
+  try {
+    command = launch::parse_launch_args(args, cuda_devices);
+  } catch (const launch::ArgumentError& e) {
+    throw UsageError(e.what());
+  }
   if (command.help) {
     std::cout << launch::launch_help();
     return 0;

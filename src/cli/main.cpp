@@ -23,14 +23,10 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "config/loader.h"
-#include "data/dataset.h"
-#include "dist/env.h"
-#include "dist/process_group.h"
+#include "distributed/env.h"
+#include "distributed/process_group.h"
+#include "engine/components.h"
 #include "engine/trainer.h"
-#include "losses/loss.h"
-#include "models/model.h"
-#include "optim/optimizer.h"
-#include "optim/schedule.h"
 #include "util/fileio.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -46,7 +42,7 @@ std::string cuda_build_version() {
   }
 }
 
-void setup_logging(const std::string& level_text, const dist::DistEnv& job) {
+void setup_logging(const std::string& level_text, const distributed::DistEnv& job) {
   log::Level level;
   if (!log::parse_level(level_text, &level)) {
     throw UsageError("--log-level: unknown level '" + level_text +
@@ -56,16 +52,11 @@ void setup_logging(const std::string& level_text, const dist::DistEnv& job) {
   log::setup(level, job.rank);
 }
 
-config::Environment config_environment() {
-  config::Environment env;
-  env.cuda_available = torch::cuda::is_available();
-  env.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
-  env.choices["model.name"] = models::model_registry().names();
-  env.choices["data.name"] = data::dataset_registry().names();
-  env.choices["optim.name"] = optim::optimizer_registry().names();
-  env.choices["sched.name"] = optim::schedule_registry().names();
-  env.choices["train.loss"] = losses::loss_registry().names();
-  return env;
+config::LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                                 const config::Environment& env) {
+  auto loaded = engine::load_config(path, overrides);
+  config::check(loaded, env);
+  return loaded;
 }
 
 }  // namespace trainer::cli
@@ -139,7 +130,7 @@ int train(int argc, char** argv) {
     return kOk;
   }
   // A launched job's rank; rank 0 logs in full and writes the run dir, the others log warnings.
-  const trainer::dist::DistEnv job = trainer::dist::read_process_env();
+  const trainer::distributed::DistEnv job = trainer::distributed::read_process_env();
   trainer::cli::setup_logging(args["log-level"].as<std::string>(), job);
   if (!args.count("config")) throw UsageError("--config FILE is required");
 
@@ -154,8 +145,8 @@ int train(int argc, char** argv) {
       throw UsageError("--resume: " + resume + " is not a checkpoint file (or use --resume auto)");
     }
   }
-  auto loaded = trainer::config::load(args["config"].as<std::string>(), overrides);
-  trainer::config::check(loaded, trainer::cli::config_environment());
+  const auto loaded = trainer::cli::load_config(args["config"].as<std::string>(), overrides,
+                                                trainer::engine::config_environment());
   const std::string resolved = trainer::config::to_yaml(loaded.cfg);
   if (args.count("print-config")) {
     std::cout << resolved;
@@ -271,7 +262,7 @@ int main(int argc, char** argv) {
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return kUsageError;
-  } catch (const trainer::dist::EnvError& e) {
+  } catch (const trainer::distributed::EnvError& e) {
     std::cerr << "trainer: " << e.what() << "\n";
     return kUsageError;
   } catch (const trainer::UnknownName& e) {

@@ -1,12 +1,10 @@
-// cxxopts, configured once for every command: a repeated option's value is taken whole, commas
-// included (--set data.shape=[3,32,32]).
+// Command-line parsing shared by the commands (cxxopts as util/cxxopts.h configures it).
 #pragma once
 
-#define CXXOPTS_VECTOR_DELIMITER '\0'
-#include <cxxopts.hpp>
 #include <string>
 
 #include "cli/commands.h"
+#include "util/cxxopts.h"
 
 namespace trainer::cli {
 

@@ -1,13 +1,18 @@
 // The run configuration: plain structs mirroring the YAML sections.
 //
 // Every field has a default. Each struct lists its fields once, in `visit`, which is what the
-// loader, the emitter, `--set` and the "did you mean" suggestions walk. This header and the
-// config library never include torch.
+// loader, the emitter, `--set` and the "did you mean" suggestions walk. The keys of one model,
+// data set or optimizer live in that entry's own file (config/options.h); a section holds every
+// entry's in `options`, visited as `v("", options)` after the section's own fields. This header
+// and the config library never include torch.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "config/options.h"
 
 namespace trainer::config {
 
@@ -22,6 +27,9 @@ struct RunConfig {
   int64_t threads = 0;                  // intra-op CPU threads; 0 = LibTorch's default
   std::string progress = "auto";  // progress bar: auto (when stderr is a terminal)|always|never
   bool tensorboard = true;        // also write the metrics as TensorBoard events to <dir>/tb/
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
 
   template <class V>
   void visit(V& v) {
@@ -44,23 +52,17 @@ struct ModelConfig {
   std::string checkpointing = "none";  // activation checkpointing: none|blocks|every:N
   std::string pretrained;              // safetensors file to initialise from; empty = none
   bool pretrained_skip_head =
-      false;  // re-initialise a classifier whose shape differs (fine-tuning)
-  std::vector<int64_t> hidden = {256, 128};  // mlp: hidden layer widths
-  std::vector<int64_t> channels = {32, 64};  // lenet: output channels of the two conv layers
-  int64_t kernel_size = 5;                   // lenet: conv kernel size (odd; padded to keep size)
-  int64_t fc_hidden = 128;                   // lenet: width of the hidden fully connected layer
-  double dropout = 0.0;                      // dropout rate after each hidden fully connected layer
-  std::string activation = "relu";           // hidden activation: relu|gelu|tanh
-  int64_t in_channels = 0;                   // resnet: input channels; 0 = the data's channels
-  std::string stem = "imagenet";             // resnet: imagenet (7x7/2 + max-pool)|cifar (3x3/1)
-  bool zero_init_residual = false;           // resnet: zero the last norm of each residual block
-  bool channels_last = false;                // resnet, lenet: NHWC memory format
-  int64_t n_layer = 12;                      // gpt: transformer blocks
-  int64_t n_head = 12;                       // gpt: attention heads (must divide n_embd)
-  int64_t n_embd = 768;                      // gpt: embedding width
-  int64_t block_size = 1024;                 // gpt: context length in tokens
-  int64_t vocab_size = 50257;                // gpt: vocabulary size; 0 = the data's class count
-  bool bias = true;                          // gpt: biases in linear layers and layer norms
+      false;        // re-initialise a classifier whose shape differs (fine-tuning)
+  Entries options;  // each model's own keys (model.hidden, model.n_layer, ...), in its file
+
+  // The options of the selected model, as that model's struct.
+  template <class T>
+  const T& own() const {
+    return options.get<T>(name);
+  }
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
 
   template <class V>
   void visit(V& v) {
@@ -69,54 +71,37 @@ struct ModelConfig {
     v("checkpointing", checkpointing);
     v("pretrained", pretrained);
     v("pretrained_skip_head", pretrained_skip_head);
-    v("hidden", hidden);
-    v("channels", channels);
-    v("kernel_size", kernel_size);
-    v("fc_hidden", fc_hidden);
-    v("dropout", dropout);
-    v("activation", activation);
-    v("in_channels", in_channels);
-    v("stem", stem);
-    v("zero_init_residual", zero_init_residual);
-    v("channels_last", channels_last);
-    v("n_layer", n_layer);
-    v("n_head", n_head);
-    v("n_embd", n_embd);
-    v("block_size", block_size);
-    v("vocab_size", vocab_size);
-    v("bias", bias);
+    v("", options);
   }
 };
 
+// The `model.checkpointing` setting as a block period: 0 for none, 1 for blocks (every block), N
+// for every:N (every N-th block); nullopt when the setting is malformed.
+std::optional<int64_t> checkpoint_period(const std::string& spec);
+
 struct DataConfig {
-  std::string name = "synthetic";            // dataset registry name
-  std::string root;                          // dataset location; empty = the dataset's default
-  int64_t batch_size = 128;                  // samples per step and process
-  int64_t eval_batch_size = 0;               // samples per evaluation batch; 0 = batch_size
-  int64_t workers = 2;                       // loader threads preparing batches ahead
-  int64_t prefetch = 2;                      // batches each worker prepares ahead
-  bool shuffle = true;                       // reshuffle the training set every epoch
-  bool drop_last = true;                     // drop the last incomplete training batch
-  bool normalize = true;                     // scale inputs to zero mean and unit variance
-  std::vector<int64_t> shape = {1, 28, 28};  // synthetic: sample shape (C, H, W) or (D)
-  int64_t num_classes = 10;                  // synthetic: number of classes
-  int64_t train_samples = 2048;              // synthetic: training set length
-  int64_t val_samples = 512;                 // synthetic: validation set length
-  double noise = 0.5;                        // synthetic: noise added to the class patterns
-  std::string on_error = "skip";    // an unreadable sample: skip (warn, count, substitute) or fail
-  std::vector<double> mean;         // per-channel normalisation mean; empty = the dataset's own
-  std::vector<double> stdev;        // (key `std`) per-channel normalisation std; empty = dataset's
-  int64_t crop_padding = 0;         // cifar10, fashion_mnist: zero-pad training images, random crop
-  double hflip = 0.0;               // probability of flipping a training image horizontally
-  std::string train_dir = "train";  // imagefolder: training sub-folder of root
-  std::string val_dir = "val";      // imagefolder: validation sub-folder of root
-  int64_t image_size = 224;         // imagefolder: side of the square train and eval crops
-  int64_t resize_size = 256;        // imagefolder: eval resizes the shorter side to this first
-  std::vector<double> crop_scale = {0.08, 1.0};  // imagefolder: random-resized-crop area range
-  std::vector<double> crop_ratio = {0.75, 4.0 / 3.0};  // imagefolder: crop aspect-ratio range
-  std::string token_format = "auto";  // tokens: uint16 (nanoGPT .bin), bytes, auto (by suffix)
-  int64_t seq_len = 0;                // tokens: tokens per sample; 0 = model.block_size
-  double val_fraction = 0.1;          // tokens: tail of a single file held out for validation
+  std::string name = "synthetic";  // dataset registry name
+  std::string root;                // dataset location; empty = the dataset's default
+  int64_t batch_size = 128;        // samples per step and process
+  int64_t eval_batch_size = 0;     // samples per evaluation batch; 0 = batch_size
+  int64_t workers = 2;             // loader threads preparing batches ahead
+  int64_t prefetch = 2;            // batches each worker prepares ahead
+  bool shuffle = true;             // reshuffle the training set every epoch
+  bool drop_last = true;           // drop the last incomplete training batch
+  bool normalize = true;           // scale inputs to zero mean and unit variance
+  std::string on_error = "skip";   // an unreadable sample: skip (warn, count, substitute) or fail
+  std::vector<double> mean;        // per-channel normalisation mean; empty = the dataset's own
+  std::vector<double> stdev;       // (key `std`) per-channel normalisation std; empty = dataset's
+  Entries options;  // each data set's own keys (data.shape, data.seq_len, ...), in its file
+
+  // The options of the selected data set, as that data set's struct.
+  template <class T>
+  const T& own() const {
+    return options.get<T>(name);
+  }
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
 
   template <class V>
   void visit(V& v) {
@@ -129,25 +114,10 @@ struct DataConfig {
     v("shuffle", shuffle);
     v("drop_last", drop_last);
     v("normalize", normalize);
-    v("shape", shape);
-    v("num_classes", num_classes);
-    v("train_samples", train_samples);
-    v("val_samples", val_samples);
-    v("noise", noise);
     v("on_error", on_error);
     v("mean", mean);
     v("std", stdev);
-    v("crop_padding", crop_padding);
-    v("hflip", hflip);
-    v("train_dir", train_dir);
-    v("val_dir", val_dir);
-    v("image_size", image_size);
-    v("resize_size", resize_size);
-    v("crop_scale", crop_scale);
-    v("crop_ratio", crop_ratio);
-    v("token_format", token_format);
-    v("seq_len", seq_len);
-    v("val_fraction", val_fraction);
+    v("", options);
   }
 };
 
@@ -166,6 +136,9 @@ struct TrainConfig {
   int64_t max_bad_steps = 20;  // skip steps whose loss is inf/NaN; stop after this many in a row
                                // (0 = no per-step check: a bad loss stops the run when logged)
 
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
   template <class V>
   void visit(V& v) {
     v("epochs", epochs);
@@ -182,25 +155,28 @@ struct TrainConfig {
 };
 
 struct OptimConfig {
-  std::string name = "sgd";                  // optimizer registry name: sgd|adam|adamw
-  double lr = 0.1;                           // peak learning rate
-  double momentum = 0.9;                     // sgd: momentum
-  bool nesterov = false;                     // sgd: Nesterov momentum
-  double weight_decay = 0.0;                 // L2 (sgd, adam) or decoupled (adamw) weight decay
-  bool decay_bias_and_norm = false;          // also decay biases and norm weights (1-D parameters)
-  std::vector<double> betas = {0.9, 0.999};  // adam, adamw: moment decay rates
-  double eps = 1e-8;                         // adam, adamw: denominator epsilon
+  std::string name = "sgd";          // optimizer registry name: sgd|adam|adamw
+  double lr = 0.1;                   // peak learning rate
+  double weight_decay = 0.0;         // L2 (sgd, adam) or decoupled (adamw) weight decay
+  bool decay_bias_and_norm = false;  // also decay biases and norm weights (1-D parameters)
+  Entries options;  // each optimizer's own keys (optim.momentum, optim.betas, ...), in its file
+
+  // The options of the selected optimizer, as that optimizer's struct.
+  template <class T>
+  const T& own() const {
+    return options.get<T>(name);
+  }
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
 
   template <class V>
   void visit(V& v) {
     v("name", name);
     v("lr", lr);
-    v("momentum", momentum);
-    v("nesterov", nesterov);
     v("weight_decay", weight_decay);
     v("decay_bias_and_norm", decay_bias_and_norm);
-    v("betas", betas);
-    v("eps", eps);
+    v("", options);
   }
 };
 
@@ -213,6 +189,9 @@ struct SchedConfig {
   std::vector<int64_t> milestones;   // multistep: steps after warmup at which lr decays
   double gamma = 0.1;                // step, multistep: decay factor
   double min_lr = 0.0;               // cosine, linear: final learning rate
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
 
   template <class V>
   void visit(V& v) {
@@ -236,6 +215,9 @@ struct AmpConfig {
   double backoff_factor = 0.5;     // scaler: scale multiplier after a step with inf/NaN gradients
   int64_t growth_interval = 2000;  // scaler: clean steps between scale growths
 
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
   template <class V>
   void visit(V& v) {
     v("enabled", enabled);
@@ -258,6 +240,9 @@ struct DistConfig {
   bool reducer_at_world_size_1 = false;  // the reducer even in a one-process job (to measure it)
   double init_timeout_s = 300.0;         // rendezvous: how long to wait for every rank
   double timeout_s = 600.0;              // a collective that takes longer ends the run
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
 
   template <class V>
   void visit(V& v) {

@@ -13,38 +13,9 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/issues.h"
 
 namespace trainer::config {
-
-// Where a value came from: a YAML file position, or a command-line override.
-struct Location {
-  std::string file;  // file path as given, or e.g. "--set optim.lr=0.1"
-  int line = 0;      // 1-based; 0 = no position (a command-line value or a whole file)
-  int column = 0;    // 1-based; 0 = no position
-
-  // "file:line:column", "file" when there is no position.
-  std::string str() const;
-};
-
-// One problem with the configuration.
-struct Issue {
-  Location where;
-  std::string key;      // full key path, e.g. "optim.lr"; empty for file-level problems
-  std::string message;  // what is wrong and how to fix it
-
-  // "<where>: <key>: <message>" (the key part is left out when empty).
-  std::string str() const;
-};
-
-// Thrown when the configuration cannot be used; what() holds every issue, one per line.
-class ConfigError : public std::runtime_error {
- public:
-  explicit ConfigError(std::vector<Issue> issues);
-  const std::vector<Issue>& issues() const { return issues_; }
-
- private:
-  std::vector<Issue> issues_;
-};
 
 // A merged configuration and where each leaf value was last set from.
 struct LoadedConfig {
@@ -56,10 +27,12 @@ struct LoadedConfig {
   Location where(const std::string& key) const;
 };
 
-// Reads `path` (following `base:`), applies the `KEY.PATH=VALUE` overrides in order and fills
-// in run.dir when it was left empty. Throws ConfigError listing every problem found.
-// Does not run validate().
-LoadedConfig load(const std::string& path, const std::vector<std::string>& overrides);
+// Reads `path` (following `base:`) over `defaults`, applies the `KEY.PATH=VALUE` overrides in
+// order and fills in run.dir when it was left empty. `defaults` holds every registered entry's
+// own keys (engine::config_defaults()); a key no section or entry declares is an error. Throws
+// ConfigError listing every problem found. Does not run validate().
+LoadedConfig load(const std::string& path, const std::vector<std::string>& overrides,
+                  const Config& defaults);
 
 // Facts about the machine that some checks depend on, supplied by the caller.
 struct Environment {
@@ -70,7 +43,9 @@ struct Environment {
   std::map<std::string, std::vector<std::string>> choices;
 };
 
-// Range and consistency checks on a merged configuration. Returns every problem found.
+// Range and consistency checks on a merged configuration: each section's own (config.cpp), each
+// registered entry's (its validate()), and those across sections or about the machine. Returns
+// every problem found, each once.
 std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env);
 
 // Throws ConfigError when validate() finds anything.
@@ -80,14 +55,15 @@ void check(const LoadedConfig& loaded, const Environment& env);
 // equal Config.
 std::string to_yaml(const Config& cfg);
 
-// Every valid leaf key path ("seed", "optim.lr", ...), in declaration order.
-std::vector<std::string> key_paths();
+// Every valid leaf key path of `cfg` ("seed", "optim.lr", ...), in declaration order, the entries'
+// own keys after their section's, each once.
+std::vector<std::string> key_paths(const Config& cfg = Config{});
 
-// The `model.checkpointing` setting as a block period: 0 for none, 1 for blocks (every block), N
-// for every:N (every N-th block); nullopt when the setting is malformed.
-std::optional<int64_t> checkpoint_period(const std::string& spec);
-
-// Every leaf as (key path, value as to_yaml writes it), in declaration order.
+// Every leaf as (key path, value): strings as they are, the rest as to_yaml writes them; in
+// declaration order.
 std::vector<std::pair<std::string, std::string>> flatten(const Config& cfg);
+
+// The value of leaf `key` as flatten() gives it; nullopt when `cfg` has no such key.
+std::optional<std::string> lookup(const Config& cfg, const std::string& key);
 
 }  // namespace trainer::config

@@ -8,7 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include "data/builtin.h"
 #include "data/dataset.h"
 #include "data/files.h"
 #include "data/memory_images.h"
@@ -68,7 +67,7 @@ Split load(const std::string& dir, const std::vector<std::string>& files) {
   return split;
 }
 
-Splits make_cifar10(const config::DataConfig& cfg, int64_t /*seed*/) {
+Splits make_cifar10(const config::DataConfig& cfg, const DataContext& /*ctx*/) {
   if (cfg.root.empty()) {
     throw DataConfigError("data.root",
                           "set it to the folder of CIFAR-10's binary version "
@@ -99,7 +98,7 @@ Splits make_cifar10(const config::DataConfig& cfg, int64_t /*seed*/) {
 }  // namespace
 
 void register_cifar10(DatasetRegistry& registry) {
-  registry.add("cifar10", make_cifar10);
+  registry.add("cifar10", make_cifar10, config::options_of<MemoryImageOptions>());
 }
 
 }  // namespace trainer::data

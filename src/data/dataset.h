@@ -1,8 +1,8 @@
 // Datasets and the batch loader.
 //
 // A dataset is random access: get(indices) returns the samples at those indices as one batch.
-// Datasets are registered by their YAML `data.name`; the factory builds the train and validation
-// splits from the data section of the config.
+// Datasets are registered by their YAML `data.name`, each with its own keys (config/options.h);
+// the factory builds the train and validation splits from the data section of the config.
 #pragma once
 
 #include <torch/types.h>
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "util/registry.h"
+#include "config/registry.h"
 
 namespace trainer::data {
 
@@ -97,12 +97,26 @@ class DataConfigError : public std::invalid_argument {
   std::string message_;
 };
 
-// Builds the splits from the data section; `seed` is the run's seed.
-using DatasetFactory = std::function<Splits(const config::DataConfig& cfg, int64_t seed)>;
+// What a data set is built for, beyond its config section.
+struct DataContext {
+  int64_t seed = 0;            // the run's seed
+  int64_t context_length = 0;  // tokens per sample the model reads (0: not a language model), the
+                               // length token data cuts samples to when data.seq_len is 0
+};
+
+// Builds the splits from the data section (each data set reads its own keys with cfg.own<T>()).
+using DatasetFactory = std::function<Splits(const config::DataConfig& cfg, const DataContext& ctx)>;
 using DatasetRegistry = Registry<DatasetFactory>;
 
-// The built-in datasets (synthetic, fashion_mnist, cifar10, imagefolder, tokens).
+// The built-in datasets (synthetic, synthetic_tokens, fashion_mnist, cifar10, imagefolder, tokens).
 const DatasetRegistry& dataset_registry();
+
+// The data section with every data set's default options and name `name`.
+config::DataConfig default_data_config(const std::string& name = "synthetic");
+
+// The samples' token count: data.seq_len when it is set, else the model's context length. Throws
+// DataConfigError when neither is.
+int64_t sequence_length(int64_t seq_len, const DataContext& ctx);
 
 struct LoaderOptions {
   int64_t batch_size = 128;

@@ -6,7 +6,6 @@
 #include <string>
 #include <utility>
 
-#include "data/builtin.h"
 #include "data/dataset.h"
 #include "data/files.h"
 #include "data/idx.h"
@@ -79,7 +78,7 @@ Split load_split(const std::string& dir, const std::string& prefix) {
   return split;
 }
 
-Splits make_fashion_mnist(const config::DataConfig& cfg, int64_t /*seed*/) {
+Splits make_fashion_mnist(const config::DataConfig& cfg, const DataContext& /*ctx*/) {
   const std::string dir = strip_slashes(cfg.root.empty() ? std::string(kDefaultRoot) : cfg.root);
   if (!is_directory(dir)) {
     throw DataConfigError("data.root", dir +
@@ -113,7 +112,7 @@ Splits make_fashion_mnist(const config::DataConfig& cfg, int64_t /*seed*/) {
 }  // namespace
 
 void register_fashion_mnist(DatasetRegistry& registry) {
-  registry.add("fashion_mnist", make_fashion_mnist);
+  registry.add("fashion_mnist", make_fashion_mnist, config::options_of<MemoryImageOptions>());
 }
 
 }  // namespace trainer::data

@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "data/builtin.h"
 #include "data/dataset.h"
 #include "data/files.h"
 #include "data/image.h"
+#include "util/format.h"
 #include "util/log.h"
 #include "util/random.h"
 
@@ -172,11 +172,55 @@ class ImageFolder final : public Dataset {
   FolderOptions options_;
 };
 
-Splits make_imagefolder(const config::DataConfig& cfg, int64_t /*seed*/) {
+// The `data.` keys of imagefolder.
+struct ImageFolderOptions {
+  std::string train_dir = "train";               // training sub-folder of data.root
+  std::string val_dir = "val";                   // validation sub-folder of data.root
+  int64_t image_size = 224;                      // side of the square train and eval crops
+  int64_t resize_size = 256;                     // eval resizes the shorter side to this first
+  std::vector<double> crop_scale = {0.08, 1.0};  // random-resized-crop area range
+  std::vector<double> crop_ratio = {0.75, 4.0 / 3.0};  // random-resized-crop aspect-ratio range
+  double hflip = 0.0;  // probability of flipping a training image horizontally
+
+  template <class V>
+  void visit(V& v) {
+    v("hflip", hflip);
+    v("train_dir", train_dir);
+    v("val_dir", val_dir);
+    v("image_size", image_size);
+    v("resize_size", resize_size);
+    v("crop_scale", crop_scale);
+    v("crop_ratio", crop_ratio);
+  }
+  void validate(config::Checks& c) const {
+    if (!(hflip >= 0.0 && hflip <= 1.0)) {
+      c.add("hflip", "must be a probability in [0, 1], got " + format_number(hflip));
+    }
+    c.at_least("image_size", image_size, 1);
+    c.at_least("resize_size", resize_size, 1);
+    if (resize_size >= 1 && image_size > resize_size) {
+      c.add("resize_size", "must be >= data.image_size (" + std::to_string(image_size) + "), got " +
+                               std::to_string(resize_size));
+    }
+    check_range(c, "crop_scale", crop_scale, 0.0, 1.0);
+    check_range(c, "crop_ratio", crop_ratio, 0.0, 100.0);
+  }
+  static void check_range(config::Checks& c, const std::string& key, const std::vector<double>& r,
+                          double lo, double hi) {
+    if (r.size() != 2 || !(r[0] > lo && r[0] <= r[1] && r[1] <= hi)) {
+      c.add(key, "must be two numbers [low, high] with " + format_number(lo) +
+                     " < low <= high <= " + format_number(hi));
+    }
+  }
+};
+
+Splits make_imagefolder(const config::DataConfig& data, const DataContext& /*ctx*/) {
+  const auto& cfg = data.own<ImageFolderOptions>();
   const std::string layout = "expected " + cfg.train_dir + "/<class>/<image> and " + cfg.val_dir +
                              "/<class>/<image> under it";
-  if (cfg.root.empty()) throw DataConfigError("data.root", "set it to the image folder; " + layout);
-  const std::string root = strip_slashes(cfg.root);
+  if (data.root.empty())
+    throw DataConfigError("data.root", "set it to the image folder; " + layout);
+  const std::string root = strip_slashes(data.root);
   if (!is_directory(root)) throw DataConfigError("data.root", root + ": no such directory");
   const std::string train_dir = root + "/" + cfg.train_dir;
   const std::string val_dir = root + "/" + cfg.val_dir;
@@ -186,7 +230,7 @@ Splits make_imagefolder(const config::DataConfig& cfg, int64_t /*seed*/) {
   if (!is_directory(val_dir)) {
     throw DataConfigError("data.val_dir", val_dir + ": no such directory; " + layout);
   }
-  if (cfg.mean.size() > 1 && cfg.mean.size() != 3) {
+  if (data.mean.size() > 1 && data.mean.size() != 3) {
     throw DataConfigError("data.mean", "give 3 entries (R, G, B) or a single value");
   }
   Index train = scan(train_dir, nullptr);
@@ -198,10 +242,10 @@ Splits make_imagefolder(const config::DataConfig& cfg, int64_t /*seed*/) {
   options.crop_scale = cfg.crop_scale;
   options.crop_ratio = cfg.crop_ratio;
   options.hflip = cfg.hflip;
-  options.fail_on_error = cfg.on_error == "fail";
-  if (cfg.normalize) {
-    options.mean = cfg.mean.empty() ? kImagenetMean : cfg.mean;
-    options.std = cfg.mean.empty() ? kImagenetStd : cfg.stdev;
+  options.fail_on_error = data.on_error == "fail";
+  if (data.normalize) {
+    options.mean = data.mean.empty() ? kImagenetMean : data.mean;
+    options.std = data.mean.empty() ? kImagenetStd : data.stdev;
   }
   Splits splits;
   splits.spec.sample_shape = {3, cfg.image_size, cfg.image_size};
@@ -216,7 +260,7 @@ Splits make_imagefolder(const config::DataConfig& cfg, int64_t /*seed*/) {
 }  // namespace
 
 void register_imagefolder(DatasetRegistry& registry) {
-  registry.add("imagefolder", make_imagefolder);
+  registry.add("imagefolder", make_imagefolder, config::options_of<ImageFolderOptions>());
 }
 
 }  // namespace trainer::data

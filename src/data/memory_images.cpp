@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "util/format.h"
 #include "util/random.h"
 
 namespace trainer::data {
@@ -115,9 +116,17 @@ ImageTransform eval_transform(const config::DataConfig& cfg, const std::vector<d
 ImageTransform train_transform(const config::DataConfig& cfg, const std::vector<double>& mean,
                                const std::vector<double>& std) {
   ImageTransform t = eval_transform(cfg, mean, std);
-  t.crop_padding = cfg.crop_padding;
-  t.hflip = cfg.hflip;
+  const auto& o = cfg.own<MemoryImageOptions>();
+  t.crop_padding = o.crop_padding;
+  t.hflip = o.hflip;
   return t;
+}
+
+void MemoryImageOptions::validate(config::Checks& c) const {
+  c.at_least("crop_padding", crop_padding, 0);
+  if (!(hflip >= 0.0 && hflip <= 1.0)) {
+    c.add("hflip", "must be a probability in [0, 1], got " + format_number(hflip));
+  }
 }
 
 }  // namespace trainer::data

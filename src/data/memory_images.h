@@ -40,11 +40,26 @@ class MemoryImages final : public Dataset {
 void channel_stats(const torch::Tensor& images, std::vector<double>& mean,
                    std::vector<double>& std);
 
+// The `data.` keys of the in-memory image data sets (fashion_mnist, cifar10): training
+// augmentation.
+struct MemoryImageOptions {
+  int64_t crop_padding = 0;  // zero-pad training images by this, then crop at random
+  double hflip = 0.0;        // probability of flipping a training image horizontally
+
+  template <class V>
+  void visit(V& v) {
+    v("crop_padding", crop_padding);
+    v("hflip", hflip);
+  }
+  void validate(config::Checks& c) const;
+};
+
 // Throws std::invalid_argument when data.mean/std have neither 1 nor `channels` entries.
 void check_normalisation(const config::DataConfig& cfg, int64_t channels);
 
 // The transforms of the train and val splits from the data section: normalisation from
-// data.mean/std when given, else `mean`/`std` (the data set's own); augmentation on train only.
+// data.mean/std when given, else `mean`/`std` (the data set's own); augmentation (the data set's
+// MemoryImageOptions) on train only.
 ImageTransform train_transform(const config::DataConfig& cfg, const std::vector<double>& mean,
                                const std::vector<double>& std);
 ImageTransform eval_transform(const config::DataConfig& cfg, const std::vector<double>& mean,

@@ -1,19 +1,46 @@
-#include "data/builtin.h"
 #include "data/dataset.h"
 
 namespace trainer::data {
 
+// The built-in data sets, a line each: X(file) for the register_<file> function in
+// src/data/<file>.cpp, which registers that file's data sets.
+#define TRAINER_BUILTIN_DATASETS(X) \
+  X(synthetic)                      \
+  X(fashion_mnist)                  \
+  X(cifar10)                        \
+  X(imagefolder)                    \
+  X(tokens)
+
+#define TRAINER_DECLARE_DATASET(name) void register_##name(DatasetRegistry& registry);
+TRAINER_BUILTIN_DATASETS(TRAINER_DECLARE_DATASET)
+#undef TRAINER_DECLARE_DATASET
+
 const DatasetRegistry& dataset_registry() {
   static const DatasetRegistry registry = [] {
     DatasetRegistry r("dataset");
-    register_synthetic(r);
-    register_fashion_mnist(r);
-    register_cifar10(r);
-    register_imagefolder(r);
-    register_tokens(r);
+#define TRAINER_REGISTER_DATASET(name) register_##name(r);
+    TRAINER_BUILTIN_DATASETS(TRAINER_REGISTER_DATASET)
+#undef TRAINER_REGISTER_DATASET
     return r;
   }();
   return registry;
+}
+
+config::DataConfig default_data_config(const std::string& name) {
+  config::DataConfig cfg;
+  cfg.name = name;
+  cfg.options = dataset_registry().options();
+  return cfg;
+}
+
+int64_t sequence_length(int64_t seq_len, const DataContext& ctx) {
+  const int64_t n = seq_len > 0 ? seq_len : ctx.context_length;
+  if (n < 1) {
+    throw DataConfigError("data.seq_len",
+                          "must be >= 1 (0 takes the model's context length, and this model has "
+                          "none)");
+  }
+  return n;
 }
 
 }  // namespace trainer::data

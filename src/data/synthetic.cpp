@@ -9,7 +9,6 @@
 #include <string>
 #include <utility>
 
-#include "data/builtin.h"
 #include "data/dataset.h"
 #include "util/hash.h"
 #include "util/random.h"
@@ -69,21 +68,44 @@ class SyntheticTokens final : public Dataset {
   uint64_t seed_;
 };
 
-Splits make_synthetic_tokens(const config::DataConfig& cfg, int64_t seed) {
-  if (cfg.num_classes < 2) {
+// The `data.` keys of synthetic_tokens.
+struct SyntheticTokensOptions {
+  int64_t seq_len = 0;           // tokens per sample; 0 = the model's context length
+  int64_t num_classes = 10;      // vocabulary size
+  int64_t train_samples = 2048;  // training set length
+  int64_t val_samples = 512;     // validation set length
+
+  template <class V>
+  void visit(V& v) {
+    v("seq_len", seq_len);
+    v("num_classes", num_classes);
+    v("train_samples", train_samples);
+    v("val_samples", val_samples);
+  }
+  void validate(config::Checks& c) const {
+    c.at_least("seq_len", seq_len, 0);
+    c.at_least("num_classes", num_classes, 2);
+    c.at_least("train_samples", train_samples, 1);
+    c.at_least("val_samples", val_samples, 1);
+  }
+};
+
+Splits make_synthetic_tokens(const config::DataConfig& cfg, const DataContext& ctx) {
+  const auto& o = cfg.own<SyntheticTokensOptions>();
+  if (o.num_classes < 2) {
     throw DataConfigError("data.num_classes", "the vocabulary size must be at least 2");
   }
-  if (cfg.seq_len < 1) throw DataConfigError("data.seq_len", "must be >= 1");
-  if (cfg.train_samples <= 0) throw DataConfigError("data.train_samples", "must be positive");
-  if (cfg.val_samples < 0) throw DataConfigError("data.val_samples", "must not be negative");
-  const auto useed = static_cast<uint64_t>(seed);
+  const int64_t seq_len = sequence_length(o.seq_len, ctx);
+  if (o.train_samples <= 0) throw DataConfigError("data.train_samples", "must be positive");
+  if (o.val_samples < 0) throw DataConfigError("data.val_samples", "must not be negative");
+  const auto useed = static_cast<uint64_t>(ctx.seed);
   Splits splits;
-  splits.train = std::make_shared<SyntheticTokens>(cfg.train_samples, cfg.seq_len, cfg.num_classes,
+  splits.train = std::make_shared<SyntheticTokens>(o.train_samples, seq_len, o.num_classes,
                                                    mix_seed(useed, kTrainStream));
-  splits.val = std::make_shared<SyntheticTokens>(cfg.val_samples, cfg.seq_len, cfg.num_classes,
+  splits.val = std::make_shared<SyntheticTokens>(o.val_samples, seq_len, o.num_classes,
                                                  mix_seed(useed, kValStream));
-  splits.spec.sample_shape = {cfg.seq_len};
-  splits.spec.num_classes = cfg.num_classes;
+  splits.spec.sample_shape = {seq_len};
+  splits.spec.num_classes = o.num_classes;
   splits.spec.sequence = true;
   return splits;
 }
@@ -113,7 +135,38 @@ std::shared_ptr<const Dataset> make_split(const torch::Tensor& patterns, int64_t
   return std::make_shared<SyntheticDataset>(std::move(inputs), std::move(targets));
 }
 
-Splits make_synthetic(const config::DataConfig& cfg, int64_t seed) {
+// The `data.` keys of synthetic.
+struct SyntheticOptions {
+  std::vector<int64_t> shape = {1, 28, 28};  // sample shape (C, H, W) or (D)
+  int64_t num_classes = 10;                  // number of classes
+  int64_t train_samples = 2048;              // training set length
+  int64_t val_samples = 512;                 // validation set length
+  double noise = 0.5;                        // noise added to the class patterns
+
+  template <class V>
+  void visit(V& v) {
+    v("shape", shape);
+    v("num_classes", num_classes);
+    v("train_samples", train_samples);
+    v("val_samples", val_samples);
+    v("noise", noise);
+  }
+  void validate(config::Checks& c) const {
+    if (shape.empty() || shape.size() > 3) {
+      c.add("shape",
+            "must have 1 to 3 entries (C, H, W) or (D), got " + std::to_string(shape.size()));
+    } else {
+      c.each_at_least("shape", shape, 1);
+    }
+    c.at_least("num_classes", num_classes, 2);
+    c.at_least("train_samples", train_samples, 1);
+    c.at_least("val_samples", val_samples, 1);
+    c.at_least("noise", noise, 0.0);
+  }
+};
+
+Splits make_synthetic(const config::DataConfig& data, const DataContext& ctx) {
+  const auto& cfg = data.own<SyntheticOptions>();
   if (cfg.shape.empty() || cfg.shape.size() > 3) {
     throw DataConfigError("data.shape", "synthetic samples need 1 to 3 dimensions, got " +
                                             std::to_string(cfg.shape.size()));
@@ -126,14 +179,14 @@ Splits make_synthetic(const config::DataConfig& cfg, int64_t seed) {
   if (cfg.val_samples < 0) throw DataConfigError("data.val_samples", "must not be negative");
   if (!(cfg.noise >= 0.0)) throw DataConfigError("data.noise", "must not be negative");
 
-  const auto useed = static_cast<uint64_t>(seed);
+  const auto useed = static_cast<uint64_t>(ctx.seed);
   std::vector<int64_t> pattern_shape = {cfg.num_classes};
   pattern_shape.insert(pattern_shape.end(), cfg.shape.begin(), cfg.shape.end());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(mix_seed(useed, kPatternStream));
   // [C, ...shape] float32, unit variance
   auto patterns = torch::randn(pattern_shape, gen, torch::kFloat32);
   // Patterns and noise are independent with mean 0, so this scale gives unit variance.
-  const double scale = cfg.normalize ? 1.0 / std::sqrt(1.0 + cfg.noise * cfg.noise) : 1.0;
+  const double scale = data.normalize ? 1.0 / std::sqrt(1.0 + cfg.noise * cfg.noise) : 1.0;
 
   Splits splits;
   splits.train = make_split(patterns, cfg.train_samples, useed, kTrainStream, cfg.noise, scale);
@@ -146,8 +199,9 @@ Splits make_synthetic(const config::DataConfig& cfg, int64_t seed) {
 }  // namespace
 
 void register_synthetic(DatasetRegistry& registry) {
-  registry.add("synthetic", make_synthetic);
-  registry.add("synthetic_tokens", make_synthetic_tokens);
+  registry.add("synthetic", make_synthetic, config::options_of<SyntheticOptions>());
+  registry.add("synthetic_tokens", make_synthetic_tokens,
+               config::options_of<SyntheticTokensOptions>());
 }
 
 }  // namespace trainer::data

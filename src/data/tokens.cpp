@@ -19,9 +19,9 @@
 #include <string>
 #include <utility>
 
-#include "data/builtin.h"
 #include "data/dataset.h"
 #include "data/files.h"
+#include "util/format.h"
 #include "util/random.h"
 
 namespace trainer::data {
@@ -144,13 +144,35 @@ void check_length(const TokenRange& r, int64_t seq_len, const std::string& what)
   }
 }
 
-Splits make_tokens(const config::DataConfig& cfg, int64_t /*seed*/) {
+// The `data.` keys of tokens.
+struct TokensOptions {
+  std::string token_format = "auto";  // uint16 (nanoGPT .bin), bytes, auto (by suffix)
+  int64_t seq_len = 0;                // tokens per sample; 0 = the model's context length
+  double val_fraction = 0.1;          // tail of a single file held out for validation
+
+  template <class V>
+  void visit(V& v) {
+    v("token_format", token_format);
+    v("seq_len", seq_len);
+    v("val_fraction", val_fraction);
+  }
+  void validate(config::Checks& c) const {
+    c.one_of("token_format", token_format, {"auto", "uint16", "bytes"});
+    c.at_least("seq_len", seq_len, 0);
+    if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
+      c.add("val_fraction", "must be in (0, 1), got " + format_number(val_fraction));
+    }
+  }
+};
+
+Splits make_tokens(const config::DataConfig& cfg, const DataContext& ctx) {
+  const auto& o = cfg.own<TokensOptions>();
   if (cfg.root.empty()) {
     throw DataConfigError("data.root",
                           "set it to a token file (uint16 .bin, or text read as bytes) or a "
                           "folder with train.bin and val.bin");
   }
-  if (cfg.seq_len < 1) throw DataConfigError("data.seq_len", "must be >= 1");
+  const int64_t seq_len = sequence_length(o.seq_len, ctx);
   const std::string root = strip_slashes(cfg.root);
   TokenRange train, val;
   if (is_directory(root)) {
@@ -161,36 +183,35 @@ Splits make_tokens(const config::DataConfig& cfg, int64_t /*seed*/) {
                                                "and val.bin)");
       }
     }
-    train = open_tokens(root + "/train.bin", cfg.token_format);
-    val = open_tokens(root + "/val.bin", cfg.token_format);
-    check_length(train, cfg.seq_len, "the training split");
-    check_length(val, cfg.seq_len, "the validation split");
+    train = open_tokens(root + "/train.bin", o.token_format);
+    val = open_tokens(root + "/val.bin", o.token_format);
+    check_length(train, seq_len, "the training split");
+    check_length(val, seq_len, "the validation split");
   } else if (is_file(root)) {
-    train = open_tokens(root, cfg.token_format);
+    train = open_tokens(root, o.token_format);
     val = train;
-    const auto held_out =
-        static_cast<int64_t>(static_cast<double>(train.size()) * cfg.val_fraction);
+    const auto held_out = static_cast<int64_t>(static_cast<double>(train.size()) * o.val_fraction);
     train.end = train.begin + train.size() - held_out;
     val.begin = train.end;
-    check_length(train, cfg.seq_len, "the training part (before data.val_fraction)");
-    check_length(val, cfg.seq_len, "the validation part (data.val_fraction)");
+    check_length(train, seq_len, "the training part (before data.val_fraction)");
+    check_length(val, seq_len, "the validation part (data.val_fraction)");
   } else {
     throw DataConfigError("data.root", root + ": no such file or directory");
   }
   Splits splits;
-  splits.spec.sample_shape = {cfg.seq_len};
+  splits.spec.sample_shape = {seq_len};
   splits.spec.sequence = true;
   splits.spec.num_classes =
       train.width == 1 ? 256 : std::max(train.max_token(), val.max_token()) + 1;
-  splits.train = std::make_shared<Tokens>(std::move(train), cfg.seq_len, /*random_windows=*/true);
-  splits.val = std::make_shared<Tokens>(std::move(val), cfg.seq_len, /*random_windows=*/false);
+  splits.train = std::make_shared<Tokens>(std::move(train), seq_len, /*random_windows=*/true);
+  splits.val = std::make_shared<Tokens>(std::move(val), seq_len, /*random_windows=*/false);
   return splits;
 }
 
 }  // namespace
 
 void register_tokens(DatasetRegistry& registry) {
-  registry.add("tokens", make_tokens);
+  registry.add("tokens", make_tokens, config::options_of<TokensOptions>());
 }
 
 }  // namespace trainer::data

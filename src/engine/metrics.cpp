@@ -1,15 +1,19 @@
 #include "engine/metrics.h"
 
+#include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
+#include "engine/memory.h"
 #include "util/fileio.h"
 #include "util/format.h"
+#include "util/log.h"
 
 namespace trainer::engine {
 
@@ -102,6 +106,160 @@ std::string format_duration(double seconds) {
     std::snprintf(buf, sizeof(buf), "%lld:%02lld", m, s);
   }
   return buf;
+}
+
+}  // namespace trainer::engine
+
+namespace trainer::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const config::Config& cfg, Components& parts, TrainingState& state, int rank,
+                       int64_t resumed_step)
+    : cfg_(cfg),
+      parts_(parts),
+      state_(state),
+      progress_(rank == 0 ? cfg.run.progress : "never"),
+      start_(Clock::now()),
+      window_start_(start_),
+      first_step_(state.step) {
+  if (rank == 0) {
+    const bool evaluated = resumed_step >= 0 && state.last_eval_step == resumed_step;
+    writer_ =
+        std::make_unique<MetricsWriter>(cfg.run.dir, cfg.run.tensorboard, resumed_step, evaluated);
+  }
+  if (parts.device.is_cuda()) {
+    cuda_index_ = parts.device.has_index() ? parts.device.index() : 0;
+    std::string why;
+    gpu_ = GpuMonitor::open(cuda_index_, &why);
+    if (!gpu_) log::info("GPU monitoring off: " + why);
+  }
+}
+
+void MetricsLog::count(const std::vector<data::Batch>& micro_batches) {
+  for (const auto& b : micro_batches) {
+    state_.window_samples += b.targets.size(0);
+    state_.bad_samples += b.bad_samples;
+  }
+}
+
+void MetricsLog::begin_step() {
+  if (parts_.device.is_cuda()) reset_cuda_peak(cuda_index_);
+}
+
+void MetricsLog::end_step() {
+  if (parts_.device.is_cuda()) {
+    window_cuda_peak_ = std::max(window_cuda_peak_, cuda_memory(cuda_index_).peak);
+  }
+}
+
+void MetricsLog::add(const StepOutcome& outcome) {
+  state_.window_loss += outcome.loss;
+  ++state_.window_steps;
+}
+
+double MetricsLog::seconds() const {
+  return seconds_since(start_);
+}
+
+double MetricsLog::eta() const {
+  return seconds() / static_cast<double>(state_.step - first_step_) *
+         static_cast<double>(parts_.total_steps - state_.step);
+}
+
+std::pair<double, double> MetricsLog::window_sums() {
+  const double samples = static_cast<double>(state_.window_samples);
+  if (parts_.group) {  // the mean loss and the samples of every rank
+    auto sums = torch::stack({state_.window_loss.to(torch::kDouble),
+                              torch::full_like(state_.window_loss, samples, torch::kDouble)});
+    parts_.group->all_reduce({sums}, distributed::Reduce::sum);
+    sums = sums.cpu();
+    return {sums[0].item<double>() / parts_.group->world_size(), sums[1].item<double>()};
+  }
+  return {state_.window_steps > 0 ? state_.window_loss.item<double>() : 0.0, samples};
+}
+
+void MetricsLog::train(int64_t epoch) {
+  const double seconds = seconds_since(window_start_);
+  const auto [loss_sum, samples] = window_sums();
+  // NAN when every step of the window had a bad loss (and was skipped).
+  last_loss_ = state_.window_steps > 0 ? loss_sum / static_cast<double>(state_.window_steps) : NAN;
+  last_sps_ = seconds > 0 ? samples / seconds : 0.0;
+  const double lr = parts_.schedule->lr(std::max<int64_t>(state_.updates() - 1, 0));
+  if (state_.window_steps > 0 && !std::isfinite(last_loss_)) {  // train.max_bad_steps: 0
+    clear();
+    throw std::runtime_error("the training loss is " + std::to_string(last_loss_) + " at step " +
+                             std::to_string(state_.step) +
+                             "; lower optim.lr or set train.clip_grad_norm");
+  }
+  nlohmann::json record = {
+      {"split", "train"}, {"step", state_.step},          {"epoch", epoch},
+      {"lr", lr},         {"samples_per_sec", last_sps_}, {"bad_samples", state_.bad_samples}};
+  if (state_.window_steps > 0) record["loss"] = last_loss_;
+  if (parts_.scaler) record["loss_scale"] = parts_.scaler->scale_value();
+  if (parts_.scaler || state_.skipped_steps > 0) record["skipped_steps"] = state_.skipped_steps;
+  std::string line = strprintf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
+                               " loss %.4f lr %.3g %.0f samples/s ETA %s",
+                               state_.step, parts_.total_steps, epoch, last_loss_, lr, last_sps_,
+                               format_duration(eta()).c_str());
+  add_gpu_readings(record, line);
+  if (writer_) writer_->write(record);
+  if (progress_.active()) {
+    log::file_only(log::Level::info, line);
+  } else {
+    log::info(line);
+  }
+  state_.window_steps = state_.window_samples = 0;
+  state_.window_loss.zero_();
+  window_start_ = Clock::now();
+}
+
+void MetricsLog::add_gpu_readings(nlohmann::json& record, std::string& line) {
+  if (parts_.device.is_cuda()) {  // the caching allocator's view: what this process's tensors took
+    record["cuda_peak_mb"] = static_cast<double>(window_cuda_peak_) / kMiB;
+    record["cuda_reserved_mb"] = static_cast<double>(cuda_memory(cuda_index_).reserved) / kMiB;
+    line += strprintf(" | peak %.0f MiB", static_cast<double>(window_cuda_peak_) / kMiB);
+    window_cuda_peak_ = 0;
+  }
+  if (const auto g = gpu_ ? gpu_->sample() : std::nullopt) {
+    record["gpu_util"] = g->util_pct;
+    record["gpu_mem_mb"] = g->mem_used_mb;
+    record["gpu_temp_c"] = g->temp_c;
+    record["gpu_power_w"] = g->power_w;
+    line += strprintf(" | GPU %.0f%% %.0f/%.0f MiB %.0f C %.0f W", g->util_pct, g->mem_used_mb,
+                      g->mem_total_mb, g->temp_c, g->power_w);
+  }
+}
+
+void MetricsLog::eval(const EvalResult& e, int64_t epoch) {
+  clear();
+  nlohmann::json record = {
+      {"split", "val"}, {"step", state_.step}, {"epoch", epoch}, {"loss", e.loss}};
+  std::string line =
+      strprintf("eval step %" PRId64 " epoch %" PRId64 ": loss %.4f", state_.step, epoch, e.loss);
+  if (e.sequence) {
+    record["ppl"] = e.ppl;
+    line += strprintf(" ppl %.3f (%" PRId64 " tokens)", e.ppl, e.samples);
+  } else {
+    record["top1"] = e.top1;
+    record["top5"] = e.top5;
+    line += strprintf(" top1 %.2f%% top5 %.2f%% (%" PRId64 " samples)", 100.0 * e.top1,
+                      100.0 * e.top5, e.samples);
+  }
+  if (writer_) writer_->write(record);
+  log::info(line);
+}
+
+void MetricsLog::progress(int64_t epoch) {
+  progress_.update(state_.step, parts_.total_steps, epoch, last_loss_, last_sps_, eta());
 }
 
 }  // namespace trainer::engine

@@ -1,4 +1,5 @@
-// The run's metrics.jsonl and the console progress display.
+// The run's metrics: the train and eval records (metrics.jsonl, TensorBoard), the log lines and
+// the console progress display.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -6,9 +7,17 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "config/config.h"
+#include "engine/components.h"
+#include "engine/evaluator.h"
+#include "engine/state.h"
+#include "engine/step.h"
+#include "util/gpu_monitor.h"
 #include "util/tensorboard.h"
 
 namespace trainer::engine {
@@ -56,5 +65,60 @@ class Progress {
 
 // "1:02:03" or "2:03".
 std::string format_duration(double seconds);
+
+// What fit() reports: one train record per run.log_every steps with the window's mean loss and
+// throughput over every rank (and on a GPU the caching allocator's peak and NVML's readings), one
+// val record per evaluation, as JSON lines and TensorBoard scalars (rank 0), log lines and the
+// progress bar.
+class MetricsLog {
+ public:
+  // A run resumed at `resumed_step` (-1: a fresh run) keeps metrics.jsonl's records up to it.
+  MetricsLog(const config::Config& cfg, Components& parts, TrainingState& state, int rank,
+             int64_t resumed_step);
+
+  // The step's samples and unreadable samples, into the window.
+  void count(const std::vector<data::Batch>& micro_batches);
+  // Around each step: the window's CUDA peak (host bookkeeping only).
+  void begin_step();
+  void end_step();
+  // A step with a finite loss, into the window.
+  void add(const StepOutcome& outcome);
+
+  // Writes the train record of the window ending at this step and starts the next window. Throws
+  // when the window's mean loss is inf/NaN (train.max_bad_steps 0: nothing skipped such steps).
+  // Every rank must call this, in the same order (the window's sums are all-reduced);
+  // synchronises the device (reads the loss).
+  void train(int64_t epoch);
+  // Writes an evaluation's record and log line.
+  void eval(const EvalResult& result, int64_t epoch);
+  // Redraws the progress bar.
+  void progress(int64_t epoch);
+  // Clears the progress bar so that other output starts on a clean line.
+  void clear() { progress_.clear(); }
+
+  // Seconds since the log began.
+  double seconds() const;
+
+ private:
+  // Seconds left at this process's average step time.
+  double eta() const;
+  // The window's mean loss and samples of every rank.
+  std::pair<double, double> window_sums();
+  // NVML's and the allocator's figures, into the record and the line.
+  void add_gpu_readings(nlohmann::json& record, std::string& line);
+
+  const config::Config& cfg_;
+  Components& parts_;
+  TrainingState& state_;
+  std::unique_ptr<MetricsWriter> writer_;  // rank 0 only
+  Progress progress_;
+  std::unique_ptr<GpuMonitor> gpu_;  // on a GPU, when NVML loads
+  int cuda_index_ = 0;
+  std::chrono::steady_clock::time_point start_, window_start_;
+  int64_t first_step_ = 0;
+  int64_t window_cuda_peak_ = 0;  // the most bytes the window's steps held in tensors (CUDA)
+  double last_loss_ = std::numeric_limits<double>::quiet_NaN();  // the last window's mean
+  double last_sps_ = 0.0;                                        // and samples per second
+};
 
 }  // namespace trainer::engine

@@ -32,7 +32,8 @@
 #include <thread>
 #include <utility>
 
-#include "cli/options.h"
+#include "util/cxxopts.h"
+#include "util/net.h"
 
 extern char** environ;
 
@@ -40,7 +41,6 @@ namespace trainer::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using cli::UsageError;
 
 constexpr size_t kTailLines = 20;          // lines of each worker kept for a failure report
 constexpr size_t kMaxLineBytes = 1 << 16;  // a longer line without '\n' is passed on in pieces
@@ -739,8 +739,8 @@ int parse_int(const std::string& flag, const std::string& text, long min, long m
   char* end = nullptr;
   const long value = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || errno != 0 || value < min || value > max) {
-    throw UsageError("--" + flag + ": expected an integer in " + std::to_string(min) + ".." +
-                     std::to_string(max) + ", got '" + text + "'");
+    throw ArgumentError("--" + flag + ": expected an integer in " + std::to_string(min) + ".." +
+                        std::to_string(max) + ", got '" + text + "'");
   }
   return static_cast<int>(value);
 }
@@ -754,7 +754,7 @@ int parse_nproc(const std::string& text, const std::function<int()>& gpu_count) 
   if (text == "gpu" || text == "auto") {
     const int gpus = gpu_count ? gpu_count() : 0;
     if (gpus > 0) return gpus;
-    if (text == "gpu") throw UsageError("--nproc-per-node gpu: no CUDA device is available");
+    if (text == "gpu") throw ArgumentError("--nproc-per-node gpu: no CUDA device is available");
     return cpu_count();
   }
   return parse_int("nproc-per-node", text, 1, 1 << 16);
@@ -773,23 +773,6 @@ std::string signal_name(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   if (abbrev == nullptr) return "signal " + std::to_string(sig);
   return std::string("SIG") + abbrev;
-}
-
-int free_port() {
-  Fd socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!socket.open()) throw os_error("socket");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = 0;
-  if (::bind(socket.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
-    throw os_error("bind");
-  }
-  socklen_t size = sizeof address;
-  if (::getsockname(socket.get(), reinterpret_cast<sockaddr*>(&address), &size) != 0) {
-    throw os_error("getsockname");
-  }
-  return ntohs(address.sin_port);
 }
 
 std::string launch_help() {
@@ -824,7 +807,15 @@ LaunchCommand parse_launch_args(const std::vector<std::string>& args,
   std::vector<char*> argv;
   for (auto& arg : own) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  const auto parsed = cli::parse_or_usage(options, static_cast<int>(own.size()), argv.data());
+  cxxopts::ParseResult parsed;
+  try {
+    parsed = options.parse(static_cast<int>(own.size()), argv.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw ArgumentError(e.what());
+  }
+  if (!parsed.unmatched().empty()) {
+    throw ArgumentError("unexpected argument '" + parsed.unmatched().front() + "'");
+  }
 
   LaunchCommand command;
   if (parsed.count("help")) {
@@ -840,7 +831,7 @@ LaunchCommand parse_launch_args(const std::vector<std::string>& args,
   if (auto v = text("nnodes")) o.nnodes = parse_int("nnodes", *v, 1, 1 << 20);
   if (auto v = text("node-rank")) o.node_rank = parse_int("node-rank", *v, 0, 1 << 20);
   if (auto v = text("master-addr")) {
-    if (v->empty()) throw UsageError("--master-addr: empty host name");
+    if (v->empty()) throw ArgumentError("--master-addr: empty host name");
     o.master_addr = *v;
   }
   if (auto v = text("master-port")) o.master_port = parse_int("master-port", *v, 1, 65535);
@@ -850,25 +841,25 @@ LaunchCommand parse_launch_args(const std::vector<std::string>& args,
     char* end = nullptr;
     o.grace_s = std::strtod(v->c_str(), &end);
     if (v->empty() || *end != '\0' || !std::isfinite(o.grace_s) || o.grace_s < 0) {
-      throw UsageError("--grace-period: expected seconds >= 0, got '" + *v + "'");
+      throw ArgumentError("--grace-period: expected seconds >= 0, got '" + *v + "'");
     }
   }
   if (parsed.count("standalone")) {
-    if (o.nnodes != 1) throw UsageError("--standalone runs one node; drop --nnodes");
+    if (o.nnodes != 1) throw ArgumentError("--standalone runs one node; drop --nnodes");
     if (parsed.count("master-addr") || parsed.count("master-port")) {
-      throw UsageError("--standalone picks its own address and port; drop --master-addr/-port");
+      throw ArgumentError("--standalone picks its own address and port; drop --master-addr/-port");
     }
     o.master_addr = "127.0.0.1";
     o.master_port = free_port();
     o.run_id = random_run_id();
   }
   if (o.node_rank >= o.nnodes) {
-    throw UsageError("--node-rank " + std::to_string(o.node_rank) +
-                     " is out of range for --nnodes " + std::to_string(o.nnodes) + " (0.." +
-                     std::to_string(o.nnodes - 1) + ")");
+    throw ArgumentError("--node-rank " + std::to_string(o.node_rank) +
+                        " is out of range for --nnodes " + std::to_string(o.nnodes) + " (0.." +
+                        std::to_string(o.nnodes - 1) + ")");
   }
   if (!separator || worker_args.empty()) {
-    throw UsageError("no trainer arguments: trainer launch [options] -- <trainer arguments>");
+    throw ArgumentError("no trainer arguments: trainer launch [options] -- <trainer arguments>");
   }
   o.args = std::move(worker_args);
   return command;

@@ -11,10 +11,17 @@
 
 #include <functional>
 #include <iosfwd>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace trainer::launch {
+
+// A bad `trainer launch` command line: one line naming the flag (a usage error, exit 2).
+class ArgumentError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
 
 // What one node starts and how its workers find the others.
 struct LaunchOptions {
@@ -43,8 +50,8 @@ struct LaunchCommand {
 //   -- <worker arguments>
 // Underscore spellings (--nproc_per_node, ...) are accepted. "auto" is gpu_count() when that is
 // positive, else the CPU count; "gpu" requires a GPU. gpu_count is called only for auto and gpu.
-// --standalone: one node on 127.0.0.1, a free port and a random run id. Throws cli::UsageError
-// (cli/commands.h) with one line naming the flag.
+// --standalone: one node on 127.0.0.1, a free port and a random run id. Throws ArgumentError
+// with one line naming the flag.
 LaunchCommand parse_launch_args(const std::vector<std::string>& args,
                                 const std::function<int()>& gpu_count);
 
@@ -59,9 +66,6 @@ std::string launch_help();
 // inconsistent options and std::system_error when the operating system refuses a pipe, fork or
 // directory.
 int run(const LaunchOptions& options, std::ostream& out, std::ostream& err, std::ostream& log);
-
-// A TCP port that was free a moment ago (bound with port 0, then released).
-int free_port();
 
 // "SIGKILL" for 9; "signal N" for a number without a name.
 std::string signal_name(int sig);

@@ -7,7 +7,7 @@
 #include <functional>
 
 #include "config/config.h"
-#include "util/registry.h"
+#include "config/registry.h"
 
 namespace trainer::optim {
 

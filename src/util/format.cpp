@@ -1,7 +1,9 @@
 #include "util/format.h"
 
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 
 namespace trainer {
 
@@ -16,6 +18,27 @@ std::string strprintf(const char* format, ...) {
   if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, args);
   va_end(args);
   return out;
+}
+
+std::string format_number(double v) {
+  if (std::isnan(v)) return ".nan";
+  if (std::isinf(v)) return v > 0 ? ".inf" : "-.inf";
+  char buf[64];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  // "1e-08" -> "1e-8": drop the exponent's leading zeros.
+  const auto e = s.find('e');
+  if (e != std::string::npos) {
+    size_t i = e + 1;
+    if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+    size_t j = i;
+    while (j + 1 < s.size() && s[j] == '0') ++j;
+    s.erase(i, j - i);
+  }
+  return s;
 }
 
 }  // namespace trainer

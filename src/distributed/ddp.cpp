@@ -1,4 +1,4 @@
-#include "dist/ddp.h"
+#include "distributed/ddp.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
@@ -8,7 +8,7 @@
 #include <limits>
 #include <unordered_map>
 
-namespace trainer::dist {
+namespace trainer::distributed {
 namespace {
 
 int64_t mib(double megabytes) {
@@ -151,4 +151,4 @@ int64_t DataParallel::buckets() const {
   return static_cast<int64_t>(reducer_->get_grad_buckets(/*return_zero_tensors=*/false).size());
 }
 
-}  // namespace trainer::dist
+}  // namespace trainer::distributed

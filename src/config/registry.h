@@ -1,5 +1,6 @@
 // A name -> factory table, one per extensible kind (models, datasets, optimizers, ...), keyed by
-// the YAML `name`. Built once at start-up and read-only afterwards.
+// the YAML `name`, with each entry's own config keys (config/options.h). Built once at start-up
+// and read-only afterwards. Torch-free.
 #pragma once
 
 #include <map>
@@ -7,6 +8,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "config/options.h"
 
 namespace trainer {
 
@@ -22,11 +25,14 @@ class Registry {
   // `kind` names the registered things in messages, e.g. "model".
   explicit Registry(std::string kind) : kind_(std::move(kind)) {}
 
-  // Registers `factory` under `name`; a name can be registered once.
-  void add(const std::string& name, Factory factory) {
+  // Registers `factory` under `name`, with the defaults of the entry's own config keys when it
+  // has any (config::options_of<Struct>()); a name can be registered once.
+  void add(const std::string& name, Factory factory,
+           std::unique_ptr<config::Options> options = nullptr) {
     if (!entries_.emplace(name, std::move(factory)).second) {
       throw std::logic_error(kind_ + " '" + name + "' is registered twice");
     }
+    if (options) options_.add(name, std::move(options));
   }
 
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
@@ -49,9 +55,13 @@ class Registry {
     return out;
   }
 
+  // The defaults of every entry's own config keys, for its config section's `options`.
+  const config::Entries& options() const { return options_; }
+
  private:
   std::string kind_;
   std::map<std::string, Factory> entries_;
+  config::Entries options_;
 };
 
 }  // namespace trainer

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "dist/env.h"
+#include "distributed/env.h"
 
 namespace c10d {
 class ProcessGroup;
 }
 
-namespace trainer::dist {
+namespace trainer::distributed {
 
 // The job could not form or lost its process group (a rank missing, a port in use, a collective
 // that timed out or lost a peer): one line naming the address, the rank and what was expected.
@@ -84,4 +84,4 @@ class Group {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace trainer::dist
+}  // namespace trainer::distributed

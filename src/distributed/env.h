@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace trainer::dist {
+namespace trainer::distributed {
 
 // A launcher's variables that do not describe a valid job: exit 2, naming the variable.
 class EnvError : public std::runtime_error {
@@ -43,4 +43,4 @@ DistEnv read_process_env();
 // The first host of a SLURM node list: "gpu[03-05,09],login1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
 
-}  // namespace trainer::dist
+}  // namespace trainer::distributed

@@ -10,14 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace c10d {
 class Logger;
 class Reducer;
 }  // namespace c10d
 
-namespace trainer::dist {
+namespace trainer::distributed {
 
 struct DdpOptions {
   double bucket_cap_mb = 25.0;           // bucket size after the first
@@ -83,4 +83,4 @@ class DataParallel {
   std::shared_ptr<c10d::Logger> logger_;    // the reducer reports to it (and needs one)
 };
 
-}  // namespace trainer::dist
+}  // namespace trainer::distributed

@@ -1,10 +1,10 @@
-#include "dist/env.h"
+#include "distributed/env.h"
 
 #include <cstdlib>
 #include <limits>
 #include <vector>
 
-namespace trainer::dist {
+namespace trainer::distributed {
 namespace {
 
 // A non-negative integer variable; `fallback` when unset.
@@ -135,4 +135,4 @@ DistEnv read_process_env() {
   return read_env([](const char* name) { return std::getenv(name); });
 }
 
-}  // namespace trainer::dist
+}  // namespace trainer::distributed

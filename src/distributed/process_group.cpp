@@ -1,4 +1,4 @@
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -15,7 +15,7 @@
 
 #include "util/format.h"
 
-namespace trainer::dist {
+namespace trainer::distributed {
 namespace {
 
 using Ms = std::chrono::milliseconds;
@@ -279,4 +279,4 @@ c10d::ProcessGroup& Group::c10d() {
   return *impl_->pg;
 }
 
-}  // namespace trainer::dist
+}  // namespace trainer::distributed

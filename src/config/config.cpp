@@ -1,0 +1,137 @@
+// Range checks of each section's own keys. Checks that span sections or depend on the machine
+// are in loader.cpp's validate(); each registered entry checks its own keys in its file.
+#include "config/config.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "util/format.h"
+
+namespace trainer::config {
+namespace {
+
+// Every entry of `v` must be > 0.
+void each_positive(Checks& c, const std::string& key, const std::vector<double>& v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!(v[i] > 0.0)) {
+      c.add(key, "every entry must be > 0, got " + format_number(v[i]) + " at item " +
+                     std::to_string(i + 1));
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<int64_t> checkpoint_period(const std::string& spec) {
+  if (spec == "none") return 0;
+  if (spec == "blocks") return 1;
+  if (spec.rfind("every:", 0) != 0 || spec.size() == 6) return std::nullopt;
+  const std::string digits = spec.substr(6);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  errno = 0;
+  const long long n = std::strtoll(digits.c_str(), nullptr, 10);
+  if (errno == ERANGE || n < 1) return std::nullopt;
+  return static_cast<int64_t>(n);
+}
+
+void RunConfig::validate(Checks& c) const {
+  c.at_least("log_every", log_every, 1);
+  c.at_least("eval_every", eval_every, 0);
+  c.at_least("checkpoint_every", checkpoint_every, 0);
+  c.at_least("keep_last", keep_last, 1);
+  if (!keep_best.empty()) c.one_of("keep_best", keep_best, {"top1", "top5", "loss", "ppl"});
+  c.at_least("threads", threads, 0);
+  c.one_of("progress", progress, {"auto", "always", "never"});
+}
+
+void ModelConfig::validate(Checks& c) const {
+  c.at_least("num_classes", num_classes, 0);
+  if (!checkpoint_period(checkpointing)) {
+    c.add("checkpointing",
+          "must be none, blocks or every:N with N >= 1, got '" + checkpointing + "'");
+  }
+}
+
+void DataConfig::validate(Checks& c) const {
+  c.at_least("batch_size", batch_size, 1);
+  c.at_least("eval_batch_size", eval_batch_size, 0);
+  c.at_least("workers", workers, 0);
+  c.at_least("prefetch", prefetch, 1);
+  c.one_of("on_error", on_error, {"skip", "fail"});
+  if (!mean.empty() && mean.size() != 1 && mean.size() != 3) {
+    c.add("mean", "must have 1 or 3 entries (one per channel), got " + std::to_string(mean.size()));
+  }
+  if (stdev.size() != mean.size()) {
+    c.add("std", "must have as many entries as data.mean (" + std::to_string(mean.size()) +
+                     "), got " + std::to_string(stdev.size()));
+  }
+  each_positive(c, "std", stdev);
+}
+
+void TrainConfig::validate(Checks& c) const {
+  if (max_steps <= 0 && epochs < 1) {
+    c.add("epochs", "must be >= 1 (or set train.max_steps > 0), got " + std::to_string(epochs));
+  }
+  c.at_least("max_steps", max_steps, 0);
+  c.at_least("stop_at_step", stop_at_step, 0);
+  if (!(stop_at_top1 >= 0.0 && stop_at_top1 <= 1.0)) {
+    c.add("stop_at_top1",
+          "must be a fraction in [0, 1] (0 = off), got " + format_number(stop_at_top1));
+  }
+  c.at_least("grad_accum_steps", grad_accum_steps, 1);
+  c.at_least("clip_grad_norm", clip_grad_norm, 0.0);
+  c.at_least("max_bad_steps", max_bad_steps, 0);
+  c.fraction("label_smoothing", label_smoothing);
+}
+
+void OptimConfig::validate(Checks& c) const {
+  c.above("lr", lr, 0.0);
+  c.at_least("weight_decay", weight_decay, 0.0);
+}
+
+void SchedConfig::validate(Checks& c) const {
+  c.at_least("warmup_steps", warmup_steps, 0);
+  c.at_least("warmup_epochs", warmup_epochs, 0.0);
+  if (warmup_epochs > 0.0 && warmup_steps > 0) {
+    c.add("warmup_epochs", "set either sched.warmup_steps or sched.warmup_epochs, not both");
+  }
+  if (!(warmup_start_factor >= 0.0 && warmup_start_factor <= 1.0)) {
+    c.add("warmup_start_factor", "must be in [0, 1], got " + format_number(warmup_start_factor));
+  }
+  c.at_least("step_size", step_size, 1);
+  for (size_t i = 0; i < milestones.size(); ++i) {
+    const int64_t m = milestones[i];
+    const std::string item = " at item " + std::to_string(i + 1);
+    if (m < 1) {
+      c.add("milestones", "every milestone must be >= 1, got " + std::to_string(m) + item);
+    } else if (i > 0 && m <= milestones[i - 1]) {
+      c.add("milestones", "must be strictly increasing, got " + std::to_string(m) + " after " +
+                              std::to_string(milestones[i - 1]) + item);
+    }
+  }
+  if (!(gamma > 0.0 && gamma <= 1.0))
+    c.add("gamma", "must be in (0, 1], got " + format_number(gamma));
+  c.at_least("min_lr", min_lr, 0.0);
+}
+
+void AmpConfig::validate(Checks& c) const {
+  c.one_of("dtype", dtype, {"float16", "bfloat16"});
+  c.one_of("scaler", scaler, {"auto", "on", "off"});
+  c.above("init_scale", init_scale, 0.0);
+  if (!(growth_factor > 1.0))
+    c.add("growth_factor", "must be > 1, got " + format_number(growth_factor));
+  if (!(backoff_factor > 0.0 && backoff_factor < 1.0)) {
+    c.add("backoff_factor", "must be in (0, 1), got " + format_number(backoff_factor));
+  }
+  c.at_least("growth_interval", growth_interval, 1);
+}
+
+void DistConfig::validate(Checks& c) const {
+  c.one_of("backend", backend, {"auto", "nccl", "gloo"});
+  c.above("bucket_cap_mb", bucket_cap_mb, 0.0);
+  c.above("first_bucket_mb", first_bucket_mb, 0.0);
+  c.above("init_timeout_s", init_timeout_s, 0.0);
+  c.above("timeout_s", timeout_s, 0.0);
+}
+
+}  // namespace trainer::config

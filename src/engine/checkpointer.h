@@ -1,0 +1,67 @@
+// Training checkpoints: the whole state of a run saved in <run.dir>/checkpoints and restored from
+// there, so that a resumed run continues exactly as if never interrupted.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "checkpoint/checkpoint.h"
+#include "config/loader.h"
+#include "distributed/env.h"
+#include "engine/components.h"
+#include "engine/evaluator.h"
+#include "engine/state.h"
+
+namespace trainer::engine {
+
+// The model weights in a checkpoint the trainer wrote, under their state-dict names.
+checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt);
+
+// Saves and restores the model, the optimizer's state, the RNGs, the gradient scaler and the
+// TrainingState, keeping run.keep_last checkpoints and the best by run.keep_best. Only rank 0
+// writes; every rank holds the same state.
+class Checkpointer {
+ public:
+  Checkpointer(const config::LoadedConfig& loaded, Components& parts, TrainingState& state,
+               const distributed::DistEnv& job);
+
+  // Continues from a checkpoint: "auto" takes the newest one of <run.dir>/checkpoints that
+  // verifies (returns false, a fresh start, when there is none); anything else is a checkpoint
+  // file. Throws config::ConfigError when the checkpoint belongs to another model or optimizer,
+  // checkpoint::CorruptCheckpoint for a damaged file. Every rank must call this, in the same
+  // order (rank 0 picks the file and broadcasts its name).
+  bool resume(const std::string& spec);
+
+  // Saves the state of the current step unless it is saved already, with `eval`'s metrics when
+  // it was evaluated at this step. A failed save stops the run (throws) unless
+  // run.continue_on_save_error; the previous checkpoint stays intact either way. Every rank must
+  // call this, in the same order (the metrics window is averaged and rank 0's outcome
+  // broadcast).
+  void save(const EvalResult& eval);
+
+  // The newest checkpoint written or resumed from; "" when none.
+  const std::string& last() const { return last_; }
+  // The step of the checkpoint resumed from; -1 for a fresh run.
+  int64_t resumed_step() const { return resumed_step_; }
+
+ private:
+  checkpoint::State snapshot() const;
+  void restore(const checkpoint::State& ckpt, const std::string& path);
+  void check_config(const nlohmann::json& saved, const std::string& path) const;
+  void restore_tensors(const checkpoint::State& ckpt, const std::string& path);
+  void restore_position(const nlohmann::json& meta, const std::string& path);
+  // Rank 0 writes; every rank learns whether it could.
+  void write(const EvalResult& eval);
+
+  const config::LoadedConfig& loaded_;
+  Components& parts_;
+  TrainingState& state_;
+  const distributed::DistEnv& job_;
+  std::unique_ptr<checkpoint::Directory> dir_;
+  std::string last_;
+  int64_t resumed_step_ = -1;
+  int64_t saved_step_ = -1;  // the step of the newest checkpoint written or resumed from
+};
+
+}  // namespace trainer::engine

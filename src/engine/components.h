@@ -1,0 +1,80 @@
+// Everything a run trains with, built from a validated config: the part of the engine that knows
+// how the registries' pieces fit together.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "config/loader.h"
+#include "data/dataset.h"
+#include "distributed/ddp.h"
+#include "distributed/env.h"
+#include "distributed/process_group.h"
+#include "losses/loss.h"
+#include "models/model.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace trainer::engine {
+
+// Autocast around forward and loss.
+struct Precision {
+  bool autocast = false;                   // amp.enabled
+  c10::ScalarType dtype = c10::kBFloat16;  // amp.dtype
+};
+
+// Declared in the order they are built; the process group outlives what uses it (the model's
+// synchronised batch norm, DDP).
+struct Components {
+  torch::Device device{torch::kCPU};
+  std::unique_ptr<distributed::Group> group;  // the job's process group; null when alone
+  data::Splits splits;
+  std::unique_ptr<data::Loader> train_loader;  // this rank's shard of the training split
+  std::unique_ptr<data::Loader> val_loader;    // this rank's shard of the validation split
+  int64_t steps_per_epoch = 0;                 // optimizer steps in one epoch of this rank
+  int64_t total_steps = 0;                     // optimizer steps of the whole run
+  models::InputSpec input;                     // what the model was built for
+  models::Net model;
+  std::vector<torch::Tensor> params;               // the model's parameters, tied ones once
+  std::unique_ptr<distributed::DataParallel> ddp;  // gradient averaging; null when alone
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::Schedule> schedule;
+  losses::Loss loss;
+  Precision precision;
+  std::unique_ptr<optim::GradScaler> scaler;  // gradient scaling (float16 training), else null
+
+  // The processes training together (1 when alone).
+  int world_size() const;
+  // Whether the ranks must agree on each step's skip and stop decisions (a group of more than
+  // one).
+  bool agreeing() const { return world_size() > 1; }
+};
+
+// Seeds the RNGs, picks the device and builds, in order: the process group (a launched `job`,
+// even a job of one), the data, the model (activation checkpointing inside, model.pretrained
+// weights, DDP and synchronised batch norm in a group), the optimizer, schedule, loss and mixed
+// precision. Every rank of a job must call this, in the same order (it forms the group and
+// broadcasts rank 0's weights). Throws config::ConfigError for settings the model or data
+// reject, data::DataError for unreadable data, distributed::GroupError when the ranks cannot form
+// their group.
+Components build_components(const config::LoadedConfig& loaded, const distributed::DistEnv& job);
+
+// What the data set of `cfg` is built for: the run's seed and the model's context length.
+data::DataContext data_context(const config::Config& cfg);
+
+// The configuration defaults with every registered model's, data set's and optimizer's own keys:
+// what config::load starts from.
+config::Config config_defaults();
+
+// config::load over config_defaults(): how the trainer reads a config file. Does not validate.
+config::LoadedConfig load_config(const std::string& path,
+                                 const std::vector<std::string>& overrides);
+
+// What configs are validated against: the CUDA devices present and every registry's names.
+config::Environment config_environment();
+
+}  // namespace trainer::engine

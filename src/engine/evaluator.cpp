@@ -1,0 +1,65 @@
+#include "engine/evaluator.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "nn/autocast.h"
+
+namespace trainer::engine {
+
+EvalResult evaluate(Components& parts, int64_t& bad_samples) {
+  torch::NoGradGuard no_grad;
+  auto& model = *parts.model;
+  model.eval();
+  const auto& device = parts.device;
+  auto zero = [&] {
+    return torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
+  };
+  // Sums over predictions: one per sample, or one per token for sequences.
+  torch::Tensor loss_sum = zero(), top1 = zero(), top5 = zero();
+  int64_t predictions = 0;
+  parts.val_loader->start_epoch(0);  // this rank's shard
+  while (auto batch = parts.val_loader->next()) {
+    bad_samples += batch->bad_samples;
+    auto inputs = batch->inputs.to(device, /*non_blocking=*/true);  // [B, ...]
+    // [N] with N = B, or B * T for sequences
+    auto targets = batch->targets.to(device, /*non_blocking=*/true).flatten();
+    torch::Tensor logits;  // [B, K] or [B, T, K]
+    {
+      nn::AutocastGuard autocast(device.type(), parts.precision.dtype, parts.precision.autocast);
+      logits = model.forward(inputs);
+    }
+    logits = logits.to(torch::kFloat).reshape({targets.size(0), logits.size(-1)});  // [N, K]
+    loss_sum += torch::nn::functional::cross_entropy(
+        logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    const int64_t k = std::min<int64_t>(5, logits.size(1));
+    auto topk = std::get<1>(logits.topk(k, /*dim=*/1));  // [N, k]
+    auto hit = topk.eq(targets.unsqueeze(1));            // [N, k]
+    top1 += hit.select(/*dim=*/1, /*index=*/0).sum();
+    top5 += hit.any(/*dim=*/1).sum();
+    predictions += targets.size(0);
+  }
+  model.train();
+  if (parts.group) {  // sums over every rank's shard
+    auto sums = torch::stack({loss_sum, top1, top5, torch::full_like(loss_sum, predictions)});
+    parts.group->all_reduce({sums}, distributed::Reduce::sum);
+    sums = sums.cpu();
+    loss_sum = sums[0], top1 = sums[1], top5 = sums[2];
+    predictions = static_cast<int64_t>(sums[3].item<double>());
+  }
+  EvalResult r;
+  r.samples = predictions;
+  r.sequence = parts.splits.spec.sequence;
+  if (predictions > 0) {
+    const double n = static_cast<double>(predictions);
+    r.loss = loss_sum.item<double>() / n;
+    r.top1 = top1.item<double>() / n;
+    r.top5 = top5.item<double>() / n;
+    r.ppl = std::exp(r.loss);
+  }
+  return r;
+}
+
+}  // namespace trainer::engine

@@ -1,0 +1,106 @@
+#include "engine/step.h"
+
+#include <torch/torch.h>
+
+#include "nn/autocast.h"
+
+namespace trainer::engine {
+namespace {
+
+void begin(StepObserver* observer, Phase phase) {
+  if (observer) observer->begin(phase);
+}
+
+// 1 where `loss` is inf or NaN, else 0: a float32 device tensor shaped like `loss`.
+torch::Tensor bad(const torch::Tensor& loss) {
+  return loss.isfinite().logical_not().to(torch::kFloat);
+}
+
+}  // namespace
+
+void StepFlags::start(const torch::Tensor& loss, bool stop_requested, distributed::Group* group) {
+  pending_.reset();
+  agreed_ = torch::Tensor();
+  if (!group || group->world_size() <= 1) return;
+  agreed_ = torch::stack({bad(loss), torch::full({}, stop_requested ? 1.0 : 0.0, loss.options())});
+  pending_ = group->all_reduce_async({agreed_}, distributed::Reduce::max);
+}
+
+StepOutcome StepFlags::finish(const torch::Tensor& loss, const torch::Tensor& found_inf,
+                              bool check_loss) {
+  StepOutcome out{loss};
+  if (pending_) pending_->wait();
+  const bool agreeing = agreed_.defined();
+  if (!agreeing && !found_inf.defined() && !check_loss) return out;
+  // One host copy: [bad loss, stop (agreeing)] then found_inf (with a scaler).
+  std::vector<torch::Tensor> parts{agreeing ? agreed_ : bad(loss).reshape({1})};
+  const int64_t stop_at = agreeing ? 1 : -1;
+  const int64_t found_inf_at = agreeing ? 2 : 1;
+  if (found_inf.defined()) parts.push_back(found_inf.reshape({1}));
+  const auto host = torch::cat(parts).to(torch::kCPU);
+  const auto f = host.accessor<float, 1>();
+  out.bad_loss = f[0] != 0.0f;
+  out.stop = stop_at >= 0 && f[stop_at] != 0.0f;
+  out.skipped = out.bad_loss || (found_inf.defined() && f[found_inf_at] != 0.0f);
+  return out;
+}
+
+TrainStep::TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state)
+    : parts_(parts), train_(train), state_(state) {}
+
+StepOutcome TrainStep::run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+                           StepObserver* observer) {
+  const torch::Tensor loss = forward_backward(micro_batches, stop_requested, observer);
+  begin(observer, Phase::grad_sync);
+  if (parts_.ddp) parts_.ddp->after_backward();
+  begin(observer, Phase::optimizer);
+  return update(loss);
+}
+
+torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_batches,
+                                          bool stop_requested, StepObserver* observer) {
+  auto& p = parts_;
+  const double accum = static_cast<double>(micro_batches.size());
+  // Gradients dropped (set to none) rather than zeroed; under DDP they are views of its buckets,
+  // which zeroing cannot detach.
+  for (auto& param : p.params) param.mutable_grad().reset();
+  torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(p.device));
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const bool sync = m + 1 == micro_batches.size();  // DDP averages on the last backward only
+    begin(observer, Phase::forward);
+    auto inputs = micro_batches[m].inputs.to(p.device, /*non_blocking=*/true);    // [B, ...]
+    auto targets = micro_batches[m].targets.to(p.device, /*non_blocking=*/true);  // [B] or [B, T]
+    if (p.ddp) p.ddp->before_forward(/*first=*/m == 0, sync);
+    torch::Tensor loss;  // float32 scalar
+    {
+      nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
+      loss = p.loss(p.model->forward(inputs), targets) / accum;
+    }
+    step_loss += loss.detach();
+    if (p.ddp) p.ddp->after_forward(loss, sync);
+    if (sync) flags_.start(step_loss, stop_requested, p.group.get());
+    begin(observer, Phase::backward);
+    (p.scaler ? p.scaler->scale(loss) : loss).backward();
+  }
+  return step_loss;
+}
+
+StepOutcome TrainStep::update(const torch::Tensor& loss) {
+  auto& p = parts_;
+  // Unscale once per step, then decide, the same on every rank: skip the update on inf/NaN
+  // gradients (averaged, so equal on every rank) or an inf/NaN loss on any rank.
+  const torch::Tensor found_inf = p.scaler ? p.scaler->unscale(p.params) : torch::Tensor();
+  StepOutcome out = flags_.finish(loss, found_inf, train_.max_bad_steps > 0);
+  if (!out.skipped) {
+    if (train_.clip_grad_norm > 0)
+      torch::nn::utils::clip_grad_norm_(p.params, train_.clip_grad_norm);
+    p.optimizer->step(p.schedule->lr(state_.updates()));
+  } else {
+    ++state_.skipped_steps;
+  }
+  if (p.scaler) p.scaler->update(found_inf);
+  ++state_.step;
+  return out;
+}
+
+}  // namespace trainer::engine
