@@ -11,7 +11,9 @@ namespace trainer::models {
   X(mlp)                          \
   X(lenet)                        \
   X(gpt)                          \
-  X(resnet)
+  X(resnet)                       \
+  X(vit)                          \
+  /* end of the list */
 
 #define TRAINER_DECLARE_MODEL(name) void register_##name(ModelRegistry& registry);
 TRAINER_BUILTIN_MODELS(TRAINER_DECLARE_MODEL)

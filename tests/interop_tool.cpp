@@ -1,10 +1,10 @@
 // Helper of tests/interop_check.py: the logits of a built-in model with given weights.
 //
-//   interop_tool MODEL NUM_CLASSES WEIGHTS.safetensors INPUT.safetensors OUT.safetensors
+//   interop_tool MODEL NUM_CLASSES WEIGHTS.safetensors INPUT.safetensors OUT.safetensors [KEY=N]...
 //
-// Builds MODEL (e.g. resnet18) for NUM_CLASSES, loads WEIGHTS strictly by name, runs the tensor
-// "x" of INPUT through it in eval mode and writes {"logits": ...} to OUT. Exit 1 with a message
-// on any problem.
+// Builds MODEL (e.g. resnet18) for NUM_CLASSES with its integer options KEY (e.g. depth=2, the
+// model.depth key) set to N, loads WEIGHTS strictly by name, runs the tensor "x" of INPUT through
+// it in eval mode and writes {"logits": ...} to OUT. Exit 1 with a message on any problem.
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -17,14 +17,19 @@
 #include "util/fileio.h"
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::cerr << "usage: interop_tool MODEL NUM_CLASSES WEIGHTS INPUT OUT\n";
+  if (argc < 6) {
+    std::cerr << "usage: interop_tool MODEL NUM_CLASSES WEIGHTS INPUT OUT [KEY=N]...\n";
     return 2;
   }
   try {
     using namespace trainer;
     config::ModelConfig cfg = models::default_model_config(argv[1]);
     cfg.num_classes = std::atoll(argv[2]);
+    for (int i = 6; i < argc; ++i) {
+      const std::string option = argv[i];
+      const auto eq = option.find('=');
+      cfg.options.set(option.substr(0, eq), int64_t{std::atoll(option.c_str() + eq + 1)});
+    }
     const auto input = checkpoint::read_safetensors(argv[4]);
     torch::Tensor x;
     for (const auto& [name, t] : input.tensors)

@@ -242,6 +242,21 @@ TEST(ActivationCheckpointTest, GptWithDropoutTrainsAsWithout) {
   }
 }
 
+TEST(ActivationCheckpointTest, VitTrainsAsWithout) {
+  config::ModelConfig cfg = models::default_model_config("vit");
+  cfg.options.set("patch_size", int64_t{4});
+  cfg.options.set("embed_dim", int64_t{16});
+  cfg.options.set("depth", int64_t{3});
+  cfg.options.set("num_heads", int64_t{2});
+  cfg.options.set("dropout", 0.1);
+  expect_same_training(
+      cfg, models::InputSpec{{3, 8, 8}, 5},
+      [] {
+        return torch::randn({2, 3, 8, 8});
+      },
+      [](const torch::Tensor&) { return torch::randint(/*high=*/5, {2}); }, "blocks");
+}
+
 TEST(ActivationCheckpointTest, ModelsWithoutBlocksRejectIt) {
   config::ModelConfig cfg = models::default_model_config();
   cfg.name = "mlp";

@@ -193,12 +193,6 @@ class OperatorCount {
   at::CallbackHandle handle_;
 };
 
-struct Quiet : trainer::engine::StepObserver {
-  void begin_step() override {}
-  void begin(trainer::engine::Phase) override {}
-  void end_step(const torch::Tensor&) override {}
-};
-
 // "name: plain count -> launched count" for each operator whose counts differ.
 std::string differences(const std::map<std::string, int64_t>& a,
                         const std::map<std::string, int64_t>& b) {
@@ -232,7 +226,7 @@ TEST(DdpEngine, AJobOfOneRunsThePlainStepsOperators) {
         {std::string("dist.reducer_at_world_size_1=") + (reducer ? "true" : "false")});
     trainer::config::check(loaded, trainer::config::Environment{});
     trainer::engine::Trainer trainer(loaded, job);
-    Quiet quiet;
+    trainer::engine::StepObserver quiet;
     trainer.run_steps(/*steps=*/1, quiet, /*fixed_batch=*/true);
     OperatorCount count;
     trainer.run_steps(/*steps=*/3, quiet, /*fixed_batch=*/true);

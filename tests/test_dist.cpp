@@ -238,12 +238,21 @@ std::string long_job(const fs::path& run_dir, int steps) {
          run_dir.string() + "'";
 }
 
+// Bash: waits (60 s at most) until the run dir has logged step `step`.
+std::string wait_for_step(const fs::path& run_dir, int step) {
+  return "for i in $(seq 600); do grep -Eq '\"step\":" + std::to_string(step) + "[,}]' '" +
+         (run_dir / "metrics.jsonl").string() + "' 2>/dev/null && break; sleep 0.1; done\n";
+}
+
 // Bash: waits until the run dir logged step `step`, then kills one of $L's workers with -9.
 std::string kill_a_worker(const fs::path& run_dir, int step) {
-  return "for i in $(seq 600); do grep -Eq '\"step\":" + std::to_string(step) + "[,}]' '" +
-         (run_dir / "metrics.jsonl").string() +
-         "' 2>/dev/null && break; sleep 0.1; done\n"
-         "victim=$(pgrep -P $L | tail -1); kill -9 $victim\n";
+  return wait_for_step(run_dir, step) + "victim=$(pgrep -P $L | tail -1); kill -9 $victim\n";
+}
+
+// Bash: waits (60 s at most) until something listens on TCP port `port` of this host.
+std::string wait_for_listener(const std::string& port) {
+  return "for i in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/" + port +
+         ") 2>/dev/null && break; sleep 0.1; done\n";
 }
 
 TEST_F(Dist, AKilledRankEndsTheJobNamingIt) {
@@ -290,8 +299,8 @@ TEST_F(Dist, DifferentWorldSizesAreNamed) {
   const auto r =
       sh("RANK=0 WORLD_SIZE=2 MASTER_PORT=" + port + " \"$TRAINER\" " +
          recipe("fashion_mnist_mlp.yaml", 5) + " --set dist.init_timeout_s=3 --run-dir '" +
-         (dir_ / "run").string() +
-         "' 2>/dev/null & sleep 0.5; RANK=1 WORLD_SIZE=3 MASTER_PORT=" + port + " \"$TRAINER\" " +
+         (dir_ / "run").string() + "' 2>/dev/null &\n" + wait_for_listener(port) +
+         "RANK=1 WORLD_SIZE=3 MASTER_PORT=" + port + " \"$TRAINER\" " +
          recipe("fashion_mnist_mlp.yaml", 5) + " --set dist.init_timeout_s=3 --run-dir '" +
          (dir_ / "run").string() + "'; code=$?; wait; exit $code");
   EXPECT_EQ(r.code, 1);
@@ -323,9 +332,7 @@ TEST_F(Dist, AStuckRankEndsTheRunAtTheCollectiveTimeout) {
   const fs::path run_dir = dir_ / "run";
   const auto r = sh("\"$TRAINER\" launch --standalone --nproc-per-node 2 --grace-period 2 -- " +
                     long_job(run_dir, 100000) + " --set dist.timeout_s=3 & L=$!\n" +
-                    "for i in $(seq 600); do grep -Eq '\"step\":10[,}]' '" +
-                    (run_dir / "metrics.jsonl").string() +
-                    "' 2>/dev/null && break; sleep 0.1; done\n"
+                    wait_for_step(run_dir, 10) +
                     "kill -STOP $(pgrep -P $L | tail -1)\n"
                     "start=$(date +%s); wait $L; code=$?; end=$(date +%s)\n"
                     "echo \"code=$code seconds=$((end - start))\"");

@@ -10,6 +10,7 @@
 #include "config/loader.h"
 #include "engine/components.h"
 #include "engine/memory.h"
+#include "engine/op_count.h"
 #include "engine/trainer.h"
 #include "models/model.h"
 #include "temp_dir.h"
@@ -120,6 +121,24 @@ TEST_F(EngineTest, LenetOnFlatSamplesIsAConfigError) {
   } catch (const config::ConfigError& e) {
     EXPECT_EQ(e.issues().at(0).key, "data.shape");
   }
+}
+
+// The host reads of a training step, as docs/architecture.md lists them: the step's flags (skip,
+// stop, found_inf) once when anything needs deciding, and LibTorch's clip_grad_norm_ reading the
+// norm.
+TEST_F(EngineTest, HostSyncsPerStep) {
+  auto syncs_per_step = [&](const std::vector<std::string>& overrides) {
+    Trainer trainer(load(overrides));
+    StepObserver quiet;
+    trainer.run_steps(/*steps=*/1, quiet);
+    OpCount count;
+    trainer.run_steps(/*steps=*/4, quiet);
+    return static_cast<double>(count.host_syncs()) / 4.0;
+  };
+  EXPECT_EQ(syncs_per_step({}), 1.0);  // train.max_bad_steps > 0: the loss is checked each step
+  EXPECT_EQ(syncs_per_step({"train.max_bad_steps=0"}), 0.0);
+  EXPECT_EQ(syncs_per_step({"amp.enabled=true", "amp.scaler=on"}), 1.0);  // found_inf read along
+  EXPECT_EQ(syncs_per_step({"train.clip_grad_norm=1"}), 2.0);
 }
 
 TEST(MemoryTest, CountsWhatTheCpuAllocatorHandsOut) {

@@ -22,12 +22,18 @@ torch::Tensor flag(bool inf) {
   return torch::full({}, inf ? 1.0f : 0.0f);
 }
 
-TEST(GradScalerTest, DefaultsAreTorchAmps) {
+// With the defaults, the scale follows torch.amp.GradScaler()'s: it starts at 2**16, halves on
+// a step with inf/NaN gradients, and doubles on the 2000th clean step after it (not before).
+TEST(GradScalerTest, DefaultsScaleAsTorchAmps) {
   GradScaler scaler(GradScalerOptions{}, torch::kCPU);
-  EXPECT_EQ(scaler.scale_value(), 65536.0);
-  EXPECT_EQ(scaler.options().growth_factor, 2.0);
-  EXPECT_EQ(scaler.options().backoff_factor, 0.5);
-  EXPECT_EQ(scaler.options().growth_interval, 2000);
+  const auto loss = torch::full({}, 3.0f);
+  EXPECT_EQ(scaler.scale(loss).item<float>(), 3.0f * std::pow(2.0f, 16.0f));
+  scaler.update(flag(true));
+  EXPECT_EQ(scaler.scale_value(), std::pow(2.0, 15.0));
+  for (int i = 1; i < 2000; ++i) scaler.update(flag(false));
+  EXPECT_EQ(scaler.scale_value(), std::pow(2.0, 15.0));
+  scaler.update(flag(false));
+  EXPECT_EQ(scaler.scale_value(), std::pow(2.0, 16.0));
   EXPECT_EQ(scaler.growth_tracker(), 0);
 }
 

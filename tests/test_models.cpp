@@ -109,9 +109,33 @@ TEST(Models, SummaryEndsWithParameterLine) {
   EXPECT_NE(text.find("fc1"), std::string::npos) << text;
 }
 
+// The ViT's parameters counted from its layout: patch projection, class token, position
+// embedding, per block two layer norms, the fused q/k/v and output projections and the MLP, the
+// final norm and the head.
+TEST(Models, VitShapesAndParameterCount) {
+  config::ModelConfig cfg = default_model_config();
+  const int64_t C = 3, side = 32, p = 8, D = 32, depth = 2, M = 4 * D, K = 10;
+  cfg.options.set("patch_size", p);
+  cfg.options.set("embed_dim", D);
+  cfg.options.set("depth", depth);
+  cfg.options.set("num_heads", int64_t{2});
+  auto net = build("vit", cfg, {C, side, side}, K);
+  const int64_t tokens = (side / p) * (side / p) + 1;
+  const int64_t block = 2 * 2 * D + (3 * D * D + 3 * D) + (D * D + D) + (D * M + M) + (M * D + D);
+  EXPECT_EQ(parameter_count(*net),
+            (C * D * p * p + D) + D + tokens * D + depth * block + 2 * D + (D * K + K));
+  EXPECT_EQ(net->forward(torch::randn({2, C, side, side})).sizes(), (std::vector<int64_t>{2, K}));
+  try {
+    build("vit", cfg, {C, 30, 30}, K);  // 30 is not a multiple of the patch
+    FAIL() << "expected ModelError";
+  } catch (const ModelError& e) {
+    EXPECT_EQ(e.key(), "model.patch_size");
+  }
+}
+
 TEST(Models, RegistryListsBuiltins) {
   const auto names = model_registry().names();
-  for (const std::string name : {"lenet", "mlp"}) {
+  for (const std::string name : {"lenet", "mlp", "vit"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
   EXPECT_THROW(model_registry().get("resnet9000"), UnknownName);

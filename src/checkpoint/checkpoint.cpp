@@ -28,7 +28,7 @@ std::string hex64(uint64_t v) {
 }
 
 std::string file_name(int64_t step) {
-  return strprintf("step_%08lld.safetensors", static_cast<long long>(step));
+  return strprintf("step_%08" PRId64 ".safetensors", step);
 }
 
 bool lower_is_better(const std::string& metric) {

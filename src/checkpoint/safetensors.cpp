@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
 #include <set>
 
+#include "util/device.h"
 #include "util/fileio.h"
 
 namespace trainer::checkpoint {
@@ -36,6 +40,9 @@ constexpr size_t kAlign = 8;
 // Headers above this size are treated as corrupt (safetensors' own limit is 100 MB).
 constexpr uint64_t kMaxHeader = 100u << 20;
 
+// Makes the error of a malformed file from what is wrong.
+using Fail = std::function<FormatError(const std::string& why)>;
+
 }  // namespace
 
 NamedTensors with_prefix(const NamedTensors& tensors, const std::string& prefix) {
@@ -61,7 +68,7 @@ void write_safetensors(const NamedTensors& tensors,
     if (!names.insert(name).second) {
       throw std::invalid_argument("safetensors: duplicate tensor name '" + name + "'");
     }
-    auto t = tensor.detach().to(torch::kCPU).contiguous();
+    auto t = read_to_host(tensor.detach()).contiguous();
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
     header[name] = {{"dtype", dtype_name(t.scalar_type(), name)},
                     {"shape", t.sizes().vec()},
@@ -80,10 +87,23 @@ void write_safetensors(const NamedTensors& tensors,
   }
 }
 
-SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& name) {
-  auto fail = [&](const std::string& why) -> FormatError {
-    return FormatError(name + ": not a valid safetensors file: " + why);
-  };
+namespace {
+
+// One tensor's header entry, checked against the data section it must lie in.
+struct TensorEntry {
+  std::string key;
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte range in the data section
+};
+
+// The header: a JSON object after its 8-byte length.
+struct Header {
+  nlohmann::json json;
+  uint64_t length = 0;  // bytes of JSON; the data section follows them
+};
+
+Header parse_header(const std::vector<uint8_t>& bytes, const Fail& fail) {
   if (bytes.size() < 8) throw fail("only " + std::to_string(bytes.size()) + " bytes");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<size_t>(i)];
@@ -98,57 +118,97 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
     throw fail(std::string("header is not JSON: ") + e.what());
   }
   if (!header.is_object()) throw fail("header is not a JSON object");
-  const uint64_t data_size = bytes.size() - 8 - n;
-  const uint8_t* data = bytes.data() + 8 + n;
+  return {std::move(header), n};
+}
+
+// Entry `key` of the header: its dtype, shape and byte range, each checked for its type.
+TensorEntry parse_entry(const std::string& key, const nlohmann::json& e, const Fail& fail) {
+  if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
+      !e.contains("data_offsets")) {
+    throw fail("entry '" + key + "' lacks dtype, shape or data_offsets");
+  }
+  TensorEntry t;
+  t.key = key;
+  const auto& dtype = e["dtype"];
+  const DtypeName* d = nullptr;
+  for (const auto& c : kDtypes)
+    if (dtype.is_string() && dtype.get<std::string>() == c.name) d = &c;
+  if (!d) throw fail("tensor '" + key + "' has unsupported dtype " + dtype.dump());
+  t.dtype = d->type;
+  const auto& offsets = e["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    throw fail("tensor '" + key + "' has data_offsets " + offsets.dump() +
+               "; expected two byte offsets [begin, end]");
+  }
+  t.begin = offsets[0].get<uint64_t>();
+  t.end = offsets[1].get<uint64_t>();
+  const auto& shape = e["shape"];
+  if (!shape.is_array()) throw fail("tensor '" + key + "' has shape " + shape.dump());
+  for (const auto& s : shape) {
+    if (!s.is_number_integer() || s.get<int64_t>() < 0) {
+      throw fail("tensor '" + key + "' has shape " + shape.dump() +
+                 "; expected non-negative integers");
+    }
+    t.shape.push_back(s.get<int64_t>());
+  }
+  return t;
+}
+
+// The bytes entry `t` must span, or nullopt when its element count overflows.
+std::optional<uint64_t> byte_size(const TensorEntry& t) {
+  uint64_t bytes = c10::elementSize(t.dtype);
+  for (int64_t s : t.shape) {
+    if (s != 0 && bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(s)) {
+      return std::nullopt;
+    }
+    bytes *= static_cast<uint64_t>(s);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& name) {
+  const Fail fail = [&](const std::string& why) {
+    return FormatError(name + ": not a valid safetensors file: " + why);
+  };
+  const Header header = parse_header(bytes, fail);
   SafetensorsFile out;
-  // Tensors in file order: sorted by their start offset.
-  std::vector<std::pair<uint64_t, std::string>> order;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) throw fail("__metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) throw fail("__metadata__ value '" + m.key() + "' is not a string");
-        out.metadata[m.key()] = m->get<std::string>();
-      }
+  std::vector<TensorEntry> entries;
+  for (auto it = header.json.begin(); it != header.json.end(); ++it) {
+    if (it.key() != "__metadata__") {
+      entries.push_back(parse_entry(it.key(), *it, fail));
       continue;
     }
-    const auto& e = *it;
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
-        !e.contains("data_offsets")) {
-      throw fail("entry '" + it.key() + "' lacks dtype, shape or data_offsets");
+    if (!it->is_object()) throw fail("__metadata__ is not an object");
+    for (auto m = it->begin(); m != it->end(); ++m) {
+      if (!m->is_string()) throw fail("__metadata__ value '" + m.key() + "' is not a string");
+      out.metadata[m.key()] = m->get<std::string>();
     }
-    order.emplace_back(e["data_offsets"].at(0).get<uint64_t>(), it.key());
   }
-  std::sort(order.begin(), order.end());
+  // Tensors in file order: sorted by their start offset, each right after the one before.
+  std::sort(entries.begin(), entries.end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
+  const uint64_t data_size = bytes.size() - 8 - header.length;
+  const uint8_t* data = bytes.data() + 8 + header.length;
   uint64_t expected = 0;
-  for (const auto& [begin, key] : order) {
-    const auto& e = header[key];
-    const std::string dtype = e["dtype"].get<std::string>();
-    const DtypeName* d = nullptr;
-    for (const auto& c : kDtypes)
-      if (dtype == c.name) d = &c;
-    if (!d) throw fail("tensor '" + key + "' has unsupported dtype " + dtype);
-    const auto shape = e["shape"].get<std::vector<int64_t>>();
-    const uint64_t end = e["data_offsets"].at(1).get<uint64_t>();
-    int64_t numel = 1;
-    for (int64_t s : shape) {
-      if (s < 0) throw fail("tensor '" + key + "' has a negative size");
-      numel *= s;
+  for (const auto& t : entries) {
+    const auto want = byte_size(t);
+    if (!want || t.begin != expected || t.end < t.begin || t.end - t.begin != *want) {
+      throw fail("tensor '" + t.key + "' has byte range [" + std::to_string(t.begin) + ", " +
+                 std::to_string(t.end) + "), expected " +
+                 (want ? std::to_string(*want) : std::string("an overflowing number of")) +
+                 " bytes from " + std::to_string(expected));
     }
-    const uint64_t want = static_cast<uint64_t>(numel) * c10::elementSize(d->type);
-    if (begin != expected || end < begin || end - begin != want) {
-      throw fail("tensor '" + key + "' has byte range [" + std::to_string(begin) + ", " +
-                 std::to_string(end) + "), expected " + std::to_string(want) + " bytes from " +
-                 std::to_string(expected));
-    }
-    if (end > data_size) {
-      throw fail("tensor '" + key + "' ends at byte " + std::to_string(end) + " of a " +
+    if (t.end > data_size) {
+      throw fail("tensor '" + t.key + "' ends at byte " + std::to_string(t.end) + " of a " +
                  std::to_string(data_size) + "-byte data section (truncated?)");
     }
-    auto t = torch::empty(shape, torch::TensorOptions().dtype(d->type));
-    if (want > 0) std::memcpy(t.data_ptr(), data + begin, want);
-    out.tensors.emplace_back(key, std::move(t));
-    expected = end;
+    auto tensor = torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype));
+    if (*want > 0) std::memcpy(tensor.data_ptr(), data + t.begin, *want);
+    out.tensors.emplace_back(t.key, std::move(tensor));
+    expected = t.end;
   }
   if (expected != data_size) {
     throw fail(std::to_string(data_size - expected) + " bytes after the last tensor");

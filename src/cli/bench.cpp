@@ -72,15 +72,16 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
 std::string result_table(const engine::BenchResult& r, const engine::BenchOptions& o,
                          const engine::Trainer& t) {
   const auto& cfg = t.config();
-  std::string out = strprintf(
-      "trainer bench: %s on %s, %s (%s), %s, batch %lld x %lld, %d process%s, %d thread%s%s\n",
-      cfg.model.name.c_str(), cfg.data.name.c_str(), t.device().str().c_str(),
-      r.device_name.c_str(), precision(cfg).c_str(), static_cast<long long>(cfg.data.batch_size),
-      static_cast<long long>(cfg.train.grad_accum_steps), t.world_size(),
-      t.world_size() == 1 ? "" : "es", torch::get_num_threads(),
-      torch::get_num_threads() == 1 ? "" : "s", o.fixed_batch ? ", one fixed batch" : "");
-  out += strprintf("%lld timed steps after %lld warm-up steps, %.2f s\n\n",
-                   static_cast<long long>(o.steps), static_cast<long long>(o.warmup), r.seconds);
+  std::string out =
+      strprintf("trainer bench: %s on %s, %s (%s), %s, batch %" PRId64 " x %" PRId64
+                ", %d process%s, %d thread%s%s\n",
+                cfg.model.name.c_str(), cfg.data.name.c_str(), t.device().str().c_str(),
+                r.device_name.c_str(), precision(cfg).c_str(), cfg.data.batch_size,
+                cfg.train.grad_accum_steps, t.world_size(), t.world_size() == 1 ? "" : "es",
+                torch::get_num_threads(), torch::get_num_threads() == 1 ? "" : "s",
+                o.fixed_batch ? ", one fixed batch" : "");
+  out += strprintf("%" PRId64 " timed steps after %" PRId64 " warm-up steps, %.2f s\n\n", o.steps,
+                   o.warmup, r.seconds);
   out += strprintf("  throughput    %.1f samples/s", r.samples_per_sec);
   if (r.tokens_per_sec > 0) out += strprintf(", %.0f tokens/s", r.tokens_per_sec);
   out += "\n";

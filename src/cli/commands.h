@@ -16,6 +16,12 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// trainer --config FILE [options]: trains. Returns the exit code.
+int train_command(int argc, char** argv);
+
+// trainer export --checkpoint PATH --out FILE; argv[0] is "export". Returns the exit code.
+int export_command(int argc, char** argv);
+
 // trainer doctor [--json] [--config FILE]; argv[0] is "doctor". Returns the exit code.
 int doctor_command(int argc, char** argv);
 
@@ -34,6 +40,9 @@ config::LoadedConfig load_config(const std::string& path, const std::vector<std:
 
 // The CUDA version LibTorch was built with, e.g. "13.0", or "cpu".
 std::string cuda_build_version();
+
+// What --version prints: the trainer's, LibTorch's and CUDA's versions, a line each.
+std::string version_text();
 
 // trainer launch [options] -- <trainer arguments>; argv[0] is "launch". Returns the exit code.
 int launch_command(int argc, char** argv);

@@ -13,6 +13,7 @@
 #include "engine/trainer.h"
 #include "models/model.h"
 #include "util/format.h"
+#include "util/strings.h"
 
 namespace trainer::cli {
 namespace {
@@ -69,79 +70,41 @@ std::string gib(int64_t bytes) {
   return strprintf("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
-// The memory a config's training step needs per process, against the device's capacity; the
-// run is built and measured on the CPU (engine/memory.h).
-doctor::Finding memory_finding(const std::string& config_path, const doctor::Facts& facts,
-                               int64_t measure_batch, nlohmann::json& out) {
-  const auto loaded = load_config(config_path, {"device=cpu", "data.workers=0"}, {});
-  const auto& cfg = loaded.cfg;
-  engine::Trainer trainer(loaded);
-  const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
-  const auto bf16 = trainer.estimate_memory(/*bf16=*/true);
-  const int64_t batch = cfg.data.batch_size;
-  const bool use_bf16 = cfg.amp.enabled && cfg.amp.dtype == "bfloat16";
-  const auto& planned = use_bf16 ? bf16 : fp32;
-  // The smallest GPU, or the machine's memory when there is none.
-  int64_t capacity_mb = facts.memory_mb;
-  std::string where = "the machine's " + gib(capacity_mb << 20) + " of memory";
-  bool on_gpu = false;
+// Where a step's memory must fit: the smallest GPU, or the machine's memory when there is none.
+struct Capacity {
+  int64_t mb = 0;
+  std::string where;  // e.g. "GPU 0's 139.8 GiB"
+  bool gpu = false;
+};
+
+Capacity smallest_device(const doctor::Facts& facts) {
+  Capacity c{facts.memory_mb, "the machine's " + gib(facts.memory_mb << 20) + " of memory", false};
   for (const auto& g : facts.gpus) {
-    if (!on_gpu || g.total_mb < capacity_mb) {
-      capacity_mb = g.total_mb;
-      where = "GPU " + std::to_string(g.index) + "'s " + gib(g.total_mb << 20);
-      on_gpu = true;
-    }
+    if (!c.gpu || g.total_mb < c.mb)
+      c = {g.total_mb, "GPU " + std::to_string(g.index) + "'s " + gib(g.total_mb << 20), true};
   }
-  // A tenth stays free for the CUDA context, library workspaces and fragmentation.
-  const int64_t usable = (capacity_mb << 20) / 10 * 9;
-  const bool fits = planned.total(batch) <= usable;
-  out = {{"model", cfg.model.name},
-         {"batch_per_process", batch},
-         {"float32_bytes", fp32.total(batch)},
-         {"bfloat16_bytes", bf16.total(batch)},
-         {"params_bytes", fp32.params_bytes},
-         {"optimizer_bytes", fp32.optimizer_bytes},
-         {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
-         {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
-         {"capacity_mb", capacity_mb},
-         {"checkpointing", cfg.model.checkpointing},
-         {"fits", fits}};
-  const std::string checkpointing =
-      cfg.model.checkpointing == "none"
-          ? ""
-          : " with activation checkpointing " + cfg.model.checkpointing;
-  const std::string message = strprintf(
-      "%s%s at batch %lld per process: %s in float32 (parameters %s, optimizer %s, step %s), %s "
-      "with bfloat16 autocast; %s",
-      cfg.model.name.c_str(), checkpointing.c_str(), static_cast<long long>(batch),
-      gib(fp32.total(batch)).c_str(), gib(fp32.params_bytes).c_str(),
-      gib(fp32.optimizer_bytes).c_str(),
-      gib(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
-      gib(bf16.total(batch)).c_str(), where.c_str());
-  if (measure_batch > 0) {
-    // One real step at that batch, to check the extrapolation against.
-    const int64_t fixed = fp32.params_bytes + fp32.optimizer_bytes;
-    out["measured"] = {{"batch", measure_batch},
-                       {"float32_bytes", fixed + trainer.measure_step_memory(false, measure_batch)},
-                       {"bfloat16_bytes", fixed + trainer.measure_step_memory(true, measure_batch)},
-                       {"float32_estimate_bytes", fp32.total(measure_batch)},
-                       {"bfloat16_estimate_bytes", bf16.total(measure_batch)}};
-  }
-  if (fits) return {doctor::Level::ok, "memory", message + " (fits)", ""};
-  // Remedies, in order, each with the estimate it gives.
+  return c;
+}
+
+// What would make a step that needs too much fit in `usable` bytes, each with its estimate, in
+// order: gradient accumulation, bfloat16, activation checkpointing, more GPUs.
+std::vector<std::string> memory_remedies(engine::Trainer& trainer,
+                                         const engine::MemoryEstimate& planned,
+                                         const engine::MemoryEstimate& bf16, bool use_bf16,
+                                         int64_t usable) {
+  const auto& cfg = trainer.config();
+  const int64_t batch = cfg.data.batch_size;
   std::vector<std::string> remedies;
   for (int64_t split = 2; split <= batch; split *= 2) {
     if (planned.total(batch / split) <= usable) {
-      remedies.push_back(strprintf("data.batch_size %lld with train.grad_accum_steps %lld: %s",
-                                   static_cast<long long>(batch / split),
-                                   static_cast<long long>(cfg.train.grad_accum_steps * split),
-                                   gib(planned.total(batch / split)).c_str()));
+      remedies.push_back(strprintf(
+          "data.batch_size %" PRId64 " with train.grad_accum_steps %" PRId64 ": %s", batch / split,
+          cfg.train.grad_accum_steps * split, gib(planned.total(batch / split)).c_str()));
       break;
     }
   }
-  if (!use_bf16) {
+  if (!use_bf16)
     remedies.push_back("amp.enabled with amp.dtype bfloat16: " + gib(bf16.total(batch)));
-  }
   if (cfg.model.checkpointing == "none") {
     try {
       const auto e = trainer.estimate_memory(use_bf16, /*checkpointing=*/"blocks");
@@ -155,16 +118,66 @@ doctor::Finding memory_finding(const std::string& config_path, const doctor::Fac
   }
   for (int64_t gpus = 2; gpus <= 64; gpus *= 2) {
     if (planned.total(batch / gpus) <= usable) {
-      remedies.push_back(strprintf(
-          "%lld GPUs at data.batch_size %lld each: %s", static_cast<long long>(gpus),
-          static_cast<long long>(batch / gpus), gib(planned.total(batch / gpus)).c_str()));
+      remedies.push_back(strprintf("%" PRId64 " GPUs at data.batch_size %" PRId64 " each: %s", gpus,
+                                   batch / gpus, gib(planned.total(batch / gpus)).c_str()));
       break;
     }
   }
-  std::string fix;
-  for (size_t i = 0; i < remedies.size(); ++i) fix += (i ? "; " : "") + remedies[i];
-  return {on_gpu ? doctor::Level::fail : doctor::Level::warn, "memory", message + " (does not fit)",
-          fix};
+  return remedies;
+}
+
+// The memory a config's training step needs per process, against the device's capacity; the
+// run is built and measured on the CPU (engine/memory.h).
+doctor::Finding memory_finding(const std::string& config_path, const doctor::Facts& facts,
+                               int64_t measure_batch, nlohmann::json& out) {
+  const auto loaded = load_config(config_path, {"device=cpu", "data.workers=0"}, {});
+  const auto& cfg = loaded.cfg;
+  engine::Trainer trainer(loaded);
+  const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
+  const auto bf16 = trainer.estimate_memory(/*bf16=*/true);
+  const int64_t batch = cfg.data.batch_size;
+  const bool use_bf16 = cfg.amp.enabled && cfg.amp.dtype == "bfloat16";
+  const auto& planned = use_bf16 ? bf16 : fp32;
+  const Capacity capacity = smallest_device(facts);
+  // A tenth stays free for the CUDA context, library workspaces and fragmentation.
+  const int64_t usable = (capacity.mb << 20) / 10 * 9;
+  const bool fits = planned.total(batch) <= usable;
+  out = {{"model", cfg.model.name},
+         {"batch_per_process", batch},
+         {"float32_bytes", fp32.total(batch)},
+         {"bfloat16_bytes", bf16.total(batch)},
+         {"params_bytes", fp32.params_bytes},
+         {"optimizer_bytes", fp32.optimizer_bytes},
+         {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
+         {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
+         {"capacity_mb", capacity.mb},
+         {"checkpointing", cfg.model.checkpointing},
+         {"fits", fits}};
+  const std::string checkpointing =
+      cfg.model.checkpointing == "none"
+          ? ""
+          : " with activation checkpointing " + cfg.model.checkpointing;
+  const std::string message = strprintf(
+      "%s%s at batch %" PRId64
+      " per process: %s in float32 (parameters %s, optimizer %s, step %s), %s "
+      "with bfloat16 autocast; %s",
+      cfg.model.name.c_str(), checkpointing.c_str(), batch, gib(fp32.total(batch)).c_str(),
+      gib(fp32.params_bytes).c_str(), gib(fp32.optimizer_bytes).c_str(),
+      gib(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
+      gib(bf16.total(batch)).c_str(), capacity.where.c_str());
+  if (measure_batch > 0) {
+    // One real step at that batch, to check the extrapolation against.
+    const int64_t fixed = fp32.params_bytes + fp32.optimizer_bytes;
+    out["measured"] = {{"batch", measure_batch},
+                       {"float32_bytes", fixed + trainer.measure_step_memory(false, measure_batch)},
+                       {"bfloat16_bytes", fixed + trainer.measure_step_memory(true, measure_batch)},
+                       {"float32_estimate_bytes", fp32.total(measure_batch)},
+                       {"bfloat16_estimate_bytes", bf16.total(measure_batch)}};
+  }
+  if (fits) return {doctor::Level::ok, "memory", message + " (fits)", ""};
+  const auto remedies = memory_remedies(trainer, planned, bf16, use_bf16, usable);
+  return {capacity.gpu ? doctor::Level::fail : doctor::Level::warn, "memory",
+          message + " (does not fit)", join(remedies, "; ")};
 }
 
 }  // namespace

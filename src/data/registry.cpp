@@ -9,7 +9,8 @@ namespace trainer::data {
   X(fashion_mnist)                  \
   X(cifar10)                        \
   X(imagefolder)                    \
-  X(tokens)
+  X(tokens)                         \
+  /* end of the list */
 
 #define TRAINER_DECLARE_DATASET(name) void register_##name(DatasetRegistry& registry);
 TRAINER_BUILTIN_DATASETS(TRAINER_DECLARE_DATASET)

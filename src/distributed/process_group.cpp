@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "util/device.h"
 #include "util/format.h"
 
 namespace trainer::distributed {
@@ -25,12 +26,6 @@ Ms millis(double seconds) {
 }
 
 // The first line of a c10d error, without its C++ backtrace.
-std::string first_line(const std::exception& e) {
-  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-  const std::string text = c10 ? c10->what_without_backtrace() : e.what();
-  return text.substr(0, text.find('\n'));
-}
-
 std::string text_of(const std::vector<uint8_t>& bytes) {
   return std::string(bytes.begin(), bytes.end());
 }
@@ -60,7 +55,7 @@ struct Group::Impl {
       throw GroupError(
           strprintf("rank %d: %s across %d ranks failed: %s (another rank ended or is stuck; "
                     "dist.timeout_s is %g s)",
-                    env.rank, what, env.world_size, first_line(e).c_str(), options.timeout_s));
+                    env.rank, what, env.world_size, error_line(e).c_str(), options.timeout_s));
     }
   }
 
@@ -79,7 +74,7 @@ void Group::Impl::connect() {
   try {
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
   } catch (const std::exception& e) {
-    const std::string why = first_line(e);
+    const std::string why = error_line(e);
     if (env.rank == 0) {
       const bool in_use = why.find("EADDRINUSE") != std::string::npos ||
                           why.find("address already in use") != std::string::npos ||
@@ -118,11 +113,12 @@ void Group::Impl::rendezvous() {
       arrived = store->add(run + "arrived", 0);
       if (arrived >= env.world_size) break;
       if (std::chrono::steady_clock::now() > deadline) {
-        throw GroupError(strprintf(
-            "rendezvous at %s: %lld of %d ranks arrived within %g s (dist.init_timeout_s); "
-            "start all %d ranks with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE",
-            where().c_str(), static_cast<long long>(arrived), env.world_size,
-            options.init_timeout_s, env.world_size));
+        throw GroupError(
+            strprintf("rendezvous at %s: %" PRId64
+                      " of %d ranks arrived within %g s (dist.init_timeout_s); "
+                      "start all %d ranks with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE",
+                      where().c_str(), static_cast<int64_t>(arrived), env.world_size,
+                      options.init_timeout_s, env.world_size));
       }
       std::this_thread::sleep_for(Ms(20));
     }
@@ -130,7 +126,7 @@ void Group::Impl::rendezvous() {
     throw;
   } catch (const std::exception& e) {
     throw GroupError(strprintf("rank %d: the rendezvous at %s failed: %s", env.rank,
-                               where().c_str(), first_line(e).c_str()));
+                               where().c_str(), error_line(e).c_str()));
   }
   store->setTimeout(millis(options.timeout_s));
 }
@@ -177,7 +173,7 @@ Group::Group(const DistEnv& env, const GroupOptions& options) : impl_(std::make_
   } catch (const std::exception& e) {
     throw GroupError(strprintf("rank %d: the %s process group over %s could not be formed: %s",
                                env.rank, options.backend.c_str(), impl_->where().c_str(),
-                               first_line(e).c_str()));
+                               error_line(e).c_str()));
   }
 }
 
@@ -251,7 +247,7 @@ void Group::broadcast(std::vector<torch::Tensor> tensors, int root) {
     c10d::broadcast_coalesced(impl_->pg, tensors, kBroadcastBytes, root);
   } catch (const std::exception& e) {
     throw GroupError(strprintf("rank %d: broadcast from rank %d failed: %s", impl_->env.rank, root,
-                               first_line(e).c_str()));
+                               error_line(e).c_str()));
   }
 }
 
@@ -259,14 +255,14 @@ std::string Group::broadcast_text(const std::string& text, int root) {
   const auto on = torch::TensorOptions().device(device());
   auto size = torch::full({1}, static_cast<int64_t>(text.size()), on.dtype(torch::kLong));
   broadcast({size}, root);
-  if (size.item<int64_t>() == 0) return "";
+  const int64_t length = host_int(size);
+  if (length == 0) return "";
   auto bytes = torch::from_blob(const_cast<char*>(text.data()), {static_cast<int64_t>(text.size())},
                                 torch::kUInt8)
                    .to(on.dtype(torch::kUInt8), /*non_blocking=*/false, /*copy=*/true);
-  if (impl_->env.rank != root)
-    bytes = torch::empty({size.item<int64_t>()}, on.dtype(torch::kUInt8));
+  if (impl_->env.rank != root) bytes = torch::empty({length}, on.dtype(torch::kUInt8));
   broadcast({bytes}, root);
-  bytes = bytes.cpu();
+  bytes = read_to_host(bytes);
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
                      static_cast<size_t>(bytes.numel()));
 }

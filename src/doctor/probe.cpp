@@ -101,6 +101,55 @@ std::string container_kind() {
 
 }  // namespace
 
+namespace {
+
+// The cuDNN and NCCL versions of the libraries loaded, and the architectures LibTorch's CUDA
+// library holds kernels for.
+void probe_libraries(Facts& f) {
+  using CudnnVersion = size_t (*)();
+  for (const char* lib : {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}) {
+    if (auto version = symbol<CudnnVersion>(open_library(lib, true), "cudnnGetVersion")) {
+      f.cudnn_loaded = static_cast<int>(version());
+      break;
+    }
+  }
+  using NcclVersion = int (*)(int*);
+  if (auto version = symbol<NcclVersion>(open_library("libnccl.so.2", true), "ncclGetVersion")) {
+    int v = 0;
+    if (version(&v) == 0 && v > 0) {
+      // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+      f.nccl_version = std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." +
+                       std::to_string(v % 100);
+    }
+  }
+  f.maps = read_text("/proc/self/maps");
+  for (const auto& lib : mapped_libraries(f.maps)) {
+    if (lib.family == "libtorch_cuda") {
+      f.arch_list = fatbin_archs(lib.path);
+      break;
+    }
+  }
+}
+
+// The environment variables that matter, shared memory, cores, memory and the container.
+void probe_machine(Facts& f) {
+  for (const char* name :
+       {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME",
+        "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_ALGO",
+        "NCCL_PROTO", "CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG"}) {
+    if (const char* v = std::getenv(name)) f.env[name] = v;
+  }
+  struct statvfs vfs;
+  if (::statvfs("/dev/shm", &vfs) == 0) {
+    f.shm_bytes = static_cast<int64_t>(vfs.f_blocks) * static_cast<int64_t>(vfs.f_frsize);
+  }
+  f.cpu_cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  f.memory_mb = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE) >> 20;
+  f.container = container_kind();
+}
+
+}  // namespace
+
 Facts probe(bool wants_cuda) {
   Facts f;
   f.wants_cuda = wants_cuda;
@@ -123,43 +172,8 @@ Facts probe(bool wants_cuda) {
   f.nvidia_device_files = exists("/dev/nvidiactl") || exists("/dev/nvidia0");
   probe_driver(f);
   f.driver_version = kernel_module_version();
-  using CudnnVersion = size_t (*)();
-  for (const char* lib : {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}) {
-    if (auto version = symbol<CudnnVersion>(open_library(lib, true), "cudnnGetVersion")) {
-      f.cudnn_loaded = static_cast<int>(version());
-      break;
-    }
-  }
-  using NcclVersion = int (*)(int*);
-  if (auto version = symbol<NcclVersion>(open_library("libnccl.so.2", true), "ncclGetVersion")) {
-    int v = 0;
-    if (version(&v) == 0 && v > 0) {
-      // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
-      f.nccl_version = std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." +
-                       std::to_string(v % 100);
-    }
-  }
-  f.maps = read_text("/proc/self/maps");
-  // The architectures of the LibTorch CUDA library this process mapped.
-  for (const auto& lib : mapped_libraries(f.maps)) {
-    if (lib.family == "libtorch_cuda") {
-      f.arch_list = fatbin_archs(lib.path);
-      break;
-    }
-  }
-  for (const char* name :
-       {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME",
-        "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_ALGO",
-        "NCCL_PROTO", "CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG"}) {
-    if (const char* v = std::getenv(name)) f.env[name] = v;
-  }
-  struct statvfs vfs;
-  if (::statvfs("/dev/shm", &vfs) == 0) {
-    f.shm_bytes = static_cast<int64_t>(vfs.f_blocks) * static_cast<int64_t>(vfs.f_frsize);
-  }
-  f.cpu_cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-  f.memory_mb = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE) >> 20;
-  f.container = container_kind();
+  probe_libraries(f);
+  probe_machine(f);
   return f;
 }
 

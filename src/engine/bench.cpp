@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/memory.h"
+#include "util/device.h"
 #include "util/gpu_monitor.h"
 
 namespace trainer::engine {
@@ -107,7 +108,7 @@ class PhaseTimer final : public StepObserver {
     for (double ms : steps) sum += ms;
     std::sort(steps.begin(), steps.end());
     r.step_ms = {sum / n, quantile(steps, 0.5), quantile(steps, 0.9), steps.back()};
-    r.final_loss = loss_.item<double>();
+    r.final_loss = host_double(loss_);
   }
 
  private:

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "nn/rng.h"
+#include "util/device.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -241,7 +242,7 @@ void Checkpointer::write(const EvalResult& eval) {
     auto agreed =
         torch::full({1}, status, torch::TensorOptions(torch::kLong).device(parts_.group->device()));
     parts_.group->broadcast({agreed}, /*root=*/0);
-    status = agreed.item<int64_t>();
+    status = host_int(agreed);
   }
   if (status == kFailedStop) {
     throw std::runtime_error(job_.rank == 0

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "nn/autocast.h"
+#include "util/device.h"
 
 namespace trainer::engine {
 
@@ -42,21 +43,19 @@ EvalResult evaluate(Components& parts, int64_t& bad_samples) {
     predictions += targets.size(0);
   }
   model.train();
-  if (parts.group) {  // sums over every rank's shard
-    auto sums = torch::stack({loss_sum, top1, top5, torch::full_like(loss_sum, predictions)});
-    parts.group->all_reduce({sums}, distributed::Reduce::sum);
-    sums = sums.cpu();
-    loss_sum = sums[0], top1 = sums[1], top5 = sums[2];
-    predictions = static_cast<int64_t>(sums[3].item<double>());
-  }
+  auto sums = torch::stack({loss_sum, top1, top5, torch::full_like(loss_sum, predictions)});
+  // Sums over every rank's shard.
+  if (parts.group) parts.group->all_reduce({sums}, distributed::Reduce::sum);
+  const auto host = read_to_host(sums);
+  const auto s = host.accessor<double, 1>();
   EvalResult r;
-  r.samples = predictions;
+  r.samples = static_cast<int64_t>(s[3]);
   r.sequence = parts.splits.spec.sequence;
-  if (predictions > 0) {
-    const double n = static_cast<double>(predictions);
-    r.loss = loss_sum.item<double>() / n;
-    r.top1 = top1.item<double>() / n;
-    r.top5 = top5.item<double>() / n;
+  if (r.samples > 0) {
+    const double n = static_cast<double>(r.samples);
+    r.loss = s[0] / n;
+    r.top1 = s[1] / n;
+    r.top5 = s[2] / n;
     r.ppl = std::exp(r.loss);
   }
   return r;

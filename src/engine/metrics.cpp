@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "engine/memory.h"
+#include "util/device.h"
 #include "util/fileio.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -80,9 +81,10 @@ void Progress::update(int64_t step, int64_t total_steps, int64_t epoch, double l
   bar.resize(kWidth, '.');
   // Before the first log line there is no loss to show yet.
   const std::string loss_text = std::isfinite(loss) ? strprintf("%.4f", loss) : "-";
-  std::fprintf(stderr, "\r\033[Kepoch %lld [%s] %lld/%lld loss %s %.0f samples/s ETA %s",
-               static_cast<long long>(epoch), bar.c_str(), static_cast<long long>(step),
-               static_cast<long long>(total_steps), loss_text.c_str(), samples_per_sec,
+  std::fprintf(stderr,
+               "\r\033[Kepoch %" PRId64 " [%s] %" PRId64 "/%" PRId64
+               " loss %s %.0f samples/s ETA %s",
+               epoch, bar.c_str(), step, total_steps, loss_text.c_str(), samples_per_sec,
                format_duration(eta_seconds).c_str());
   std::fflush(stderr);
   drawn_ = true;
@@ -181,10 +183,11 @@ std::pair<double, double> MetricsLog::window_sums() {
     auto sums = torch::stack({state_.window_loss.to(torch::kDouble),
                               torch::full_like(state_.window_loss, samples, torch::kDouble)});
     parts_.group->all_reduce({sums}, distributed::Reduce::sum);
-    sums = sums.cpu();
-    return {sums[0].item<double>() / parts_.group->world_size(), sums[1].item<double>()};
+    const auto host = read_to_host(sums);
+    const auto s = host.accessor<double, 1>();
+    return {s[0] / parts_.group->world_size(), s[1]};
   }
-  return {state_.window_steps > 0 ? state_.window_loss.item<double>() : 0.0, samples};
+  return {state_.window_steps > 0 ? host_double(state_.window_loss) : 0.0, samples};
 }
 
 void MetricsLog::train(int64_t epoch) {

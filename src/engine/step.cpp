@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "nn/autocast.h"
+#include "util/device.h"
 
 namespace trainer::engine {
 namespace {
@@ -37,7 +38,7 @@ StepOutcome StepFlags::finish(const torch::Tensor& loss, const torch::Tensor& fo
   const int64_t stop_at = agreeing ? 1 : -1;
   const int64_t found_inf_at = agreeing ? 2 : 1;
   if (found_inf.defined()) parts.push_back(found_inf.reshape({1}));
-  const auto host = torch::cat(parts).to(torch::kCPU);
+  const auto host = read_to_host(torch::cat(parts));
   const auto f = host.accessor<float, 1>();
   out.bad_loss = f[0] != 0.0f;
   out.stop = stop_at >= 0 && f[stop_at] != 0.0f;

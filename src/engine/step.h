@@ -25,16 +25,17 @@ enum class Phase {
 };
 constexpr int kPhaseCount = 5;
 
-// Told where each step and each of its phases begins: `trainer bench`'s timers.
+// Told where each step and each of its phases begins: `trainer bench`'s timers and counters. The
+// base class ignores everything.
 class StepObserver {
  public:
   virtual ~StepObserver() = default;
   // A step begins with Phase::data.
-  virtual void begin_step() = 0;
+  virtual void begin_step() {}
   // `phase` of the current step begins now, ending the phase before it.
-  virtual void begin(Phase phase) = 0;
+  virtual void begin(Phase /*phase*/) {}
   // The step's work is queued; `loss` is its mean loss, a device scalar.
-  virtual void end_step(const torch::Tensor& loss) = 0;
+  virtual void end_step(const torch::Tensor& /*loss*/) {}
 };
 
 // What one training step did; the same on every rank.

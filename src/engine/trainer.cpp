@@ -8,9 +8,9 @@
 #include "engine/components.h"
 #include "engine/metrics.h"
 #include "engine/probes.h"
+#include "util/device.h"
 #include "util/format.h"
 #include "util/log.h"
-#include "util/strings.h"
 
 namespace trainer::engine {
 
@@ -33,12 +33,6 @@ struct Trainer::State {
 };
 
 namespace {
-
-// The first line of an error's message, without a LibTorch backtrace.
-std::string message_of(const std::exception& e) {
-  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-  return first_line(c10 ? c10->what_without_backtrace() : e.what());
-}
 
 // Why a step ran out of memory, and what to do about it.
 std::string out_of_memory_message(const Components& parts, const config::LoadedConfig& loaded,
@@ -141,14 +135,14 @@ class Run {
     } catch (const c10::OutOfMemoryError& e) {
       log_.clear();
       throw std::runtime_error(
-          out_of_memory_message(s_.parts, s_.loaded, s_.state.step + 1, message_of(e)));
+          out_of_memory_message(s_.parts, s_.loaded, s_.state.step + 1, error_line(e)));
     } catch (const std::exception& e) {
       if (!s_.parts.group) throw;
       // Gloo reports a lost peer or a timeout as a plain error.
       throw std::runtime_error(strprintf("rank %d: step %" PRId64
                                          " failed: %s (when another rank has ended or is stuck, "
                                          "collectives fail after dist.timeout_s, %g s)",
-                                         s_.job.rank, s_.state.step + 1, message_of(e).c_str(),
+                                         s_.job.rank, s_.state.step + 1, error_line(e).c_str(),
                                          cfg_.dist.timeout_s));
     }
   }

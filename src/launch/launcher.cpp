@@ -790,19 +790,11 @@ std::string launch_help() {
          "error.\n";
 }
 
-LaunchCommand parse_launch_args(const std::vector<std::string>& args,
-                                const std::function<int()>& gpu_count) {
-  std::vector<std::string> own{"launch"};
-  std::vector<std::string> worker_args;
-  bool separator = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--") {
-      worker_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
-      separator = true;
-      break;
-    }
-    own.push_back(normalise(args[i]));
-  }
+namespace {
+
+// The launcher's own options (before "--", underscores normalised), parsed.
+cxxopts::ParseResult parse_own(std::vector<std::string> own) {
+  own.insert(own.begin(), "launch");
   auto options = command_options();
   std::vector<char*> argv;
   for (auto& arg : own) argv.push_back(arg.data());
@@ -816,17 +808,27 @@ LaunchCommand parse_launch_args(const std::vector<std::string>& args,
   if (!parsed.unmatched().empty()) {
     throw ArgumentError("unexpected argument '" + parsed.unmatched().front() + "'");
   }
+  return parsed;
+}
 
-  LaunchCommand command;
-  if (parsed.count("help")) {
-    command.help = true;
-    return command;
+// --standalone: one node on 127.0.0.1, a free port and a random run id.
+void make_standalone(const cxxopts::ParseResult& parsed, LaunchOptions& o) {
+  if (o.nnodes != 1) throw ArgumentError("--standalone runs one node; drop --nnodes");
+  if (parsed.count("master-addr") || parsed.count("master-port")) {
+    throw ArgumentError("--standalone picks its own address and port; drop --master-addr/-port");
   }
+  o.master_addr = "127.0.0.1";
+  o.master_port = free_port();
+  o.run_id = random_run_id();
+}
+
+// The options' values, checked one by one.
+void read_options(const cxxopts::ParseResult& parsed, const std::function<int()>& gpu_count,
+                  LaunchOptions& o) {
   auto text = [&](const char* flag) -> std::optional<std::string> {
     if (!parsed.count(flag)) return std::nullopt;
     return parsed[flag].as<std::string>();
   };
-  LaunchOptions& o = command.options;
   if (auto v = text("nproc-per-node")) o.nproc_per_node = parse_nproc(*v, gpu_count);
   if (auto v = text("nnodes")) o.nnodes = parse_int("nnodes", *v, 1, 1 << 20);
   if (auto v = text("node-rank")) o.node_rank = parse_int("node-rank", *v, 0, 1 << 20);
@@ -844,24 +846,33 @@ LaunchCommand parse_launch_args(const std::vector<std::string>& args,
       throw ArgumentError("--grace-period: expected seconds >= 0, got '" + *v + "'");
     }
   }
-  if (parsed.count("standalone")) {
-    if (o.nnodes != 1) throw ArgumentError("--standalone runs one node; drop --nnodes");
-    if (parsed.count("master-addr") || parsed.count("master-port")) {
-      throw ArgumentError("--standalone picks its own address and port; drop --master-addr/-port");
-    }
-    o.master_addr = "127.0.0.1";
-    o.master_port = free_port();
-    o.run_id = random_run_id();
+}
+
+}  // namespace
+
+LaunchCommand parse_launch_args(const std::vector<std::string>& args,
+                                const std::function<int()>& gpu_count) {
+  const auto separator = std::find(args.begin(), args.end(), "--");
+  std::vector<std::string> own;
+  for (auto it = args.begin(); it != separator; ++it) own.push_back(normalise(*it));
+  const cxxopts::ParseResult parsed = parse_own(own);
+  LaunchCommand command;
+  if (parsed.count("help")) {
+    command.help = true;
+    return command;
   }
+  LaunchOptions& o = command.options;
+  read_options(parsed, gpu_count, o);
+  if (parsed.count("standalone")) make_standalone(parsed, o);
   if (o.node_rank >= o.nnodes) {
     throw ArgumentError("--node-rank " + std::to_string(o.node_rank) +
                         " is out of range for --nnodes " + std::to_string(o.nnodes) + " (0.." +
                         std::to_string(o.nnodes - 1) + ")");
   }
-  if (!separator || worker_args.empty()) {
+  if (separator == args.end() || separator + 1 == args.end()) {
     throw ArgumentError("no trainer arguments: trainer launch [options] -- <trainer arguments>");
   }
-  o.args = std::move(worker_args);
+  o.args.assign(separator + 1, args.end());
   return command;
 }
 

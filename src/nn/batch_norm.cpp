@@ -1,4 +1,5 @@
 #include "nn/batch_norm.h"
+#include "util/device.h"
 
 #include <torch/torch.h>
 
@@ -67,7 +68,7 @@ torch::Tensor BatchNorm2dImpl::forward(const torch::Tensor& x) {
   if (o.track_running_stats()) {
     torch::NoGradGuard no_grad;
     num_batches_tracked += 1;
-    const double momentum = o.momentum() ? *o.momentum() : 1.0 / num_batches_tracked.item<double>();
+    const double momentum = o.momentum() ? *o.momentum() : 1.0 / host_double(num_batches_tracked);
     // The running variance is unbiased, as in batch_norm; the count stays on the device.
     const torch::Tensor unbiased = var.detach() * count / (count - 1.0).clamp_min(1.0);
     running_mean.mul_(1.0 - momentum).add_(mean.detach(), momentum);

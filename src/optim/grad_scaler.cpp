@@ -1,4 +1,5 @@
 #include "optim/grad_scaler.h"
+#include "util/device.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
@@ -44,11 +45,11 @@ void GradScaler::update(const torch::Tensor& found_inf) {
 }
 
 double GradScaler::scale_value() const {
-  return scale_.item<double>();
+  return host_double(scale_);
 }
 
 int64_t GradScaler::growth_tracker() const {
-  return growth_tracker_.item<int64_t>();
+  return host_int(growth_tracker_);
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> GradScaler::state() const {

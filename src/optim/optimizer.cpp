@@ -12,7 +12,8 @@ namespace trainer::optim {
 // src/optim/<file>.cpp, which registers that file's optimizers.
 #define TRAINER_BUILTIN_OPTIMIZERS(X) \
   X(sgd)                              \
-  X(adam)
+  X(adam)                             \
+  /* end of the list */
 
 #define TRAINER_DECLARE_OPTIMIZER(name) void register_##name(OptimizerRegistry& registry);
 TRAINER_BUILTIN_OPTIMIZERS(TRAINER_DECLARE_OPTIMIZER)

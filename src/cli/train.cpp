@@ -1,0 +1,152 @@
+// trainer --config FILE: trains the run a config describes, writing its run dir.
+#include <torch/version.h>
+
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "config/loader.h"
+#include "distributed/env.h"
+#include "engine/components.h"
+#include "engine/trainer.h"
+#include "util/fileio.h"
+#include "util/format.h"
+#include "util/log.h"
+
+namespace trainer::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Set by SIGINT/SIGTERM; the training loop stops after the current step and writes a checkpoint.
+std::atomic<bool> g_stop_requested{false};
+
+void on_stop_signal(int sig) {
+  g_stop_requested.store(true);
+  std::signal(sig, SIG_DFL);  // a second signal ends the process at once
+}
+
+cxxopts::Options train_options() {
+  cxxopts::Options options("trainer", "Trains the model described by a YAML config.");
+  options.custom_help("--config FILE [options]");
+  // clang-format off
+  options.add_options()
+      ("c,config", "YAML config file", cxxopts::value<std::string>(), "FILE")
+      ("set", "override a config key, e.g. --set optim.lr=0.01 (repeatable)",
+       cxxopts::value<std::vector<std::string>>(), "KEY.PATH=VALUE")
+      ("run-dir", "run directory (same as --set run.dir=DIR)", cxxopts::value<std::string>(), "DIR")
+      ("device", "auto|cpu|cuda|cuda:N (same as --set device=D)", cxxopts::value<std::string>(),
+       "D")
+      ("dry-run", "validate, build the model and data, print the config and model summary, exit")
+      ("print-config", "print the resolved config as YAML and exit")
+      ("resume", "continue from the newest valid checkpoint of the run dir (auto; a fresh start "
+       "when there is none) or from a checkpoint file", cxxopts::value<std::string>(), "auto|PATH")
+      ("log-level", "trace|debug|info|warn|error", cxxopts::value<std::string>()->default_value("info"),
+       "L")
+      ("h,help", "print this help")
+      ("version", "print the trainer, LibTorch and CUDA versions");
+  // clang-format on
+  return options;
+}
+
+const char* kOtherCommands =
+    "\nOther commands:\n"
+    "  trainer launch [--nproc-per-node N] [--nnodes N] [--node-rank R] ... -- ARGS"
+    "   data-parallel training on N processes per node (trainer launch --help)\n"
+    "  trainer export --checkpoint PATH --out FILE.safetensors"
+    "   model weights with PyTorch names\n"
+    "  trainer doctor [--json] [--config FILE]   check the GPU environment\n"
+    "  trainer bench --config FILE [--steps N] [--warmup N] [--json FILE]"
+    "   time training steps (trainer bench --help)\n"
+    "\nExit codes: 0 success (also: stopped by SIGINT/SIGTERM after a checkpoint), "
+    "1 runtime failure, 2 usage or configuration error.\n";
+
+// --set, then --run-dir and --device as the overrides they stand for.
+std::vector<std::string> overrides_of(const cxxopts::ParseResult& args) {
+  std::vector<std::string> overrides;
+  if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
+  if (args.count("run-dir")) overrides.push_back("run.dir=" + args["run-dir"].as<std::string>());
+  if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
+  return overrides;
+}
+
+// Creates the run dir with its config.yaml and train.log (rank 0), and logs what runs.
+void start_run_dir(const config::LoadedConfig& loaded, const distributed::DistEnv& job,
+                   const std::string& resolved, const engine::Trainer& engine) {
+  const fs::path run_dir = loaded.cfg.run.dir;
+  if (job.rank == 0) {
+    fs::create_directories(run_dir);
+    write_text_atomically((run_dir / "config.yaml").string(), resolved);
+    log::add_file((run_dir / "train.log").string(), /*rank=*/0);
+  }
+  log::info("trainer " TRAINER_VERSION ", LibTorch " TORCH_VERSION ", config " + loaded.source +
+            ", run dir " + run_dir.string());
+  std::istringstream summary(engine.summary());
+  for (std::string line; std::getline(summary, line);) log::info(line);
+}
+
+// The run's last line: where it stopped, or its final evaluation.
+void log_result(const engine::FitResult& result, const engine::Trainer& engine) {
+  if (result.stopped) {
+    log::info("stopped after step " + std::to_string(result.steps) + "; checkpoint " +
+              engine.last_checkpoint());
+    return;
+  }
+  const auto& e = result.last_eval;
+  std::string line = strprintf("done: %" PRId64 " steps in %.1f s", result.steps, result.seconds);
+  if (e.samples > 0 && e.sequence) {
+    line += strprintf("; test loss %.4f, ppl %.3f", e.loss, e.ppl);
+  } else if (e.samples > 0) {
+    line += strprintf("; test loss %.4f, top-1 accuracy %.2f%%, top-5 %.2f%%", e.loss,
+                      100.0 * e.top1, 100.0 * e.top5);
+  }
+  log::info(line);
+}
+
+}  // namespace
+
+int train_command(int argc, char** argv) {
+  auto options = train_options();
+  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
+  if (args.count("help")) {
+    std::cout << options.help() << kOtherCommands;
+    return 0;
+  }
+  if (args.count("version")) {
+    std::cout << version_text();
+    return 0;
+  }
+  // A launched job's rank; rank 0 logs in full and writes the run dir, the others log warnings.
+  const distributed::DistEnv job = distributed::read_process_env();
+  setup_logging(args["log-level"].as<std::string>(), job);
+  if (!args.count("config")) throw UsageError("--config FILE is required");
+  const std::string resume = args.count("resume") ? args["resume"].as<std::string>() : "";
+  if (!resume.empty() && resume != "auto" && !fs::is_regular_file(resume)) {
+    throw UsageError("--resume: " + resume + " is not a checkpoint file (or use --resume auto)");
+  }
+  const auto loaded = load_config(args["config"].as<std::string>(), overrides_of(args),
+                                  engine::config_environment());
+  const std::string resolved = config::to_yaml(loaded.cfg);
+  if (args.count("print-config")) {
+    std::cout << resolved;
+    return 0;
+  }
+  engine::Trainer engine(loaded, job);
+  if (args.count("dry-run")) {
+    std::cout << resolved << "\n" << engine.summary();
+    return 0;
+  }
+  start_run_dir(loaded, job, resolved, engine);
+  // Restarted by the launcher: go on from the newest checkpoint.
+  if (!resume.empty() || job.restart_count > 0) engine.resume(resume.empty() ? "auto" : resume);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  log_result(engine.fit(&g_stop_requested), engine);
+  return 0;
+}
+
+}  // namespace trainer::cli

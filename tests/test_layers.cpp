@@ -1,0 +1,139 @@
+// The layer rule of docs/architecture.md: every #include "part/..." under src/ and models/ goes
+// down the layer order, never up or sideways, and the torch-free parts include no torch header.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// What each part may include besides itself: the parts below it that it uses. A new part, or a
+// new dependency, is added here and in docs/architecture.md's picture.
+const std::map<std::string, std::set<std::string>>& allowed() {
+  static const std::map<std::string, std::set<std::string>> table = {
+      {"util", {}},
+      {"config", {"util"}},
+      {"nn", {"config", "util"}},
+      {"models", {"nn", "config", "util"}},
+      {"data", {"config", "util"}},
+      {"optim", {"nn", "config", "util"}},
+      {"losses", {"config", "util"}},
+      {"checkpoint", {"config", "util"}},
+      {"distributed", {"config", "util"}},
+      {"engine",
+       {"distributed", "checkpoint", "models", "data", "optim", "losses", "nn", "config", "util"}},
+      {"doctor", {"config", "util"}},
+      {"launch", {"config", "util"}},
+      {"cli",
+       {"launch", "doctor", "engine", "distributed", "checkpoint", "models", "data", "optim",
+        "losses", "nn", "config", "util"}},
+  };
+  return table;
+}
+
+// Parts whose code must build without LibTorch.
+const std::set<std::string>& torch_free() {
+  static const std::set<std::string> parts = {"config", "launch"};
+  return parts;
+}
+
+std::string join(const std::set<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
+
+// The part a file under `root` belongs to: src/<part>/..., or models/...; "" for others.
+std::string part_of(const fs::path& relative) {
+  auto it = relative.begin();
+  if (it == relative.end()) return "";
+  const std::string top = (it++)->string();
+  if (top == "models") return "models";
+  if (top != "src" || it == relative.end()) return "";
+  const std::string part = it->string();
+  return ++it == relative.end() ? "" : part;  // src/<file> itself belongs to no part
+}
+
+// One line per include against the rule: "<file>:<line>: <part> includes <other>/ (<part> may
+// include: ...)".
+std::vector<std::string> check_tree(const fs::path& root) {
+  static const std::regex project_include(R"(^\s*#\s*include\s+"([a-z_]+)/)");
+  static const std::regex torch_include(R"(^\s*#\s*include\s+[<"](torch|ATen|c10)/)");
+  std::vector<std::string> problems;
+  std::vector<fs::path> files;
+  for (const char* top : {"src", "models"}) {
+    if (!fs::is_directory(root / top)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(root / top)) {
+      const auto ext = e.path().extension();
+      if (e.is_regular_file() && (ext == ".h" || ext == ".cpp")) files.push_back(e.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files) {
+    const fs::path relative = fs::relative(file, root);
+    const std::string part = part_of(relative);
+    if (part.empty()) continue;
+    const auto rule = allowed().find(part);
+    if (rule == allowed().end()) {
+      problems.push_back(relative.string() + ": part " + part + " is not in the layer table");
+      continue;
+    }
+    std::ifstream in(file);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++n;
+      const std::string where = relative.string() + ":" + std::to_string(n) + ": ";
+      std::smatch m;
+      if (std::regex_search(line, m, project_include) && m[1] != part &&
+          !rule->second.count(m[1])) {
+        problems.push_back(where + part + " includes " + m[1].str() + "/ (" + part +
+                           " may include: " + join(rule->second) + ")");
+      }
+      if (torch_free().count(part) && std::regex_search(line, m, torch_include)) {
+        problems.push_back(where + part + " includes " + m[1].str() + "/ (" + part +
+                           " builds without LibTorch)");
+      }
+    }
+  }
+  return problems;
+}
+
+TEST(Layers, SourceTreeFollowsTheLayerOrder) {
+  const auto problems = check_tree(TRAINER_SOURCE_DIR);
+  std::string all;
+  for (const auto& p : problems) all += p + "\n";
+  EXPECT_TRUE(problems.empty()) << all;
+}
+
+// The check itself: a tree with an include up the order, one sideways and torch in config.
+TEST(Layers, ForbiddenIncludesAreReported) {
+  const fs::path root =
+      fs::temp_directory_path() / ("trainer_layers_" + std::to_string(::getpid()));
+  fs::create_directories(root / "src" / "launch");
+  fs::create_directories(root / "src" / "config");
+  fs::create_directories(root / "models");
+  std::ofstream(root / "src" / "launch" / "launcher.cpp")
+      << "#include \"launch/launcher.h\"\n#include \"util/log.h\"\n#include \"cli/options.h\"\n";
+  std::ofstream(root / "src" / "config" / "loader.cpp") << "#include <torch/torch.h>\n";
+  std::ofstream(root / "models" / "mlp.cpp")
+      << "#include \"nn/autocast.h\"\n#include \"data/dataset.h\"\n";
+  const auto problems = check_tree(root);
+  fs::remove_all(root);
+  EXPECT_EQ(problems,
+            (std::vector<std::string>{
+                "models/mlp.cpp:2: models includes data/ (models may include: config, nn, util)",
+                "src/config/loader.cpp:1: config includes torch/ (config builds without LibTorch)",
+                "src/launch/launcher.cpp:3: launch includes cli/ (launch may include: config, "
+                "util)"}));
+}
+
+}  // namespace
