@@ -15,18 +15,12 @@ namespace trainer::models {
   X(vit)                          \
   /* end of the list */
 
-#define TRAINER_DECLARE_MODEL(name) void register_##name(ModelRegistry& registry);
-TRAINER_BUILTIN_MODELS(TRAINER_DECLARE_MODEL)
-#undef TRAINER_DECLARE_MODEL
+using R = ModelRegistry;
+TRAINER_BUILTIN_MODELS(TRAINER_DECLARE_REGISTER_FN)
 
 const ModelRegistry& model_registry() {
-  static const ModelRegistry registry = [] {
-    ModelRegistry r("model");
-#define TRAINER_REGISTER_MODEL(name) register_##name(r);
-    TRAINER_BUILTIN_MODELS(TRAINER_REGISTER_MODEL)
-#undef TRAINER_REGISTER_MODEL
-    return r;
-  }();
+  static const auto registry =
+      make_registry<ModelRegistry>("model", {TRAINER_BUILTIN_MODELS(TRAINER_REGISTER_FN)});
   return registry;
 }
 

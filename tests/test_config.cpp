@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -755,6 +756,45 @@ TEST_F(ConfigTest, ToYamlOfDefaultsRoundTrips) {
   auto back = load(write("d.yaml", to_yaml(d)), {}).cfg;
   expect_equal(d, back);
   EXPECT_EQ(to_yaml(back), to_yaml(d));
+}
+
+// Entries that share a key (mlp, lenet, gpt and vit share model.dropout) share its type and
+// default: a config lists the key once, and loading it back gives every entry that value.
+TEST(EntriesTest, SharedKeysHaveOneTypeAndDefault) {
+  // Each field's type and default as text.
+  struct Describe final : FieldVisitor {
+    std::map<std::string, std::string>* out;
+    void operator()(const char* n, bool& f) override { put(n, "bool", f ? "true" : "false"); }
+    void operator()(const char* n, int64_t& f) override { put(n, "int", std::to_string(f)); }
+    void operator()(const char* n, double& f) override { put(n, "double", std::to_string(f)); }
+    void operator()(const char* n, std::string& f) override { put(n, "string", f); }
+    void operator()(const char* n, std::vector<int64_t>& f) override {
+      put(n, "ints", std::to_string(f.size()));
+    }
+    void operator()(const char* n, std::vector<double>& f) override {
+      put(n, "doubles", std::to_string(f.size()));
+    }
+    void put(const char* name, const std::string& type, const std::string& value) {
+      (*out)[name] = type + " " + value;
+    }
+  };
+  const Config defaults = trainer::engine::config_defaults();
+  for (const Entries* section :
+       {&defaults.model.options, &defaults.data.options, &defaults.optim.options}) {
+    std::map<std::string, std::pair<std::string, std::string>> first;  // key -> (entry, described)
+    for (const auto& [entry, options] : section->all()) {
+      std::map<std::string, std::string> fields;
+      Describe describe;
+      describe.out = &fields;
+      options->clone()->visit(describe);
+      for (const auto& [key, described] : fields) {
+        const auto [it, added] = first.emplace(key, std::make_pair(entry, described));
+        EXPECT_TRUE(added || it->second.second == described)
+            << key << ": " << it->second.first << " has " << it->second.second << ", " << entry
+            << " has " << described;
+      }
+    }
+  }
 }
 
 TEST(KeyPathsTest, ContainsLeavesInOrder) {

@@ -3,6 +3,7 @@
 // and read-only afterwards. Torch-free.
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -64,4 +65,21 @@ class Registry {
   config::Entries options_;
 };
 
+// A registry of `kind` filled by calling each of `adders`, the register_<file> functions of the
+// built-in entries, once. Each registry.cpp lists its built-in files in an X-macro:
+//
+//   #define TRAINER_BUILTIN_MODELS(X) X(mlp) X(lenet) ... /* one line per file */
+//   TRAINER_BUILTIN_MODELS(TRAINER_DECLARE_REGISTER_FN)  // with the registry type in scope as R
+//   make_registry<ModelRegistry>("model", {TRAINER_BUILTIN_MODELS(TRAINER_REGISTER_FN)});
+template <class R>
+R make_registry(const std::string& kind, std::initializer_list<void (*)(R&)> adders) {
+  R registry(kind);
+  for (auto add : adders) add(registry);
+  return registry;
+}
+
 }  // namespace trainer
+
+// X-macro helpers for make_registry: declares `void register_<name>(R&)`, and names it in a list.
+#define TRAINER_DECLARE_REGISTER_FN(name) void register_##name(R& registry);
+#define TRAINER_REGISTER_FN(name) register_##name,

@@ -12,18 +12,12 @@ namespace trainer::data {
   X(tokens)                         \
   /* end of the list */
 
-#define TRAINER_DECLARE_DATASET(name) void register_##name(DatasetRegistry& registry);
-TRAINER_BUILTIN_DATASETS(TRAINER_DECLARE_DATASET)
-#undef TRAINER_DECLARE_DATASET
+using R = DatasetRegistry;
+TRAINER_BUILTIN_DATASETS(TRAINER_DECLARE_REGISTER_FN)
 
 const DatasetRegistry& dataset_registry() {
-  static const DatasetRegistry registry = [] {
-    DatasetRegistry r("dataset");
-#define TRAINER_REGISTER_DATASET(name) register_##name(r);
-    TRAINER_BUILTIN_DATASETS(TRAINER_REGISTER_DATASET)
-#undef TRAINER_REGISTER_DATASET
-    return r;
-  }();
+  static const auto registry =
+      make_registry<DatasetRegistry>("dataset", {TRAINER_BUILTIN_DATASETS(TRAINER_REGISTER_FN)});
   return registry;
 }
 

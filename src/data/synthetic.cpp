@@ -68,25 +68,37 @@ class SyntheticTokens final : public Dataset {
   uint64_t seed_;
 };
 
-// The `data.` keys of synthetic_tokens.
-struct SyntheticTokensOptions {
-  int64_t seq_len = 0;           // tokens per sample; 0 = the model's context length
-  int64_t num_classes = 10;      // vocabulary size
+// The `data.` keys both synthetic data sets have: their classes (or vocabulary) and lengths.
+struct SyntheticSizes {
+  int64_t num_classes = 10;      // classes, or the vocabulary of synthetic_tokens
   int64_t train_samples = 2048;  // training set length
   int64_t val_samples = 512;     // validation set length
 
   template <class V>
   void visit(V& v) {
-    v("seq_len", seq_len);
     v("num_classes", num_classes);
     v("train_samples", train_samples);
     v("val_samples", val_samples);
   }
   void validate(config::Checks& c) const {
-    c.at_least("seq_len", seq_len, 0);
     c.at_least("num_classes", num_classes, 2);
     c.at_least("train_samples", train_samples, 1);
     c.at_least("val_samples", val_samples, 1);
+  }
+};
+
+// The `data.` keys of synthetic_tokens.
+struct SyntheticTokensOptions : SyntheticSizes {
+  int64_t seq_len = 0;  // tokens per sample; 0 = the model's context length
+
+  template <class V>
+  void visit(V& v) {
+    v("seq_len", seq_len);
+    SyntheticSizes::visit(v);
+  }
+  void validate(config::Checks& c) const {
+    c.at_least("seq_len", seq_len, 0);
+    SyntheticSizes::validate(c);
   }
 };
 
@@ -136,19 +148,14 @@ std::shared_ptr<const Dataset> make_split(const torch::Tensor& patterns, int64_t
 }
 
 // The `data.` keys of synthetic.
-struct SyntheticOptions {
+struct SyntheticOptions : SyntheticSizes {
   std::vector<int64_t> shape = {1, 28, 28};  // sample shape (C, H, W) or (D)
-  int64_t num_classes = 10;                  // number of classes
-  int64_t train_samples = 2048;              // training set length
-  int64_t val_samples = 512;                 // validation set length
   double noise = 0.5;                        // noise added to the class patterns
 
   template <class V>
   void visit(V& v) {
     v("shape", shape);
-    v("num_classes", num_classes);
-    v("train_samples", train_samples);
-    v("val_samples", val_samples);
+    SyntheticSizes::visit(v);
     v("noise", noise);
   }
   void validate(config::Checks& c) const {
@@ -158,9 +165,7 @@ struct SyntheticOptions {
     } else {
       c.each_at_least("shape", shape, 1);
     }
-    c.at_least("num_classes", num_classes, 2);
-    c.at_least("train_samples", train_samples, 1);
-    c.at_least("val_samples", val_samples, 1);
+    SyntheticSizes::validate(c);
     c.at_least("noise", noise, 0.0);
   }
 };

@@ -44,6 +44,7 @@ struct DdpOptions {
 // fails alone as it would in a larger group.
 class DataParallel {
  public:
+  // Every rank must construct it, in the same order (a collective).
   // Broadcasts `model`'s parameters and buffers from rank 0 and registers the reducer's hooks on
   // the gradient accumulators of `params`: the model's parameters by name, each once (shared ones
   // under one name); those that require gradients are averaged.
@@ -54,14 +55,19 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
+  // With broadcast_buffers, sends rank 0's buffers to every rank before the first micro-batch.
+  // Every rank must call this, in the same order.
   void before_forward(bool first, bool sync);
-  // Arms the reducer for the backward pass of `loss` when `sync`.
+  // Arms the reducer for the backward pass of `loss` when `sync`; that backward all-reduces the
+  // gradients bucket by bucket, so every rank must run it, in the same order.
   void after_forward(const torch::Tensor& loss, bool sync);
   // Checks that the reduction finished; throws std::runtime_error naming the parameters that got
   // no gradient (and dist.find_unused_parameters) when it did not.
+  // Every rank must call this, in the same order (it waits for the last bucket's all-reduce).
   void after_backward();
 
   // Rank 0's parameters and buffers to every rank (after loading a checkpoint on one rank).
+  // Every rank must call this, in the same order.
   void broadcast_state();
 
   // Buckets of the current assignment (rebuilt after the first step in gradient order); 0 when

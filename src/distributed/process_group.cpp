@@ -246,8 +246,10 @@ void Group::broadcast(std::vector<torch::Tensor> tensors, int root) {
   try {
     c10d::broadcast_coalesced(impl_->pg, tensors, kBroadcastBytes, root);
   } catch (const std::exception& e) {
-    throw GroupError(strprintf("rank %d: broadcast from rank %d failed: %s", impl_->env.rank, root,
-                               error_line(e).c_str()));
+    throw GroupError(
+        strprintf("rank %d: broadcast from rank %d failed: %s (another rank ended or is stuck; "
+                  "dist.timeout_s is %g s)",
+                  impl_->env.rank, root, error_line(e).c_str(), impl_->options.timeout_s));
   }
 }
 

@@ -52,7 +52,7 @@ class Group {
  public:
   // Meets the other env.world_size - 1 ranks (rank 0 hosts the store) and builds the backend.
   // Throws GroupError when they do not all arrive within init_timeout_s, when their world sizes
-  // or ranks disagree, or when rank 0 cannot listen on the port.
+  // or ranks disagree, or when rank 0 cannot listen on the port. Every rank must construct it.
   Group(const DistEnv& env, const GroupOptions& options);
   ~Group();
   Group(const Group&) = delete;
@@ -64,18 +64,21 @@ class Group {
   // Where tensors given to this group's collectives live (the training device with NCCL).
   torch::Device device() const;
 
+  // The collectives. Every rank must call each, in the same order, with tensors of the same
+  // shapes and dtypes.
+
   // In place on every rank; one collective for all `tensors` (same device and dtype).
   void all_reduce(std::vector<torch::Tensor> tensors, Reduce op);
   // all_reduce started without waiting: the tensors must stay untouched until wait() returns.
   Pending all_reduce_async(std::vector<torch::Tensor> tensors, Reduce op);
   // Rank `root`'s values into every rank's `tensors`, coalesced into few messages.
   void broadcast(std::vector<torch::Tensor> tensors, int root = 0);
-  // Rank `root`'s `text` on every rank.
+  // Rank `root`'s `text` on every rank. Synchronises the device (reads the length back).
   std::string broadcast_text(const std::string& text, int root = 0);
   // Returns when every rank has called it.
   void barrier();
 
-  // The c10d process group, for c10d's Reducer (dist/ddp.cpp).
+  // The c10d process group, for c10d's Reducer (distributed/ddp.cpp).
   c10d::ProcessGroup& c10d();
 
   struct Impl;

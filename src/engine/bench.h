@@ -40,11 +40,12 @@ struct BenchResult {
 };
 
 // Runs options.warmup untimed then options.steps timed training steps of `trainer`. In a
-// launched job every rank runs it; the figures are this process's but for the job's throughput.
+// launched job every rank must run it, in the same order; the figures are this process's but for
+// the job's throughput. Synchronises the device before and after the timed steps.
 BenchResult run_bench(Trainer& trainer, const BenchOptions& options);
 
 // TFLOP/s of an n x n by n x n matrix product in `dtype` on `device`, the best of 5 after 2
-// untimed: n = 8192 on a GPU, 1024 on the CPU.
+// untimed: n = 8192 on a GPU, 1024 on the CPU. Synchronises the device around each product.
 double matmul_peak_tflops(torch::Device device, c10::ScalarType dtype);
 
 // "data", "forward", "backward", "grad_sync", "optimizer".

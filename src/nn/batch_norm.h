@@ -24,7 +24,9 @@ class BatchNorm2dImpl : public torch::nn::BatchNorm2dImpl {
   using torch::nn::BatchNorm2dImpl::BatchNorm2dImpl;
 
   // x: [N, C, H, W]. In training with a sync set (sync_batch_norm), the batch statistics are those
-  // of every process's batch together, and gradients flow through them to every process.
+  // of every process's batch together, and gradients flow through them to every process: a
+  // collective in forward and in backward, so every rank must run it, in the same order. With
+  // momentum unset (a cumulative average), synchronises the device to read the batch count.
   torch::Tensor forward(const torch::Tensor& x);
 
   // Normalise over the global batch (sync.sum empty: this process's batch).

@@ -36,9 +36,9 @@ class GradScaler {
   // grows the scale every growth_interval of them (a growth to inf is not taken).
   void update(const torch::Tensor& found_inf);
 
-  // The current scale (waits for the device).
+  // The current scale (synchronises the device).
   double scale_value() const;
-  // Clean steps since the last growth or backoff (waits for the device).
+  // Clean steps since the last growth or backoff (synchronises the device).
   int64_t growth_tracker() const;
 
   // The scale and growth tracker, for checkpoints: "scale" (float32) and "growth_tracker"

@@ -15,18 +15,12 @@ namespace trainer::optim {
   X(adam)                             \
   /* end of the list */
 
-#define TRAINER_DECLARE_OPTIMIZER(name) void register_##name(OptimizerRegistry& registry);
-TRAINER_BUILTIN_OPTIMIZERS(TRAINER_DECLARE_OPTIMIZER)
-#undef TRAINER_DECLARE_OPTIMIZER
+using R = OptimizerRegistry;
+TRAINER_BUILTIN_OPTIMIZERS(TRAINER_DECLARE_REGISTER_FN)
 
 const OptimizerRegistry& optimizer_registry() {
-  static const OptimizerRegistry registry = [] {
-    OptimizerRegistry r("optimizer");
-#define TRAINER_REGISTER_OPTIMIZER(name) register_##name(r);
-    TRAINER_BUILTIN_OPTIMIZERS(TRAINER_REGISTER_OPTIMIZER)
-#undef TRAINER_REGISTER_OPTIMIZER
-    return r;
-  }();
+  static const auto registry = make_registry<OptimizerRegistry>(
+      "optimizer", {TRAINER_BUILTIN_OPTIMIZERS(TRAINER_REGISTER_FN)});
   return registry;
 }
 
