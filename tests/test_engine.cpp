@@ -124,8 +124,7 @@ TEST_F(EngineTest, LenetOnFlatSamplesIsAConfigError) {
 }
 
 // The host reads of a training step, as docs/architecture.md lists them: the step's flags (skip,
-// stop, found_inf) once when anything needs deciding, and LibTorch's clip_grad_norm_ reading the
-// norm.
+// stop, found_inf) once when anything needs deciding; clipping reads nothing.
 TEST_F(EngineTest, HostSyncsPerStep) {
   auto syncs_per_step = [&](const std::vector<std::string>& overrides) {
     Trainer trainer(load(overrides));
@@ -138,7 +137,8 @@ TEST_F(EngineTest, HostSyncsPerStep) {
   EXPECT_EQ(syncs_per_step({}), 1.0);  // train.max_bad_steps > 0: the loss is checked each step
   EXPECT_EQ(syncs_per_step({"train.max_bad_steps=0"}), 0.0);
   EXPECT_EQ(syncs_per_step({"amp.enabled=true", "amp.scaler=on"}), 1.0);  // found_inf read along
-  EXPECT_EQ(syncs_per_step({"train.clip_grad_norm=1"}), 2.0);
+  EXPECT_EQ(syncs_per_step({"train.clip_grad_norm=1"}), 1.0);
+  EXPECT_EQ(syncs_per_step({"train.clip_grad_norm=1", "train.max_bad_steps=0"}), 0.0);
 }
 
 TEST(MemoryTest, CountsWhatTheCpuAllocatorHandsOut) {
@@ -242,6 +242,32 @@ TEST_F(EngineTest, InfInOneGradientSkipsExactlyThatStep) {
   // The schedule did not advance: step 3 reports the learning rate of the last update, step 2's.
   EXPECT_EQ(record.at("lr").get<double>(), train[1].at("lr").get<double>());
   EXPECT_NE(train[0].at("lr").get<double>(), train[1].at("lr").get<double>());
+}
+
+// A fused step divides the gradients by the scale itself (torch.amp's fused=True path): weights,
+// optimizer state, skipped steps and scale updates come out bit for bit as when the scaler
+// unscales them first (forced here by a clipping norm too large to clip anything).
+TEST_F(EngineTest, FusedStepsTakeTheScaleAsUnscalingFirstWould) {
+  auto run = [&](const std::vector<std::string>& extra) {
+    auto o = extra;
+    for (const char* key : {"amp.scaler=on", "optim.name=adam", "optim.impl=fused",
+                            "optim.lr=0.01", "train.max_steps=4"}) {
+      o.push_back(key);
+    }
+    Trainer trainer(load(o));
+    int calls = 0;
+    auto weight = trainer.model().parameters().at(0);
+    weight.register_hook([&calls](torch::Tensor grad) {
+      return ++calls == 2 ? torch::full_like(grad, INFINITY) : grad;
+    });
+    trainer.fit();
+    return checkpoint_tensors(trainer);
+  };
+  const auto kernel = run({}), separate = run({"train.clip_grad_norm=1e30"});
+  expect_same(kernel, separate, "model.");
+  expect_same(kernel, separate, "optim.");
+  expect_same(kernel, separate, "scaler.");
+  EXPECT_EQ(kernel.at("scaler.scale").item<double>(), 32768.0);  // backed off once
 }
 
 TEST_F(EngineTest, ScalerStateResumesExactly) {

@@ -220,4 +220,35 @@ TEST_F(Cli, ExportWritesPlainWeights) {
   EXPECT_EQ(run("export --checkpoint nowhere --out x").code, 2);
 }
 
+// A checkpoint written before optim.impl existed (tests/data/checkpoint_v1: the trainer on
+// LibTorch's torch::optim, whose state names these are) resumes with every implementation, and
+// the resumed steps' losses are those of that version's own uninterrupted run (within rounding:
+// its Adam kept the moments with mul_ and add_ where torch.optim uses lerp_).
+TEST_F(Cli, OldCheckpointsResumeWithEveryOptimizerImplementation) {
+  for (const std::string opt : {"adamw", "sgd"}) {
+    const std::string fixture = "tests/data/checkpoint_v1/" + opt;
+    std::vector<double> reference;
+    std::ifstream in(std::string(TRAINER_SOURCE_DIR) + "/" + fixture + "_metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["split"] == "train") reference.push_back(j["loss"].get<double>());
+    }
+    ASSERT_EQ(reference.size(), 6u);
+    for (const std::string impl : {"fused", "foreach", "loop"}) {
+      SCOPED_TRACE(opt + " " + impl);
+      const fs::path run_dir = dir_ / (opt + "_" + impl);
+      const auto r = run("--config " + fixture + ".yaml --set optim.impl=" + impl +
+                         " --resume " + fixture + "_step3.safetensors --run-dir '" +
+                         run_dir.string() + "'");
+      ASSERT_EQ(r.code, 0) << r.err;
+      const auto resumed = losses(run_dir);
+      ASSERT_EQ(resumed.size(), 3u);  // steps 4 to 6
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_NEAR(resumed[k], reference[3 + k], 1e-5 * std::abs(reference[3 + k]))
+            << "step " << k + 4;
+      }
+    }
+  }
+}
+
 }  // namespace

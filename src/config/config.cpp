@@ -85,6 +85,7 @@ void TrainConfig::validate(Checks& c) const {
 }
 
 void OptimConfig::validate(Checks& c) const {
+  c.one_of("impl", impl, {"auto", "fused", "foreach", "loop"});
   c.above("lr", lr, 0.0);
   c.at_least("weight_decay", weight_decay, 0.0);
 }

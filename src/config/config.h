@@ -159,6 +159,8 @@ struct OptimConfig {
   double lr = 0.1;                   // peak learning rate
   double weight_decay = 0.0;         // L2 (sgd, adam) or decoupled (adamw) weight decay
   bool decay_bias_and_norm = false;  // also decay biases and norm weights (1-D parameters)
+  std::string impl = "auto";         // auto (fused)|fused|foreach|loop: the same update, in one
+                                     // kernel, a few multi-tensor ops, or per parameter
   Entries options;  // each optimizer's own keys (optim.momentum, optim.betas, ...), in its file
 
   // The options of the selected optimizer, as that optimizer's struct.
@@ -176,6 +178,7 @@ struct OptimConfig {
     v("lr", lr);
     v("weight_decay", weight_decay);
     v("decay_bias_and_norm", decay_bias_and_norm);
+    v("impl", impl);
     v("", options);
   }
 };

@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "nn/autocast.h"
+#include "optim/clip.h"
 #include "util/device.h"
 
 namespace trainer::engine {
@@ -12,19 +15,16 @@ void begin(StepObserver* observer, Phase phase) {
   if (observer) observer->begin(phase);
 }
 
-// 1 where `loss` is inf or NaN, else 0: a float32 device tensor shaped like `loss`.
-torch::Tensor bad(const torch::Tensor& loss) {
-  return loss.isfinite().logical_not().to(torch::kFloat);
-}
-
 }  // namespace
 
 void StepFlags::start(const torch::Tensor& loss, bool stop_requested, distributed::Group* group) {
   pending_.reset();
   agreed_ = torch::Tensor();
   if (!group || group->world_size() <= 1) return;
-  agreed_ = torch::stack({bad(loss), torch::full({}, stop_requested ? 1.0 : 0.0, loss.options())});
-  pending_ = group->all_reduce_async({agreed_}, distributed::Reduce::max);
+  // Summed over the ranks, the loss is inf/NaN when any rank's is, and the stop flag positive
+  // when any rank was asked to stop.
+  agreed_ = torch::stack({loss, torch::full({}, stop_requested ? 1.0 : 0.0, loss.options())});
+  pending_ = group->all_reduce_async({agreed_}, distributed::Reduce::sum);
 }
 
 StepOutcome StepFlags::finish(const torch::Tensor& loss, const torch::Tensor& found_inf,
@@ -33,16 +33,14 @@ StepOutcome StepFlags::finish(const torch::Tensor& loss, const torch::Tensor& fo
   if (pending_) pending_->wait();
   const bool agreeing = agreed_.defined();
   if (!agreeing && !found_inf.defined() && !check_loss) return out;
-  // One host copy: [bad loss, stop (agreeing)] then found_inf (with a scaler).
-  std::vector<torch::Tensor> parts{agreeing ? agreed_ : bad(loss).reshape({1})};
-  const int64_t stop_at = agreeing ? 1 : -1;
-  const int64_t found_inf_at = agreeing ? 2 : 1;
-  if (found_inf.defined()) parts.push_back(found_inf.reshape({1}));
-  const auto host = read_to_host(torch::cat(parts));
+  // One host copy: the loss (summed over the ranks), the stop flags when agreeing, found_inf.
+  torch::Tensor flags = agreeing ? agreed_ : loss.reshape({1});
+  if (found_inf.defined()) flags = torch::cat({flags, found_inf.reshape({1})});
+  const auto host = read_to_host(flags);
   const auto f = host.accessor<float, 1>();
-  out.bad_loss = f[0] != 0.0f;
-  out.stop = stop_at >= 0 && f[stop_at] != 0.0f;
-  out.skipped = out.bad_loss || (found_inf.defined() && f[found_inf_at] != 0.0f);
+  out.bad_loss = !std::isfinite(f[0]);
+  out.stop = agreeing && f[1] > 0.0f;
+  out.skipped = out.bad_loss || (found_inf.defined() && f[host.size(0) - 1] != 0.0f);
   return out;
 }
 
@@ -88,14 +86,22 @@ torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_
 
 StepOutcome TrainStep::update(const torch::Tensor& loss) {
   auto& p = parts_;
-  // Unscale once per step, then decide, the same on every rank: skip the update on inf/NaN
-  // gradients (averaged, so equal on every rank) or an inf/NaN loss on any rank.
-  const torch::Tensor found_inf = p.scaler ? p.scaler->unscale(p.params) : torch::Tensor();
+  const bool clip = train_.clip_grad_norm > 0;
+  // A fused optimizer divides the gradients by the scale itself (as torch.amp does for
+  // fused=True), unless clipping needs them unscaled before.
+  const bool kernel_unscales = p.scaler && p.optimizer->takes_scaling() && !clip;
+  torch::Tensor found_inf;
+  if (p.scaler) {
+    found_inf = kernel_unscales ? p.scaler->check(p.params) : p.scaler->unscale(p.params);
+  }
+  // Decide, the same on every rank: skip the update on inf/NaN gradients (averaged, so equal on
+  // every rank) or an inf/NaN loss on any rank.
   StepOutcome out = flags_.finish(loss, found_inf, train_.max_bad_steps > 0);
   if (!out.skipped) {
-    if (train_.clip_grad_norm > 0)
-      torch::nn::utils::clip_grad_norm_(p.params, train_.clip_grad_norm);
-    p.optimizer->step(p.schedule->lr(state_.updates()));
+    if (clip) optim::clip_grad_norm(p.params, train_.clip_grad_norm);
+    optim::Scaling scaling;
+    if (kernel_unscales) scaling.grad_scale = p.scaler->scale_tensor();
+    p.optimizer->step(p.schedule->lr(state_.updates()), scaling);
   } else {
     ++state_.skipped_steps;
   }

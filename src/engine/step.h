@@ -46,12 +46,12 @@ struct StepOutcome {
   bool stop = false;      // some rank was asked to stop
 };
 
-// The flags a step decides by, read to the host once per step: whether the loss is inf/NaN and
-// whether this rank was asked to stop, all-reduced (max) over a group while the last backward
-// runs, and the gradient scaler's found_inf.
+// The flags a step decides by, read to the host once per step: the loss (inf/NaN: skip) and
+// whether this rank was asked to stop, summed over a group while the last backward runs, and the
+// gradient scaler's found_inf.
 class StepFlags {
  public:
-  // In a group of more than one, starts the all-reduce of this rank's [bad loss, stop] flags
+  // In a group of more than one, starts the all-reduce of this rank's [loss, stop] flags
   // (`group` null: alone, nothing to agree). Every rank must call this, in the same order.
   void start(const torch::Tensor& loss, bool stop_requested, distributed::Group* group);
 
@@ -62,7 +62,7 @@ class StepFlags {
   StepOutcome finish(const torch::Tensor& loss, const torch::Tensor& found_inf, bool check_loss);
 
  private:
-  torch::Tensor agreed_;                         // [bad loss, stop] of every rank (max)
+  torch::Tensor agreed_;                         // [loss, stop] summed over the ranks
   std::optional<distributed::Pending> pending_;  // its all-reduce
 };
 

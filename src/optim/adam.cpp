@@ -1,8 +1,22 @@
 // adam and adamw: Adam with L2 weight decay (torch.optim.Adam) or decoupled weight decay
 // (torch.optim.AdamW).
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_addcdiv.h>
+#include <ATen/ops/_foreach_addcmul.h>
+#include <ATen/ops/_foreach_div.h>
+#include <ATen/ops/_foreach_lerp.h>
+#include <ATen/ops/_foreach_maximum.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_sqrt.h>
+#include <ATen/ops/_foreach_sub.h>
+#include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/_fused_adamw.h>
 #include <torch/torch.h>
 
-#include "optim/torch_optimizer.h"
+#include <cmath>
+
+#include "optim/optimizer.h"
+#include "util/device.h"
 #include "util/format.h"
 
 namespace trainer::optim {
@@ -12,11 +26,13 @@ namespace {
 struct AdamOptions {
   std::vector<double> betas = {0.9, 0.999};  // moment decay rates
   double eps = 1e-8;                         // denominator epsilon
+  bool amsgrad = false;                      // keep the maximum of the second moments (AMSGrad)
 
   template <class V>
   void visit(V& v) {
     v("betas", betas);
     v("eps", eps);
+    v("amsgrad", amsgrad);
   }
   void validate(config::Checks& c) const {
     if (betas.size() != 2) {
@@ -34,74 +50,220 @@ struct AdamOptions {
   }
 };
 
-// Adam's and AdamW's state: step, exp_avg, exp_avg_sq (and max_exp_avg_sq with amsgrad).
-template <class TorchOptimizer, class TorchOptions, class State>
-class AdamFamily final : public TorchOptimizerBase<TorchOptimizer, TorchOptions> {
-  using Base = TorchOptimizerBase<TorchOptimizer, TorchOptions>;
-
+class Adam final : public Optimizer {
  public:
-  AdamFamily(ParamGroups params, const config::OptimConfig& cfg, const AdamOptions& o)
-      : Base(std::move(params), TorchOptions(cfg.lr)
-                                    .betas({o.betas[0], o.betas[1]})
-                                    .eps(o.eps)
-                                    .weight_decay(cfg.weight_decay)) {}
+  // `decoupled`: AdamW's weight decay (p *= 1 - lr * wd) instead of Adam's L2 term.
+  Adam(ParamGroups params, const config::OptimConfig& cfg, Impl impl, bool decoupled)
+      : Optimizer(std::move(params), cfg.weight_decay, impl),
+        o_(cfg.own<AdamOptions>()),
+        decoupled_(decoupled) {
+    const size_t n = params_.size();
+    exp_avg_.resize(n);
+    exp_avg_sq_.resize(n);
+    max_exp_avg_sq_.resize(n);
+    steps_.assign(n, 0);
+    device_steps_.resize(n);
+  }
+
+  void step(double lr, const Scaling& scaling) override {
+    torch::NoGradGuard no_grad;
+    for (const auto& group : groups_) {
+      const auto members = with_grad(group);
+      if (members.empty()) continue;
+      for (size_t i : members) init_state(i);
+      if (impl_ == Impl::fused) {
+        fused_step(members, group.weight_decay, lr, scaling);
+      } else if (impl_ == Impl::foreach) {
+        foreach_step(members, group.weight_decay, lr);
+      } else {
+        for (size_t i : members) loop_step(i, group.weight_decay, lr);
+      }
+    }
+  }
 
   NamedTensors state() const override {
+    const auto steps = host_steps();
     NamedTensors out;
-    for (const auto& [name, p] : this->params_) {
-      const auto* s = this->template state_of<State>(p);
-      if (!s) continue;
-      out.emplace_back(name + ".step", torch::tensor(s->step(), torch::kInt64));
-      out.emplace_back(name + ".exp_avg", s->exp_avg());
-      out.emplace_back(name + ".exp_avg_sq", s->exp_avg_sq());
-      if (s->max_exp_avg_sq().defined()) {
-        out.emplace_back(name + ".max_exp_avg_sq", s->max_exp_avg_sq());
-      }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!exp_avg_[i].defined()) continue;
+      out.emplace_back(names_[i] + ".step", torch::tensor(steps[i], torch::kInt64));
+      out.emplace_back(names_[i] + ".exp_avg", exp_avg_[i]);
+      out.emplace_back(names_[i] + ".exp_avg_sq", exp_avg_sq_[i]);
+      if (o_.amsgrad) out.emplace_back(names_[i] + ".max_exp_avg_sq", max_exp_avg_sq_[i]);
     }
     return out;
   }
 
-  void load_state(const std::map<std::string, torch::Tensor>& state) override {
-    this->clear_state();
-    for (const auto& [name, p] : this->params_) {
-      auto exp_avg = state_tensor(state, name + ".exp_avg", p);
-      if (!exp_avg.defined()) continue;  // never stepped
-      auto exp_avg_sq = state_tensor(state, name + ".exp_avg_sq", p);
-      const auto step = state_tensor(state, name + ".step", {});
-      if (!exp_avg_sq.defined() || !step.defined()) {
-        throw std::runtime_error("optimizer state " + name +
-                                 (step.defined() ? ".exp_avg_sq" : ".step") + " is missing");
-      }
-      auto s = std::make_unique<State>();
-      s->step(step.template item<int64_t>()).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq);
-      s->max_exp_avg_sq(state_tensor(state, name + ".max_exp_avg_sq", p));
-      this->set_state(p, std::move(s));
+  void load_state(const std::map<std::string, torch::Tensor>& state) override;
+
+  int state_copies() const override { return o_.amsgrad ? 3 : 2; }
+
+ private:
+  // Zero moments and step 0 for a parameter's first step.
+  void init_state(size_t i) {
+    if (exp_avg_[i].defined()) return;
+    exp_avg_[i] = torch::zeros_like(params_[i]);
+    exp_avg_sq_[i] = torch::zeros_like(params_[i]);
+    if (o_.amsgrad) max_exp_avg_sq_[i] = torch::zeros_like(params_[i]);
+    steps_[i] = 0;
+    if (impl_ == Impl::fused) {
+      device_steps_[i] = torch::zeros({}, params_[i].options().dtype(torch::kFloat));
     }
   }
 
-  int state_copies() const override { return 2; }
+  // Every parameter's step count; the fused steps live on the device (one read for all).
+  std::vector<int64_t> host_steps() const;
+
+  // torch.optim.Adam's single-tensor update of parameter i.
+  void loop_step(size_t i, double weight_decay, double lr) {
+    auto& p = params_[i];
+    torch::Tensor g = p.grad();
+    const double beta1 = o_.betas[0], beta2 = o_.betas[1];
+    const auto step = static_cast<double>(++steps_[i]);
+    if (weight_decay != 0.0) {
+      if (decoupled_) {
+        p.mul_(1.0 - lr * weight_decay);
+      } else {
+        g = g.add(p, weight_decay);
+      }
+    }
+    exp_avg_[i].lerp_(g, 1.0 - beta1);
+    exp_avg_sq_[i].mul_(beta2).addcmul_(g, g, 1.0 - beta2);
+    const double step_size = lr / (1.0 - std::pow(beta1, step));
+    const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(beta2, step));
+    torch::Tensor second = exp_avg_sq_[i];
+    if (o_.amsgrad) second = torch::maximum_out(max_exp_avg_sq_[i], max_exp_avg_sq_[i], second);
+    const auto denom = (second.sqrt() / bias_correction2_sqrt).add_(o_.eps);
+    p.addcdiv_(exp_avg_[i], denom, -step_size);
+  }
+
+  // torch.optim.Adam(foreach=True)'s update.
+  void foreach_step(const std::vector<size_t>& members, double weight_decay, double lr) {
+    const double beta1 = o_.betas[0], beta2 = o_.betas[1];
+    const auto params = pick(params_, members);
+    const auto exp_avgs = pick(exp_avg_, members);
+    const auto exp_avg_sqs = pick(exp_avg_sq_, members);
+    auto g = grads(members);
+    if (weight_decay != 0.0) {
+      if (decoupled_) {
+        at::_foreach_mul_(params, 1.0 - lr * weight_decay);
+      } else {
+        g = at::_foreach_add(g, params, weight_decay);
+      }
+    }
+    at::_foreach_lerp_(exp_avgs, g, 1.0 - beta1);
+    at::_foreach_mul_(exp_avg_sqs, beta2);
+    at::_foreach_addcmul_(exp_avg_sqs, g, g, 1.0 - beta2);
+    std::vector<at::Scalar> step_size, bias_correction2_sqrt;
+    for (size_t i : members) {
+      const auto step = static_cast<double>(++steps_[i]);
+      step_size.emplace_back(lr / (1.0 - std::pow(beta1, step)) * -1.0);
+      bias_correction2_sqrt.emplace_back(std::sqrt(1.0 - std::pow(beta2, step)));
+    }
+    std::vector<torch::Tensor> denom;
+    if (o_.amsgrad) {
+      const auto max_sqs = pick(max_exp_avg_sq_, members);
+      at::_foreach_maximum_(max_sqs, exp_avg_sqs);
+      denom = at::_foreach_sqrt(max_sqs);
+    } else {
+      denom = at::_foreach_sqrt(exp_avg_sqs);
+    }
+    at::_foreach_div_(denom, bias_correction2_sqrt);
+    at::_foreach_add_(denom, o_.eps);
+    at::_foreach_addcdiv_(params, exp_avgs, denom, step_size);
+  }
+
+  // at::_fused_adam(w)_: one kernel for every member, the step counts on the device (skipped
+  // steps, found_inf, leave them as they were).
+  void fused_step(const std::vector<size_t>& members, double weight_decay, double lr,
+                  const Scaling& scaling) {
+    const auto steps = pick(device_steps_, members);
+    at::_foreach_add_(steps, 1.0);
+    const auto max_sqs = o_.amsgrad ? pick(max_exp_avg_sq_, members) : std::vector<torch::Tensor>{};
+    const auto kernel = decoupled_ ? &fused_adamw : &fused_adam;
+    kernel(pick(params_, members), grads(members), pick(exp_avg_, members),
+           pick(exp_avg_sq_, members), max_sqs, steps, lr, o_.betas[0], o_.betas[1], weight_decay,
+           o_.eps, o_.amsgrad, maybe(scaling.grad_scale), maybe(scaling.found_inf));
+    if (scaling.found_inf.defined()) {
+      at::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), scaling.found_inf));
+    }
+    for (size_t i : members) ++steps_[i];
+  }
+
+  static void fused_adam(at::TensorList p, at::TensorList g, at::TensorList m, at::TensorList v,
+                         at::TensorList vmax, at::TensorList steps, double lr, double beta1,
+                         double beta2, double wd, double eps, bool amsgrad,
+                         const std::optional<at::Tensor>& scale,
+                         const std::optional<at::Tensor>& found_inf) {
+    at::_fused_adam_(p, g, m, v, vmax, steps, lr, beta1, beta2, wd, eps, amsgrad,
+                     /*maximize=*/false, scale, found_inf);
+  }
+  static void fused_adamw(at::TensorList p, at::TensorList g, at::TensorList m, at::TensorList v,
+                          at::TensorList vmax, at::TensorList steps, double lr, double beta1,
+                          double beta2, double wd, double eps, bool amsgrad,
+                          const std::optional<at::Tensor>& scale,
+                          const std::optional<at::Tensor>& found_inf) {
+    at::_fused_adamw_(p, g, m, v, vmax, steps, lr, beta1, beta2, wd, eps, amsgrad,
+                      /*maximize=*/false, scale, found_inf);
+  }
+
+  AdamOptions o_;
+  bool decoupled_;
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_, max_exp_avg_sq_;  // undefined before step 1
+  std::vector<int64_t> steps_;               // each parameter's steps (loop, foreach)
+  std::vector<torch::Tensor> device_steps_;  // fused: float32 device scalars the kernel reads
 };
 
-using Adam =
-    AdamFamily<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>;
-using AdamW =
-    AdamFamily<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>;
+std::vector<int64_t> Adam::host_steps() const {
+  if (impl_ != Impl::fused) return steps_;
+  std::vector<torch::Tensor> defined;
+  for (const auto& s : device_steps_) {
+    if (s.defined()) defined.push_back(s.reshape({1}));
+  }
+  if (defined.empty()) return steps_;
+  const auto host = read_to_host(torch::cat(defined).to(torch::kDouble));
+  const auto* v = host.data_ptr<double>();
+  std::vector<int64_t> out(params_.size(), 0);
+  for (size_t i = 0, k = 0; i < params_.size(); ++i) {
+    if (device_steps_[i].defined()) out[i] = std::llround(v[k++]);
+  }
+  return out;
+}
+
+void Adam::load_state(const std::map<std::string, torch::Tensor>& state) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& name = names_[i];
+    const auto& p = params_[i];
+    exp_avg_[i] = state_tensor(state, name + ".exp_avg", p);
+    steps_[i] = 0;
+    device_steps_[i] = torch::Tensor();
+    if (!exp_avg_[i].defined()) continue;  // never stepped
+    exp_avg_sq_[i] = state_tensor(state, name + ".exp_avg_sq", p);
+    const auto step = state_tensor(state, name + ".step", {});
+    if (!exp_avg_sq_[i].defined() || !step.defined()) {
+      throw std::runtime_error("optimizer state " + name +
+                               (step.defined() ? ".exp_avg_sq" : ".step") + " is missing");
+    }
+    steps_[i] = step.to(torch::kLong).item<int64_t>();
+    max_exp_avg_sq_[i] = state_tensor(state, name + ".max_exp_avg_sq", p);
+    if (o_.amsgrad && !max_exp_avg_sq_[i].defined()) max_exp_avg_sq_[i] = exp_avg_sq_[i].clone();
+    if (impl_ == Impl::fused) {
+      device_steps_[i] =
+          torch::full({}, static_cast<double>(steps_[i]), p.options().dtype(torch::kFloat));
+    }
+  }
+}
 
 }  // namespace
 
 void register_adam(OptimizerRegistry& registry) {
-  registry.add(
-      "adam",
-      [](ParamGroups params, const config::OptimConfig& cfg) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<Adam>(std::move(params), cfg, cfg.own<AdamOptions>());
-      },
-      config::options_of<AdamOptions>());
-  registry.add(
-      "adamw",
-      [](ParamGroups params, const config::OptimConfig& cfg) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<AdamW>(std::move(params), cfg, cfg.own<AdamOptions>());
-      },
-      config::options_of<AdamOptions>());
+  for (const bool decoupled : {false, true}) {
+    const auto make = [decoupled](ParamGroups params, const config::OptimConfig& cfg,
+                                  Impl impl) -> std::unique_ptr<Optimizer> {
+      return std::make_unique<Adam>(std::move(params), cfg, impl, decoupled);
+    };
+    registry.add(decoupled ? "adamw" : "adam", make, config::options_of<AdamOptions>());
+  }
 }
 
 }  // namespace trainer::optim

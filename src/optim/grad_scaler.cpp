@@ -1,5 +1,4 @@
 #include "optim/grad_scaler.h"
-#include "util/device.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
@@ -8,11 +7,14 @@
 #include <map>
 #include <stdexcept>
 
+#include "util/device.h"
+
 namespace trainer::optim {
 
 GradScaler::GradScaler(const GradScalerOptions& options, torch::Device device) : options_(options) {
   scale_ = torch::full({}, options.init_scale, torch::TensorOptions().device(device));
   growth_tracker_ = torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kInt));
+  one_ = torch::ones({}, scale_.options());
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
@@ -20,9 +22,17 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
 }
 
 torch::Tensor GradScaler::unscale(const std::vector<torch::Tensor>& params) const {
-  auto found_inf = torch::zeros({}, scale_.options());
   // 1/scale computed in double and rounded once, as torch.amp does.
-  const auto inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  return check_and_multiply(params, scale_.to(torch::kDouble).reciprocal().to(torch::kFloat));
+}
+
+torch::Tensor GradScaler::check(const std::vector<torch::Tensor>& params) const {
+  return check_and_multiply(params, one_);
+}
+
+torch::Tensor GradScaler::check_and_multiply(const std::vector<torch::Tensor>& params,
+                                             const torch::Tensor& factor) const {
+  auto found_inf = torch::zeros({}, scale_.options());
   // The fused kernel takes one dtype per call; every gradient is on the scale's device.
   std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
   for (const auto& p : params) {
@@ -34,7 +44,7 @@ torch::Tensor GradScaler::unscale(const std::vector<torch::Tensor>& params) cons
     by_dtype[g.scalar_type()].push_back(g);
   }
   for (auto& [dtype, grads] : by_dtype) {
-    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, factor);
   }
   return found_inf;
 }

@@ -24,11 +24,67 @@ const OptimizerRegistry& optimizer_registry() {
   return registry;
 }
 
+const char* impl_name(Impl impl) {
+  switch (impl) {
+    case Impl::fused:
+      return "fused";
+    case Impl::foreach:
+      return "foreach";
+    case Impl::loop:
+      return "loop";
+  }
+  return "?";
+}
+
 config::OptimConfig default_optim_config(const std::string& name) {
   config::OptimConfig cfg;
   cfg.name = name;
   cfg.options = optimizer_registry().options();
   return cfg;
+}
+
+Impl resolve_impl(const std::string& impl, torch::Device device) {
+  if (impl == "foreach") return Impl::foreach;
+  if (impl == "loop") return Impl::loop;
+  if (impl == "fused" || device.is_cpu() || device.is_cuda()) return Impl::fused;
+  return Impl::foreach;
+}
+
+Optimizer::Optimizer(ParamGroups params, double weight_decay, Impl impl) : impl_(impl) {
+  for (auto* part : {&params.decay, &params.no_decay}) {
+    const double decay = part == &params.decay ? weight_decay : 0.0;
+    std::map<c10::ScalarType, size_t> group_of_dtype;
+    for (auto& [name, p] : *part) {
+      const auto [it, added] = group_of_dtype.emplace(p.scalar_type(), groups_.size());
+      if (added) groups_.push_back(Group{decay, {}});
+      groups_[it->second].members.push_back(params_.size());
+      names_.push_back(name);
+      params_.push_back(p);
+    }
+  }
+}
+
+std::vector<size_t> Optimizer::with_grad(const Group& group) const {
+  std::vector<size_t> out;
+  for (size_t i : group.members) {
+    if (params_[i].grad().defined()) out.push_back(i);
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> Optimizer::pick(const std::vector<torch::Tensor>& v,
+                                           const std::vector<size_t>& indices) {
+  std::vector<torch::Tensor> out;
+  out.reserve(indices.size());
+  for (size_t i : indices) out.push_back(v[i]);
+  return out;
+}
+
+std::vector<torch::Tensor> Optimizer::grads(const std::vector<size_t>& indices) const {
+  std::vector<torch::Tensor> out;
+  out.reserve(indices.size());
+  for (size_t i : indices) out.push_back(params_[i].grad());
+  return out;
 }
 
 ParamGroups split_parameters(const torch::nn::Module& model, const config::OptimConfig& cfg) {
@@ -44,7 +100,11 @@ ParamGroups split_parameters(const torch::nn::Module& model, const config::Optim
 std::unique_ptr<Optimizer> make_optimizer(const torch::nn::Module& model,
                                           const config::OptimConfig& cfg) {
   const auto& factory = optimizer_registry().get(cfg.name);
-  return factory(split_parameters(model, cfg), cfg);
+  auto params = split_parameters(model, cfg);
+  const auto& any = params.decay.empty() ? params.no_decay : params.decay;
+  const torch::Device device =
+      any.empty() ? torch::Device(torch::kCPU) : any.front().second.device();
+  return factory(std::move(params), cfg, resolve_impl(cfg.impl, device));
 }
 
 torch::Tensor state_tensor(const std::map<std::string, torch::Tensor>& state,

@@ -1,7 +1,12 @@
-// sgd: stochastic gradient descent with momentum (torch.optim.SGD's update).
+// sgd: stochastic gradient descent with momentum, torch.optim.SGD's update (dampening 0).
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_fused_sgd.h>
 #include <torch/torch.h>
 
-#include "optim/torch_optimizer.h"
+#include <algorithm>
+
+#include "optim/optimizer.h"
 #include "util/format.h"
 
 namespace trainer::optim {
@@ -26,48 +31,141 @@ struct SgdOptions {
   }
 };
 
-class Sgd final : public TorchOptimizerBase<torch::optim::SGD, torch::optim::SGDOptions> {
+class Sgd final : public Optimizer {
  public:
-  Sgd(ParamGroups params, const config::OptimConfig& cfg, const SgdOptions& o)
-      : TorchOptimizerBase(std::move(params), torch::optim::SGDOptions(cfg.lr)
-                                                  .momentum(o.momentum)
-                                                  .nesterov(o.nesterov)
-                                                  .weight_decay(cfg.weight_decay)),
-        momentum_(o.momentum > 0.0) {}
+  Sgd(ParamGroups params, const config::OptimConfig& cfg, Impl impl)
+      : Optimizer(std::move(params), cfg.weight_decay, impl), o_(cfg.own<SgdOptions>()) {
+    buffers_.resize(params_.size());
+  }
+
+  void step(double lr, const Scaling& scaling) override {
+    for (const auto& group : groups_) {
+      const auto members = with_grad(group);
+      if (members.empty()) continue;
+      if (impl_ == Impl::fused) {
+        fused_step(members, group.weight_decay, lr, scaling);
+      } else if (impl_ == Impl::foreach) {
+        foreach_step(members, group.weight_decay, lr);
+      } else {
+        for (size_t i : members) loop_step(i, group.weight_decay, lr);
+      }
+    }
+  }
 
   NamedTensors state() const override {
     NamedTensors out;
-    for (const auto& [name, p] : params_) {
-      const auto* s = state_of<torch::optim::SGDParamState>(p);
-      if (s && s->momentum_buffer().defined()) {
-        out.emplace_back(name + ".momentum_buffer", s->momentum_buffer());
-      }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (buffers_[i].defined()) out.emplace_back(names_[i] + ".momentum_buffer", buffers_[i]);
     }
     return out;
   }
 
   void load_state(const std::map<std::string, torch::Tensor>& state) override {
-    clear_state();
-    for (const auto& [name, p] : params_) {
-      auto buffer = state_tensor(state, name + ".momentum_buffer", p);
-      if (!buffer.defined()) continue;  // no momentum, or never stepped
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(buffer);
-      set_state(p, std::move(s));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      buffers_[i] = state_tensor(state, names_[i] + ".momentum_buffer", params_[i]);
     }
   }
 
-  int state_copies() const override { return momentum_ ? 1 : 0; }
+  int state_copies() const override { return o_.momentum > 0.0 ? 1 : 0; }
 
  private:
-  bool momentum_;
+  // torch.optim.SGD's single-tensor update of parameter i.
+  void loop_step(size_t i, double weight_decay, double lr) {
+    torch::NoGradGuard no_grad;
+    auto& p = params_[i];
+    torch::Tensor g = p.grad();
+    if (weight_decay != 0.0) g = g.add(p, weight_decay);
+    if (o_.momentum != 0.0) {
+      auto& buf = buffers_[i];
+      if (!buf.defined()) {
+        buf = g.detach().clone();
+      } else {
+        buf.mul_(o_.momentum).add_(g);
+      }
+      g = o_.nesterov ? g.add(buf, o_.momentum) : buf;
+    }
+    p.add_(g, -lr);
+  }
+
+  // torch.optim.SGD(foreach=True)'s update.
+  void foreach_step(const std::vector<size_t>& members, double weight_decay, double lr) {
+    torch::NoGradGuard no_grad;
+    const auto params = pick(params_, members);
+    auto g = grads(members);
+    if (weight_decay != 0.0) g = at::_foreach_add(g, params, weight_decay);
+    if (o_.momentum != 0.0) {
+      const auto bufs = momentum_buffers(members, g);
+      // Nesterov: g + momentum * buf, into a copy while g is still the parameters' .grad.
+      if (!o_.nesterov) {
+        g = bufs;
+      } else if (weight_decay == 0.0) {
+        g = at::_foreach_add(g, bufs, o_.momentum);
+      } else {
+        at::_foreach_add_(g, bufs, o_.momentum);
+      }
+    }
+    at::_foreach_add_(params, g, -lr);
+  }
+
+  // The members' buffers after this step's momentum update: momentum * buf + g, or g itself for
+  // a member without a buffer yet.
+  std::vector<torch::Tensor> momentum_buffers(const std::vector<size_t>& members,
+                                              const std::vector<torch::Tensor>& g) {
+    auto bufs = pick(buffers_, members);
+    const bool all =
+        std::all_of(bufs.begin(), bufs.end(), [](const auto& b) { return b.defined(); });
+    if (all) {
+      at::_foreach_mul_(bufs, o_.momentum);
+      at::_foreach_add_(bufs, g);
+      return bufs;
+    }
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (bufs[k].defined()) {
+        bufs[k].mul_(o_.momentum).add_(g[k]);
+      } else {
+        bufs[k] = buffers_[members[k]] = g[k].detach().clone();
+      }
+    }
+    return bufs;
+  }
+
+  // at::_fused_sgd_: one kernel for every member. With momentum, members without a buffer yet
+  // start theirs from the gradient (is_first_step) in a call of their own.
+  void fused_step(const std::vector<size_t>& members, double weight_decay, double lr,
+                  const Scaling& scaling) {
+    if (o_.momentum == 0.0) {
+      fused_call(members, {}, weight_decay, lr, /*first=*/false, scaling);
+      return;
+    }
+    std::vector<size_t> fresh, stepped;
+    for (size_t i : members) (buffers_[i].defined() ? stepped : fresh).push_back(i);
+    for (size_t i : fresh) buffers_[i] = torch::empty_like(params_[i]);
+    if (!fresh.empty()) {
+      fused_call(fresh, pick(buffers_, fresh), weight_decay, lr, /*first=*/true, scaling);
+    }
+    if (!stepped.empty()) {
+      fused_call(stepped, pick(buffers_, stepped), weight_decay, lr, /*first=*/false, scaling);
+    }
+  }
+
+  void fused_call(const std::vector<size_t>& members, const std::vector<torch::Tensor>& bufs,
+                  double weight_decay, double lr, bool first, const Scaling& scaling) {
+    at::_fused_sgd_(pick(params_, members), grads(members), bufs, weight_decay, o_.momentum, lr,
+                    /*dampening=*/0.0, o_.nesterov, /*maximize=*/false, /*is_first_step=*/first,
+                    maybe(scaling.grad_scale), maybe(scaling.found_inf));
+  }
+
+  SgdOptions o_;
+  std::vector<torch::Tensor>
+      buffers_;  // momentum buffers; undefined before a parameter's first step
 };
 
 }  // namespace
 
 void register_sgd(OptimizerRegistry& registry) {
-  const auto make = [](ParamGroups params, const config::OptimConfig& cfg) {
-    return std::unique_ptr<Optimizer>(new Sgd(std::move(params), cfg, cfg.own<SgdOptions>()));
+  const auto make = [](ParamGroups params, const config::OptimConfig& cfg,
+                       Impl impl) -> std::unique_ptr<Optimizer> {
+    return std::make_unique<Sgd>(std::move(params), cfg, impl);
   };
   registry.add("sgd", make, config::options_of<SgdOptions>());
 }
