@@ -96,16 +96,16 @@ class GptAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     // x: [B, T, C]
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    const auto qkv = c_attn->forward(x).split(/*split_size=*/C, /*dim=*/2);  // 3 x [B, T, C]
+    const auto qkv = apply_linear(c_attn, x).split(/*split_size=*/C, /*dim=*/2);  // 3 x [B, T, C]
     const auto heads = [&](const torch::Tensor& t) {
       return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
     };
     auto y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
                                               /*attn_mask=*/{},
                                               /*dropout_p=*/is_training() ? dropout_ : 0.0,
-                                              /*is_causal=*/true);       // [B, nh, T, hs]
-    y = y.transpose(1, 2).contiguous().view({B, T, C});                  // [B, T, C]
-    return torch::dropout(c_proj->forward(y), dropout_, is_training());  // [B, T, C]
+                                              /*is_causal=*/true);  // [B, nh, T, hs]
+    y = y.transpose(1, 2).contiguous().view({B, T, C});             // [B, T, C]
+    return drop(apply_linear(c_proj, y), dropout_, is_training());  // [B, T, C]
   }
 
   torch::nn::Linear c_attn{nullptr};
@@ -126,8 +126,8 @@ class GptMlpImpl : public torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {
     // x: [B, T, C]
-    auto h = torch::gelu(c_fc->forward(x), /*approximate=*/"tanh");      // [B, T, 4C]
-    return torch::dropout(c_proj->forward(h), dropout_, is_training());  // [B, T, C]
+    auto h = torch::gelu(apply_linear(c_fc, x), /*approximate=*/"tanh");  // [B, T, 4C]
+    return drop(apply_linear(c_proj, h), dropout_, is_training());        // [B, T, C]
   }
 
   torch::nn::Linear c_fc{nullptr};
@@ -231,7 +231,7 @@ class GptImpl : public NetImpl {
     TORCH_CHECK(T <= block_size_, "gpt: sequence length ", T, " exceeds block_size ", block_size_);
     const auto pos = torch::arange(T, x.options().dtype(torch::kLong));      // [T]
     auto h = transformer->wte->forward(x) + transformer->wpe->forward(pos);  // [B, T, C]
-    h = torch::dropout(h, dropout_, is_training());
+    h = drop(h, dropout_, is_training());
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
       const auto block = transformer->blocks[i].ptr();
       if (policy_.applies(static_cast<int64_t>(i))) {

@@ -73,11 +73,11 @@ class LenetImpl : public NetImpl {
   torch::Tensor forward(torch::Tensor x) override {
     // x: [B, C, H, W]
     if (channels_last_) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
-    x = conv_block(conv1_->forward(x));                                   // [B, c1, H/2, W/2]
-    x = conv_block(conv2_->forward(x));                                   // [B, c2, H/4, W/4]
-    x = activate(activation_, fc_->forward(x.flatten(/*start_dim=*/1)));  // [B, fc_hidden]
-    x = torch::dropout(x, dropout_, is_training());
-    return head_->forward(x);  // [B, num_classes]
+    x = conv_block(conv1_->forward(x));                                        // [B, c1, H/2, W/2]
+    x = conv_block(conv2_->forward(x));                                        // [B, c2, H/4, W/4]
+    x = activate(activation_, apply_linear(fc_, x.flatten(/*start_dim=*/1)));  // [B, fc_hidden]
+    x = drop(x, dropout_, is_training());
+    return apply_linear(head_, x);  // [B, num_classes]
   }
 
  private:

@@ -42,10 +42,10 @@ class MlpImpl : public NetImpl {
   torch::Tensor forward(torch::Tensor x) override {
     x = x.flatten(/*start_dim=*/1);  // [B, D]
     for (auto& layer : layers_) {
-      x = activate(activation_, layer->forward(x));  // [B, hidden_i]
-      x = torch::dropout(x, dropout_, is_training());
+      x = activate(activation_, apply_linear(layer, x));  // [B, hidden_i]
+      x = drop(x, dropout_, is_training());
     }
-    return head_->forward(x);  // [B, num_classes]
+    return apply_linear(head_, x);  // [B, num_classes]
   }
 
  private:

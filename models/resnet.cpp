@@ -203,7 +203,7 @@ class ResNetImpl : public NetImpl {
     // x: [B, 512 e, H'/8, W'/8], e = 1 (basic) or 4 (bottleneck)
     x = torch::adaptive_avg_pool2d(x, /*output_size=*/{1, 1}).flatten(/*start_dim=*/1);
     // x: [B, 512 e]
-    return fc_->forward(x);  // [B, num_classes]
+    return apply_linear(fc_, x);  // [B, num_classes]
   }
 
  private:

@@ -67,8 +67,8 @@ class SelfAttentionImpl : public torch::nn::Module {
       return t.view({B, T, heads_, C / heads_}).transpose(1, 2);  // [B, h, T, C/h]
     };
     auto y = at::scaled_dot_product_attention(split_heads(qkv[0]), split_heads(qkv[1]),
-                                              split_heads(qkv[2]));  // [B, h, T, C/h]
-    return out_proj->forward(y.transpose(1, 2).reshape({B, T, C}));  // [B, T, C]
+                                              split_heads(qkv[2]));       // [B, h, T, C/h]
+    return apply_linear(out_proj, y.transpose(1, 2).reshape({B, T, C}));  // [B, T, C]
   }
 
   torch::Tensor in_proj_weight, in_proj_bias;
@@ -86,18 +86,21 @@ class EncoderBlockImpl : public torch::nn::Module {
     ln_1 = register_module("ln_1", layer_norm(o.embed_dim));
     self_attention = register_module("self_attention", SelfAttention(o.embed_dim, o.num_heads));
     ln_2 = register_module("ln_2", layer_norm(o.embed_dim));
+    // torchvision's MLPBlock: Linear, GELU, Dropout, Linear, Dropout (mlp.0 and mlp.3).
+    fc1_ = torch::nn::Linear(o.embed_dim, mlp_dim);
+    fc2_ = torch::nn::Linear(mlp_dim, o.embed_dim);
     mlp = register_module(
-        "mlp", torch::nn::Sequential(torch::nn::Linear(o.embed_dim, mlp_dim), torch::nn::GELU(),
-                                     torch::nn::Dropout(o.dropout),
-                                     torch::nn::Linear(mlp_dim, o.embed_dim),
+        "mlp", torch::nn::Sequential(fc1_, torch::nn::GELU(), torch::nn::Dropout(o.dropout), fc2_,
                                      torch::nn::Dropout(o.dropout)));
   }
 
   torch::Tensor forward(torch::Tensor x) {
     // x: [B, T, C]
     const auto attended = self_attention->forward(ln_1->forward(x));
-    x = x + torch::dropout(attended, dropout_, is_training());  // [B, T, C]
-    return x + mlp->forward(ln_2->forward(x));                  // [B, T, C]
+    x = x + drop(attended, dropout_, is_training());  // [B, T, C]
+    auto h = drop(torch::gelu(apply_linear(fc1_, ln_2->forward(x))), dropout_,
+                  is_training());                                     // [B, T, M]
+    return x + drop(apply_linear(fc2_, h), dropout_, is_training());  // [B, T, C]
   }
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
@@ -105,6 +108,7 @@ class EncoderBlockImpl : public torch::nn::Module {
   torch::nn::Sequential mlp{nullptr};
 
  private:
+  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};  // mlp's two layers
   double dropout_;
 };
 TORCH_MODULE(EncoderBlock);
@@ -144,7 +148,7 @@ class VitImpl : public NetImpl {
     const int64_t B = x.size(0);
     x = conv_proj->forward(x).flatten(/*start_dim=*/2).transpose(1, 2);      // [B, P, D]
     x = torch::cat({class_token.expand({B, 1, embed_dim_}), x}, /*dim=*/1);  // [B, P + 1, D]
-    x = torch::dropout(x + pos_embedding, dropout_, is_training());
+    x = drop(x + pos_embedding, dropout_, is_training());
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const auto block = blocks_[i].ptr();
       if (policy_.applies(static_cast<int64_t>(i))) {
@@ -155,7 +159,7 @@ class VitImpl : public NetImpl {
       }
     }
     x = ln->forward(x).select(/*dim=*/1, /*index=*/0);  // [B, D]: the class token
-    return head->forward(x);                            // [B, num_classes]
+    return apply_linear(head, x);                       // [B, num_classes]
   }
 
  private:

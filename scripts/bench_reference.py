@@ -102,8 +102,9 @@ DEFAULTS = {
     },
     "train": {"grad_accum_steps": 1, "clip_grad_norm": 0.0, "label_smoothing": 0.0,
               "loss": "cross_entropy"},
-    "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0,
-              "decay_bias_and_norm": False, "betas": [0.9, 0.999], "eps": 1e-8},
+    "optim": {"name": "sgd", "impl": "auto", "lr": 0.1, "momentum": 0.9, "nesterov": False,
+              "weight_decay": 0.0, "decay_bias_and_norm": False, "betas": [0.9, 0.999],
+              "eps": 1e-8, "amsgrad": False},
     "amp": {"enabled": False, "dtype": "bfloat16", "scaler": "auto", "init_scale": 65536.0,
             "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000},
     "dist": {"backend": "auto", "bucket_cap_mb": 25.0, "find_unused_parameters": False,
@@ -307,12 +308,67 @@ def make_optimizer(cfg, model):
         groups = [g for g in groups if g["params"]]
     else:
         groups = [{"params": params}]
+    # optim.impl: auto and fused take PyTorch's fused kernels (fused=True), foreach its
+    # multi-tensor path, loop the single-tensor one.
+    impl = {"auto": {"fused": True}, "fused": {"fused": True}, "foreach": {"foreach": True},
+            "loop": {"foreach": False}}[o["impl"]]
     if o["name"] == "sgd":
         return torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"],
-                               weight_decay=o["weight_decay"])
+                               weight_decay=o["weight_decay"], **impl)
     cls = torch.optim.Adam if o["name"] == "adam" else torch.optim.AdamW
     return cls(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
-               weight_decay=o["weight_decay"])
+               weight_decay=o["weight_decay"], amsgrad=o["amsgrad"], **impl)
+
+
+PHASE = "phase:"  # the record_function ranges step() marks its phases with when counting
+
+
+def count_operators(step, steps):
+    """Top-level ATen operators per step by phase, and host reads per step, over `steps` calls of
+    step(mark): what `trainer bench` counts with its RecordFunction observer. An operator is
+    top-level when no ATen operator encloses it (autograd's backward functions do not count as
+    enclosing); it belongs to the phase range that encloses it in time, `other` outside them. Host
+    reads are top-level aten::item / aten::_local_scalar_dense calls."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+        for _ in range(steps):
+            step(record_phase)
+    events = list(prof.events())
+    ranges = [(e.time_range.start, e.time_range.end, e.name[len(PHASE):])
+              for e in events if e.name.startswith(PHASE)]
+
+    def phase_of(e):
+        for start, end, name in ranges:
+            if start <= e.time_range.start <= end:
+                return name
+        return "other"
+
+    def top_level(e):
+        parent = e.cpu_parent
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                return False
+            parent = parent.cpu_parent
+        return True
+
+    counts = {"forward": 0, "backward": 0, "optimizer": 0, "other": 0}
+    syncs = 0
+    for e in events:
+        if e.scope != 0 or not e.name.startswith("aten::") or not top_level(e):
+            continue
+        counts[phase_of(e)] += 1
+        syncs += e.name in ("aten::item", "aten::_local_scalar_dense")
+    per_step = {k: v / steps for k, v in counts.items()}
+    per_step["total"] = sum(counts.values()) / steps
+    return per_step, syncs / steps
+
+
+def record_phase(name):
+    return torch.profiler.record_function(PHASE + name)
+
+
+def no_phase(name):
+    return contextlib.nullcontext()
 
 
 def cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
@@ -394,6 +450,8 @@ def parse_args():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--fixed-batch", action="store_true")
     ap.add_argument("--device")
+    ap.add_argument("--counted", type=int, default=3,
+                    help="steps after the timed ones whose operators are counted")
     a = ap.parse_args()
     if a.steps < 1 or a.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
@@ -505,8 +563,9 @@ def main():
     fixed = first if args.fixed_batch else None
     del first
 
-    def step():
-        """One optimizer step: (marks as phase_means reads them, mean loss)."""
+    def step(phase=no_phase):
+        """One optimizer step: (marks as phase_means reads them, mean loss). `phase(name)` is
+        the context each phase runs in (count_operators marks them)."""
         marks = [clock.mark()]
         loss_sum = 0.0
         for i in range(accum):
@@ -514,21 +573,24 @@ def main():
             marks.append(clock.mark())
             deferred = net.no_sync() if ddp and i < accum - 1 else contextlib.nullcontext()
             with deferred:
-                x, y = to_device(x, y)
-                with autocast():
-                    logits = net(x)
-                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                           label_smoothing=smoothing)
+                with phase("forward"):
+                    x, y = to_device(x, y)
+                    with autocast():
+                        logits = net(x)
+                        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                               y.reshape(-1), label_smoothing=smoothing)
                 marks.append(clock.mark())
-                scaler.scale(loss / accum).backward()
+                with phase("backward"):
+                    scaler.scale(loss / accum).backward()
                 marks.append(clock.mark())
             loss_sum = loss_sum + loss.detach()
-        if clip > 0:
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            if clip > 0:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
         marks.append(clock.mark())
         return marks, loss_sum / accum
 
@@ -562,6 +624,7 @@ def main():
         peak_kind = "cpu_rss"
     final_loss = float(records[-1][1])
 
+    ops_per_step, syncs_per_step = count_operators(step, args.counted)
     timed = [marks for marks, _ in records[args.warmup:]]
     step_ms = [clock.ms(mk[0], mk[-1]) for mk in timed]
     phases = phase_means(timed, accum, clock.ms)
@@ -600,6 +663,9 @@ def main():
         "peak_tflops": peak,
         "mfu": tflops / peak,
         "final_loss": final_loss,
+        "optim_impl": cfg["optim"]["impl"],
+        "ops_per_step": ops_per_step,
+        "host_syncs_per_step": syncs_per_step,
         "versions": {"trainer": None, "torch": torch.__version__,
                      "cuda": torch.version.cuda or "cpu", "python": platform.python_version()},
     }
@@ -628,6 +694,10 @@ def print_summary(r):
     print(f"  peak memory {r['peak_memory_mb']:.1f} MiB ({r['peak_memory_kind']}), "
           f"{r['flops_per_step'] / 1e9:.2f} GFLOP/step, {r['tflops']:.3f} TFLOP/s of "
           f"{r['peak_tflops']:.3f} (MFU {r['mfu']:.1%}), final loss {r['final_loss']:.4f}")
+    ops = r["ops_per_step"]
+    print(f"  dispatch: {ops['total']:.0f} ATen operators per step (forward {ops['forward']:.0f}, "
+          f"backward {ops['backward']:.0f}, optimizer {ops['optimizer']:.0f}, other "
+          f"{ops['other']:.0f}), {r['host_syncs_per_step']:.1f} host reads per step")
 
 
 if __name__ == "__main__":

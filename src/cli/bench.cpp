@@ -62,6 +62,10 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
           {"peak_tflops", r.peak_tflops},
           {"mfu", r.mfu},
           {"final_loss", r.final_loss},
+          {"optim_impl", config::lookup(cfg, "optim.impl").value_or("")},
+          {"ops_per_step", r.ops_per_step},
+          {"ops_by_name", r.ops_by_name},
+          {"host_syncs_per_step", r.host_syncs_per_step},
           {"versions",
            {{"trainer", TRAINER_VERSION},
             {"torch", TORCH_VERSION},
@@ -103,6 +107,14 @@ std::string result_table(const engine::BenchResult& r, const engine::BenchOption
       "matrix-product peak\n",
       static_cast<double>(r.flops_per_step) / 1e9, r.tflops, 100.0 * r.mfu, r.peak_tflops);
   out += strprintf("  final loss    %.4f\n", r.final_loss);
+  if (!r.ops_per_step.empty()) {
+    const auto& ops = r.ops_per_step;
+    out += strprintf(
+        "  dispatch      %.0f ATen operators per step (forward %.0f, backward %.0f, optimizer "
+        "%.0f, other %.0f), %.1f host reads per step\n",
+        ops.at("total"), ops.at("forward"), ops.at("backward"), ops.at("optimizer"),
+        ops.at("other"), r.host_syncs_per_step);
+  }
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/memory.h"
+#include "engine/op_count.h"
 #include "util/device.h"
 #include "util/gpu_monitor.h"
 
@@ -138,6 +139,48 @@ class PhaseTimer final : public StepObserver {
 
 }  // namespace
 
+namespace {
+
+// Attributes each phase's operators to its bucket of BenchResult::ops_per_step.
+class PhaseCounter final : public StepObserver {
+ public:
+  explicit PhaseCounter(OpCount& count) : count_(count) {}
+  void begin_step() override { count_.set_phase("other"); }
+  void begin(Phase phase) override {
+    const bool own = phase == Phase::forward || phase == Phase::backward ||
+                     phase == Phase::optimizer;
+    count_.set_phase(own ? phase_name(phase) : "other");
+  }
+  void end_step(const torch::Tensor& /*loss*/) override { count_.set_phase("other"); }
+
+ private:
+  OpCount& count_;
+};
+
+// Runs `steps` more training steps, counting their operators and host reads.
+void count_operators(Trainer& trainer, const BenchOptions& options, BenchResult& r) {
+  if (options.counted <= 0) return;
+  OpCount count;
+  PhaseCounter phases(count);
+  trainer.run_steps(options.counted, phases, options.fixed_batch);
+  synchronize(trainer.device());
+  const auto n = static_cast<double>(options.counted);
+  double total = 0;
+  for (const char* phase : {"forward", "backward", "optimizer", "other"}) {
+    const auto by_phase = count.by_phase();
+    const auto it = by_phase.find(phase);
+    r.ops_per_step[phase] = it == by_phase.end() ? 0.0 : static_cast<double>(it->second) / n;
+    total += r.ops_per_step[phase];
+  }
+  r.ops_per_step["total"] = total;
+  for (const auto& [phase, names] : count.by_phase_and_name()) {
+    for (const auto& [name, c] : names) r.ops_by_name[phase][name] = static_cast<double>(c) / n;
+  }
+  r.host_syncs_per_step = static_cast<double>(count.host_syncs()) / n;
+}
+
+}  // namespace
+
 const char* phase_name(Phase phase) {
   switch (phase) {
     case Phase::data:
@@ -181,6 +224,7 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
   PhaseTimer timer(device, options.warmup);
   trainer.run_steps(options.warmup + options.steps, timer, options.fixed_batch);
   timer.finish(r);
+  count_operators(trainer, options, r);
 
   const double samples = static_cast<double>(options.steps * cfg.data.batch_size *
                                              cfg.train.grad_accum_steps * trainer.world_size());

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "engine/trainer.h"
@@ -16,6 +17,7 @@ struct BenchOptions {
   int64_t steps = 50;        // timed steps
   int64_t warmup = 10;       // untimed steps before them
   bool fixed_batch = false;  // every step on the first batch, kept on the device (no loader)
+  int64_t counted = 3;       // steps after the timed ones whose operators are counted
 };
 
 // Milliseconds per step over the timed steps.
@@ -37,6 +39,12 @@ struct BenchResult {
   double peak_tflops = 0;        // the device's measured matrix-product rate in the compute dtype
   double mfu = 0;                // tflops / peak_tflops
   double final_loss = 0;         // the last timed step's loss (this process's)
+  // ATen operators dispatched per optimizer step (top-level, engine/op_count.h), by phase:
+  // forward, backward, optimizer, other (data, gradient sync, the step's bookkeeping); and the
+  // host reads per step. Counted over BenchOptions::counted untimed steps.
+  std::map<std::string, double> ops_per_step;
+  std::map<std::string, std::map<std::string, double>> ops_by_name;  // phase -> operator -> per step
+  double host_syncs_per_step = 0;
 };
 
 // Runs options.warmup untimed then options.steps timed training steps of `trainer`. In a

@@ -8,7 +8,11 @@
 namespace trainer::engine {
 namespace {
 
-thread_local OpCount* active = nullptr;  // this thread's counter, while one lives
+// The live counter: one per process, reached from autograd's threads too.
+std::atomic<OpCount*> active{nullptr};
+// Per thread: ATen operators entered and not yet left, and host reads in progress.
+thread_local int depth = 0;
+thread_local int host_reads = 0;
 
 bool is_host_read(const at::RecordFunction& fn) {
   return std::strcmp(fn.name(), kHostRead) == 0;
@@ -17,11 +21,13 @@ bool is_host_read(const at::RecordFunction& fn) {
 }  // namespace
 
 OpCount::OpCount() {
-  if (active) throw std::logic_error("one OpCount per thread at a time");
-  active = this;
+  OpCount* none = nullptr;
+  if (!active.compare_exchange_strong(none, this)) {
+    throw std::logic_error("one OpCount at a time");
+  }
   handle_ = at::addThreadLocalCallback(
       at::RecordFunctionCallback(&OpCount::enter, &OpCount::leave)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+          .scopes({at::RecordScope::FUNCTION}));
 }
 
 OpCount::~OpCount() {
@@ -30,37 +36,83 @@ OpCount::~OpCount() {
 }
 
 std::unique_ptr<at::ObserverContext> OpCount::enter(const at::RecordFunction& fn) {
-  OpCount* c = active;
-  if (!c) return nullptr;
   if (is_host_read(fn)) {
-    if (c->in_host_read_++ == 0) ++c->host_syncs_;
-  } else {
-    if (c->depth_ == 0) ++c->top_level_[fn.name()];
-    ++c->all_[fn.name()];
-    if (c->in_host_read_ == 0 && std::strcmp(fn.name(), "aten::_local_scalar_dense") == 0) {
+    if (OpCount* c = active.load(); c && host_reads == 0) {
+      std::lock_guard<std::mutex> lock(c->mu_);
       ++c->host_syncs_;
     }
+    ++host_reads;
+  } else if (fn.operator_name().has_value()) {  // an ATen operator (not an autograd range)
+    if (OpCount* c = active.load()) c->count(fn, depth, host_reads > 0);
+    ++depth;
   }
-  ++c->depth_;
   return nullptr;
 }
 
 void OpCount::leave(const at::RecordFunction& fn, at::ObserverContext* /*context*/) {
-  OpCount* c = active;
-  if (!c) return;
-  --c->depth_;
-  if (is_host_read(fn)) --c->in_host_read_;
+  if (is_host_read(fn)) {
+    --host_reads;
+  } else if (fn.operator_name().has_value()) {
+    --depth;
+  }
+}
+
+void OpCount::count(const at::RecordFunction& fn, int at_depth, bool in_host_read) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++all_[fn.name()];
+  if (at_depth > 0) return;
+  ++top_level_[fn.name()];
+  ++by_phase_[phase_];
+  ++by_phase_and_name_[phase_][fn.name()];
+  // `.item()` is aten::item over aten::_local_scalar_dense; either may be called directly.
+  const bool item = std::strcmp(fn.name(), "aten::item") == 0 ||
+                    std::strcmp(fn.name(), "aten::_local_scalar_dense") == 0;
+  if (item && !in_host_read) ++host_syncs_;
+}
+
+void OpCount::set_phase(const std::string& phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  phase_ = phase;
+}
+
+std::map<std::string, int64_t> OpCount::top_level() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return top_level_;
+}
+
+std::map<std::string, int64_t> OpCount::all() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return all_;
+}
+
+std::map<std::string, int64_t> OpCount::by_phase() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_phase_;
+}
+
+std::map<std::string, std::map<std::string, int64_t>> OpCount::by_phase_and_name() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_phase_and_name_;
 }
 
 int64_t OpCount::operators() const {
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t n = 0;
   for (const auto& [name, count] : top_level_) n += count;
   return n;
 }
 
+int64_t OpCount::host_syncs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return host_syncs_;
+}
+
 void OpCount::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
   top_level_.clear();
   all_.clear();
+  by_phase_.clear();
+  by_phase_and_name_.clear();
   host_syncs_ = 0;
 }
 

@@ -1,18 +1,21 @@
-// Counting what a piece of training dispatches: ATen operators (LibTorch's RecordFunction
-// observer, as torch.profiler sees them) and host reads, the synchronisations with the device.
+// Counting what training dispatches: ATen operators (LibTorch's RecordFunction observer, as
+// torch.profiler sees them) by phase, and host reads, the synchronisations with the device.
 #pragma once
 
 #include <ATen/record_function.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 
 namespace trainer::engine {
 
-// While alive, counts the operators this thread dispatches. Operators that others call
-// (aten::linear calling aten::addmm) count only as `all`; `top_level` counts what the trainer's own
-// code called. One OpCount per thread at a time.
+// While alive, counts the ATen operators dispatched by this thread and by the autograd threads
+// its backward passes run on. An operator that another calls (aten::linear calling aten::addmm)
+// counts only in all(); top-level operators are what the trainer's own code, or autograd's
+// backward functions, called. One OpCount at a time in a process.
 class OpCount {
  public:
   OpCount();
@@ -20,15 +23,22 @@ class OpCount {
   OpCount(const OpCount&) = delete;
   OpCount& operator=(const OpCount&) = delete;
 
+  // Attributes the operators dispatched from now on to `phase` (e.g. "forward").
+  void set_phase(const std::string& phase);
+
   // Top-level operators, by name ("aten::add_", ...).
-  const std::map<std::string, int64_t>& top_level() const { return top_level_; }
+  std::map<std::string, int64_t> top_level() const;
   // Every operator, nested ones included, by name.
-  const std::map<std::string, int64_t>& all() const { return all_; }
+  std::map<std::string, int64_t> all() const;
+  // Top-level operators by phase.
+  std::map<std::string, int64_t> by_phase() const;
+  // Top-level operators by phase, then name.
+  std::map<std::string, std::map<std::string, int64_t>> by_phase_and_name() const;
   // Top-level operators in all.
   int64_t operators() const;
-  // Host reads: the trainer's own (read_to_host, util/device.h) and LibTorch's `.item()` reads
-  // (aten::_local_scalar_dense) outside them. Each synchronises the device.
-  int64_t host_syncs() const { return host_syncs_; }
+  // Host reads: the trainer's own (read_to_host, util/device.h) and `.item()` reads (top-level
+  // aten::item or aten::_local_scalar_dense) outside them. Each synchronises the device.
+  int64_t host_syncs() const;
 
   // Clears the counts.
   void reset();
@@ -36,11 +46,13 @@ class OpCount {
  private:
   static std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn);
   static void leave(const at::RecordFunction& fn, at::ObserverContext* context);
+  void count(const at::RecordFunction& fn, int depth, bool in_host_read);
 
   at::CallbackHandle handle_;
-  int depth_ = 0;  // operators entered and not yet left
-  int in_host_read_ = 0;
-  std::map<std::string, int64_t> top_level_, all_;
+  mutable std::mutex mu_;
+  std::string phase_ = "other";
+  std::map<std::string, int64_t> top_level_, all_, by_phase_;
+  std::map<std::string, std::map<std::string, int64_t>> by_phase_and_name_;
   int64_t host_syncs_ = 0;
 };
 

@@ -34,13 +34,14 @@ StepOutcome StepFlags::finish(const torch::Tensor& loss, const torch::Tensor& fo
   const bool agreeing = agreed_.defined();
   if (!agreeing && !found_inf.defined() && !check_loss) return out;
   // One host copy: the loss (summed over the ranks), the stop flags when agreeing, found_inf.
-  torch::Tensor flags = agreeing ? agreed_ : loss.reshape({1});
-  if (found_inf.defined()) flags = torch::cat({flags, found_inf.reshape({1})});
-  const auto host = read_to_host(flags);
-  const auto f = host.accessor<float, 1>();
+  torch::Tensor flags = agreeing ? agreed_ : loss;
+  if (found_inf.defined()) flags = torch::cat({flags.reshape({-1}), found_inf.reshape({1})});
+  auto host = read_to_host(flags);
+  if (host.scalar_type() != torch::kFloat) host = host.to(torch::kFloat);
+  const float* f = host.data_ptr<float>();
   out.bad_loss = !std::isfinite(f[0]);
   out.stop = agreeing && f[1] > 0.0f;
-  out.skipped = out.bad_loss || (found_inf.defined() && f[host.size(0) - 1] != 0.0f);
+  out.skipped = out.bad_loss || (found_inf.defined() && f[host.numel() - 1] != 0.0f);
   return out;
 }
 
@@ -63,7 +64,7 @@ torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_
   // Gradients dropped (set to none) rather than zeroed; under DDP they are views of its buckets,
   // which zeroing cannot detach.
   for (auto& param : p.params) param.mutable_grad().reset();
-  torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(p.device));
+  torch::Tensor step_loss;  // the sum of the micro-batches' losses / accum
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const bool sync = m + 1 == micro_batches.size();  // DDP averages on the last backward only
     begin(observer, Phase::forward);
@@ -73,9 +74,10 @@ torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_
     torch::Tensor loss;  // float32 scalar
     {
       nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
-      loss = p.loss(p.model->forward(inputs), targets) / accum;
+      loss = p.loss(p.model->forward(inputs), targets);
+      if (accum > 1) loss = loss / accum;
     }
-    step_loss += loss.detach();
+    step_loss = m == 0 ? loss.detach() : step_loss + loss.detach();
     if (p.ddp) p.ddp->after_forward(loss, sync);
     if (sync) flags_.start(step_loss, stop_requested, p.group.get());
     begin(observer, Phase::backward);

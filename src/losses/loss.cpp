@@ -16,10 +16,12 @@ class SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntropy
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets, double smoothing) {
-    const auto x = logits.scalar_type() == torch::kDouble ? logits : logits.to(torch::kFloat);
-    const auto lse = x.logsumexp(/*dim=*/1, /*keepdim=*/true);                          // [N, 1]
-    auto loss = lse.squeeze(1) - x.gather(/*dim=*/1, targets.unsqueeze(1)).squeeze(1);  // [N]
-    if (smoothing > 0.0) loss = (1.0 - smoothing) * loss + smoothing * (lse.squeeze(1) - x.mean(1));
+    const bool upcast =
+        logits.scalar_type() != torch::kDouble && logits.scalar_type() != torch::kFloat;
+    const auto x = upcast ? logits.to(torch::kFloat) : logits;
+    const auto lse = x.logsumexp(/*dim=*/1, /*keepdim=*/true);    // [N, 1]
+    auto loss = lse - x.gather(/*dim=*/1, targets.unsqueeze(1));  // [N, 1]
+    if (smoothing > 0.0) loss = (1.0 - smoothing) * loss + smoothing * (lse - x.mean(1, true));
     auto probs = (x - lse).exp_();  // [N, K] softmax
     ctx->save_for_backward({probs, targets});
     ctx->saved_data["smoothing"] = smoothing;
@@ -38,10 +40,14 @@ class SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntropy
     grad.scatter_add_(/*dim=*/1, targets.unsqueeze(1),
                       torch::full({n, 1}, -(1.0 - smoothing), grad.options()));
     if (smoothing > 0.0) grad.sub_(smoothing / static_cast<double>(k));
-    grad.mul_(grad_outputs[0].to(grad.scalar_type()) / static_cast<double>(n));
-    return {grad.to(dtype), torch::Tensor(), torch::Tensor()};
+    grad.mul_(grad_outputs[0] / static_cast<double>(n));
+    return {grad.scalar_type() == dtype ? grad : grad.to(dtype), torch::Tensor(), torch::Tensor()};
   }
 };
+
+// From this many classes on, the memory-lean cross-entropy above; below, ATen's own
+// (cross_entropy_loss: one operator forward, two backward), whose extra [N, K] tensor is small.
+constexpr int64_t kLeanFromClasses = 8192;
 
 }  // namespace
 
@@ -52,9 +58,16 @@ const LossRegistry& loss_registry() {
       const double smoothing = cfg.label_smoothing;
       return [smoothing](const torch::Tensor& logits, const torch::Tensor& targets) {
         // Sequences: [B, T, K] logits and [B, T] targets become B * T predictions.
-        auto flat_targets = targets.flatten();                          // [N]
-        auto flat_logits = logits.reshape({flat_targets.size(0), -1});  // [N, K]
-        return SoftmaxCrossEntropy::apply(flat_logits, flat_targets, smoothing);
+        const bool flat = targets.dim() == 1;
+        const auto t = flat ? targets : targets.flatten();                      // [N]
+        auto x = flat ? logits : logits.reshape({t.size(0), logits.size(-1)});  // [N, K]
+        if (x.size(1) >= kLeanFromClasses) return SoftmaxCrossEntropy::apply(x, t, smoothing);
+        // In float32 at least, as autocast runs cross_entropy.
+        if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kDouble) {
+          x = x.to(torch::kFloat);
+        }
+        return torch::nn::functional::cross_entropy(
+            x, t, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(smoothing));
       };
     });
     return r;
