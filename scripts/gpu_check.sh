@@ -21,9 +21,16 @@
 #   gpt2_ckpt                the same with model.checkpointing=blocks: peak memory and step time
 #   ddp_ws1                  r50_bf16_b256 under `trainer launch --standalone --nproc-per-node 1`
 #   ddp_ws1_reducer          the same with dist.reducer_at_world_size_1=true (c10d's Reducer alone)
-# Each case runs `trainer bench` and, except ddp_ws1*, scripts/bench_reference.py with the same
-# --config/--set/--warmup/--steps/--json, all on one batch kept on the device (--fixed-batch). A
-# case that would not finish within the time budget (GPU_CHECK_BUDGET_S, default 480 s from the
+#   *_loop                   r50_bf16_b32, r50_bf16_b256, gpt2_bf16 with optim.impl=loop (the
+#                            default is fused): the optimizer phase's time per implementation
+#   *_graph                  r50_bf16_b32, gpt2_bf16 with train.cuda_graph=true (the step replayed
+#                            from a CUDA graph after 3 eager steps)
+#   graph_losses             r50 at batch 32 trained 100 steps eagerly and from a CUDA graph
+#                            (`trainer --config`, not bench): the two loss curves compared
+# Each case runs `trainer bench` and, for the plain cases, scripts/bench_reference.py (PyTorch,
+# fused=True optimizers) with the same --config/--set/--warmup/--steps/--json, all on one batch
+# kept on the device (--fixed-batch). Every bench reports ATen operators and host reads per step.
+# A case that would not finish within the time budget (GPU_CHECK_BUDGET_S, default 480 s from the
 # start, build included) is skipped and marked so.
 #
 # OUTDIR (default: $OUT, else runs/gpu_check) receives at most 4 files, which the device tool
@@ -327,6 +334,12 @@ CASES=(
   "ddp_ws1_reducer|gpu_resnet50.yaml|8|25|30|launch|dist.reducer_at_world_size_1=true"
   "r50_fp16_b256|gpu_resnet50.yaml|8|25|25|trainer pytorch|amp.dtype=float16"
   "r50_bf16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|data.batch_size=32"
+  "r50_bf16_b32_graph|gpu_resnet50.yaml|10|50|15|trainer|data.batch_size=32|train.cuda_graph=true"
+  "r50_bf16_b32_loop|gpu_resnet50.yaml|10|50|15|trainer|data.batch_size=32|optim.impl=loop"
+  "graph_losses|gpu_resnet50.yaml|0|100|30|losses|data.batch_size=32"
+  "gpt2_bf16_graph|gpu_gpt2.yaml|5|20|25|trainer|train.cuda_graph=true"
+  "gpt2_bf16_loop|gpu_gpt2.yaml|5|20|25|trainer|optim.impl=loop"
+  "r50_bf16_b256_loop|gpu_resnet50.yaml|8|25|25|trainer|optim.impl=loop"
   "r50_fp16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|amp.dtype=float16|data.batch_size=32"
 )
 
@@ -355,6 +368,8 @@ run_bench() {
   local limit=$((left < RUN_TIMEOUT ? left : RUN_TIMEOUT))
   local cmd=()
   case "$impl" in
+    losses) graph_losses "$base" "$config" "$steps" "$limit" "${sets[@]}"
+            return 0 ;;
     trainer) cmd=("$TRAINER" bench) ;;
     launch) cmd=("$TRAINER" launch --standalone --nproc-per-node 1 -- bench) ;;
     pytorch) cmd=("$PY" "$ROOT/scripts/bench_reference.py")
@@ -378,9 +393,36 @@ run_bench() {
   fi
 }
 
+# graph_losses BASE CONFIG STEPS LIMIT --set...: STEPS steps of training eagerly and with
+# train.cuda_graph (the same seed and data), their loss curves into BASE.json.
+graph_losses() {
+  local base=$1 config=$2 steps=$3 limit=$4 mode rc=0 t0=$SECONDS
+  shift 4
+  for mode in false true; do
+    (cd "$ROOT" && timeout -k 10 "$limit" "$TRAINER" --config "$config" "$@" \
+      --set train.max_steps="$steps" --set run.log_every=1 --set run.eval_every=0 \
+      --set train.eval_at_end=false --set run.checkpoint_every=1000000 \
+      --set train.cuda_graph=$mode --run-dir "$base.$mode") >> "$base.log" 2>&1 || rc=$?
+  done
+  echo "$rc $((SECONDS - t0))" > "$base.status"
+  "$PY" - "$base" > "$base.json" 2>> "$base.log" <<'GRAPH' || true
+import json, sys
+base = sys.argv[1]
+def losses(mode):
+    return [r["loss"] for r in map(json.loads, open(base + "." + mode + "/metrics.jsonl"))
+            if r["split"] == "train"]
+eager, graph = losses("false"), losses("true")
+diff = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(eager, graph)]
+print(json.dumps({"steps": len(eager), "eager_first_last": [eager[0], eager[-1]],
+                  "graph_first_last": [graph[0], graph[-1]], "max_rel_diff": max(diff),
+                  "mean_rel_diff": sum(diff) / len(diff)}))
+GRAPH
+  say "graph_losses: done in $((SECONDS - t0))s (exit $rc)"
+}
+
 # Which cases run: $GPU_CHECK_CASES (names), else all; --dry-run: one of each kind.
 SELECTED=${GPU_CHECK_CASES:-}
-[[ -n "$SELECTED" || $DRY == 0 ]] || SELECTED="r50_bf16_b256 r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1 ddp_ws1_reducer"
+[[ -n "$SELECTED" || $DRY == 0 ]] || SELECTED="r50_bf16_b256 r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1 ddp_ws1_reducer r50_bf16_b32_loop"
 for c in "${CASES[@]}"; do
   IFS='|' read -r -a f <<<"$c"
   name=${f[0]} config=${f[1]} warmup=${f[2]} steps=${f[3]} expect=${f[4]}
@@ -419,8 +461,9 @@ HEADER="GPU check$MODE: $(tv device), torch $TORCH_VERSION (CUDA $(tv cuda)), $(
 import json, os, sys
 
 bench, out, header = sys.argv[1:4]
-order = ["r50_bf16_b256", "r50_fp16_b256", "r50_bf16_b32", "r50_fp16_b32", "gpt2_bf16",
-         "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer"]
+order = ["r50_bf16_b256", "r50_bf16_b256_loop", "r50_fp16_b256", "r50_bf16_b32",
+         "r50_bf16_b32_graph", "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph",
+         "gpt2_bf16_loop", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer", "graph_losses"]
 runs = {}
 for f in sorted(os.listdir(bench)):
     if not f.endswith(".status"):
@@ -455,10 +498,12 @@ def num(v, fmt):
     return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
 print(header)
-cols = "%-15s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s"
+cols = "%-18s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s %7s %5s"
 print(cols % ("case", "impl", "precision", "samples/s", "tokens/s", "step p50", "step p90",
-              "peak MB", "TFLOPS", "MFU", "vs torch"))
+              "peak MB", "TFLOPS", "MFU", "vs torch", "ops", "syncs"))
 for case in order + sorted({k[0] for k in runs} - set(order)):
+    if case == "graph_losses":
+        continue
     for impl in ("trainer", "launch", "pytorch"):
         r = runs.get((case, impl))
         if r is None:
@@ -466,18 +511,40 @@ for case in order + sorted({k[0] for k in runs} - set(order)):
         if "result" not in r:
             print("%-15s %-8s %s" % (case, impl, r["status"]))
             continue
-        ref = runs.get((case, "pytorch"))
+        ref = runs.get((case, "pytorch")) or runs.get((case.rsplit("_", 1)[0], "pytorch"))
         ratio = ""
         if impl != "pytorch" and get(ref, "samples_per_sec") and get(r, "samples_per_sec"):
             ratio = "%.2fx" % (get(r, "samples_per_sec") / get(ref, "samples_per_sec"))
         print(cols % (case, impl, get(r, "precision") or "-", num(get(r, "samples_per_sec"), ".1f"),
                       num(get(r, "tokens_per_sec"), ".0f"), num(get(r, "step_time_ms", "p50"), ".1f"),
                       num(get(r, "step_time_ms", "p90"), ".1f"), num(get(r, "peak_memory_mb"), ".0f"),
-                      num(get(r, "tflops"), ".3g"), num(get(r, "mfu"), ".2f"), ratio)
+                      num(get(r, "tflops"), ".3g"), num(get(r, "mfu"), ".2f"), ratio,
+                      num(get(r, "ops_per_step", "total"), ".0f"),
+                      num(get(r, "host_syncs_per_step"), ".1f"))
               + ("  [%s]" % r["note"] if "note" in r else ""))
 
 def pct(a, b):
     return "%+.1f%%" % (100.0 * (a / b - 1.0)) if isinstance(a, (int, float)) and b else "n/a"
+
+for case in ("r50_bf16_b32", "r50_bf16_b256", "gpt2_bf16"):
+    fused, loop = runs.get((case, "trainer")), runs.get((case + "_loop", "trainer"))
+    if get(fused, "phases_ms", "optimizer") is None or get(loop, "phases_ms", "optimizer") is None:
+        continue
+    print("optimizer phase (%s): fused %.2f ms, loop %.2f ms per step (loop / fused %.2fx); "
+          "optimizer operators %s vs %s" % (case, get(fused, "phases_ms", "optimizer"),
+          get(loop, "phases_ms", "optimizer"),
+          get(loop, "phases_ms", "optimizer") / get(fused, "phases_ms", "optimizer"),
+          num(get(fused, "ops_per_step", "optimizer"), ".0f"),
+          num(get(loop, "ops_per_step", "optimizer"), ".0f")))
+for case in ("r50_bf16_b32", "gpt2_bf16"):
+    eager, graph = runs.get((case, "trainer")), runs.get((case + "_graph", "trainer"))
+    if get(eager, "samples_per_sec") and get(graph, "samples_per_sec"):
+        print("CUDA graph (%s): samples/s %s (graph vs eager)"
+              % (case, pct(get(graph, "samples_per_sec"), get(eager, "samples_per_sec"))))
+g = runs.get(("graph_losses", "losses"))
+if g and isinstance(g.get("result"), dict):
+    print("graph vs eager losses over %d steps: max relative difference %.2g, mean %.2g"
+          % (g["result"]["steps"], g["result"]["max_rel_diff"], g["result"]["mean_rel_diff"]))
 
 plain = runs.get(("r50_bf16_b256", "trainer"))
 for case, what in (("ddp_ws1", ""), ("ddp_ws1_reducer", ", the reducer at world size 1")):

@@ -644,6 +644,25 @@ TEST_F(ConfigTest, CudaDeviceWithoutCuda) {
   EXPECT_EQ(nccl[0].key, "dist.backend");
 }
 
+TEST_F(ConfigTest, CudaGraphNamesWhatItCannotCapture) {
+  const Environment cuda{true, 1, {}};
+  EXPECT_HAS(issues_for({"train.cuda_graph=true"}), "train.cuda_graph: needs a CUDA device");
+  auto with = [&](std::vector<std::string> sets) {
+    sets.push_back("train.cuda_graph=true");
+    sets.push_back("device=cuda");
+    std::string all;
+    for (const auto& i : validate(load(write("g.yaml", "seed: 1\n"), sets), cuda)) {
+      all += i.str() + "\n";
+    }
+    return all;
+  };
+  EXPECT_EQ(with({}), "");
+  EXPECT_HAS(with({"optim.impl=foreach"}), "train.cuda_graph: needs optim.impl fused");
+  EXPECT_HAS(with({"model.checkpointing=blocks"}), "cannot capture model.checkpointing");
+  EXPECT_HAS(with({"data.drop_last=false"}), "needs batches of one shape");
+  EXPECT_HAS(with({"dist.find_unused_parameters=true"}), "cannot capture DDP's reducer");
+}
+
 TEST_F(ConfigTest, RegistryChoices) {
   auto path = write("reg.yaml", "model:\n  name: lenat\noptim:\n  name: foo\n");
   Environment env;

@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
 #include "engine/components.h"
+#include "engine/graphed_step.h"
 #include "engine/memory.h"
 #include "engine/op_count.h"
 #include "engine/trainer.h"
@@ -250,8 +251,8 @@ TEST_F(EngineTest, InfInOneGradientSkipsExactlyThatStep) {
 TEST_F(EngineTest, FusedStepsTakeTheScaleAsUnscalingFirstWould) {
   auto run = [&](const std::vector<std::string>& extra) {
     auto o = extra;
-    for (const char* key : {"amp.scaler=on", "optim.name=adam", "optim.impl=fused",
-                            "optim.lr=0.01", "train.max_steps=4"}) {
+    for (const char* key : {"amp.scaler=on", "optim.name=adam", "optim.impl=fused", "optim.lr=0.01",
+                            "train.max_steps=4"}) {
       o.push_back(key);
     }
     Trainer trainer(load(o));
@@ -268,6 +269,52 @@ TEST_F(EngineTest, FusedStepsTakeTheScaleAsUnscalingFirstWould) {
   expect_same(kernel, separate, "optim.");
   expect_same(kernel, separate, "scaler.");
   EXPECT_EQ(kernel.at("scaler.scale").item<double>(), 32768.0);  // backed off once
+}
+
+// A step replayed from a graph (train.cuda_graph; here the plumbing without a device graph)
+// trains as the eager step: the same skipped steps and scale, the same losses and weights within
+// float32 rounding of the learning rate, with the skip decided on the device, with and without
+// clipping.
+TEST_F(EngineTest, GraphedStepsTrainAsEagerOnes) {
+  for (const bool clip : {false, true}) {
+    SCOPED_TRACE(clip ? "clipping" : "no clipping");
+    const auto cfg =
+        load({"amp.scaler=on", "optim.name=adamw", "optim.impl=fused", "optim.lr=0.01",
+              "optim.weight_decay=0.1", "sched.name=linear", "sched.min_lr=0.001",
+              "train.max_steps=8", clip ? "train.clip_grad_norm=0.5" : "train.clip_grad_norm=0"});
+    auto eager_parts = build_components(cfg, {});
+    auto graph_parts = build_components(cfg, {});
+    TrainingState eager_state, graph_state;
+    TrainStep eager(eager_parts, cfg.cfg.train, eager_state);
+    GraphedStep graphed(graph_parts, cfg.cfg.train, graph_state, eager_graph(), /*warmup=*/2);
+    // Step 5 (a replayed one) meets an inf gradient in both.
+    for (auto* parts : {&eager_parts, &graph_parts}) {
+      auto calls = std::make_shared<int>(0);
+      parts->params.at(0).register_hook([calls](torch::Tensor grad) {
+        return ++*calls == 5 ? torch::full_like(grad, INFINITY) : grad;
+      });
+    }
+    for (int step = 0; step < 8; ++step) {
+      auto& loader = *eager_parts.train_loader;
+      if (step % loader.batches_per_epoch() == 0)
+        loader.start_epoch(step / loader.batches_per_epoch());
+      const std::vector<data::Batch> batch{*loader.next()};
+      const auto a = eager.run(batch, false, nullptr);
+      const auto b = graphed.run(batch, false, nullptr);
+      EXPECT_EQ(a.skipped, b.skipped) << "step " << step + 1;
+      // Within the rounding of the learning rate, which the graph reads as a float32 tensor.
+      EXPECT_NEAR(a.loss.item<float>(), b.loss.item<float>(), 1e-6) << "step " << step + 1;
+    }
+    EXPECT_EQ(graph_state.skipped_steps, 1);
+    EXPECT_EQ(eager_state.skipped_steps, graph_state.skipped_steps);
+    EXPECT_EQ(eager_parts.scaler->scale_value(), graph_parts.scaler->scale_value());
+    for (size_t i = 0; i < eager_parts.params.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(eager_parts.params[i], graph_parts.params[i], /*rtol=*/1e-6,
+                                  /*atol=*/1e-7))
+          << "parameter " << i << " differs by "
+          << (eager_parts.params[i] - graph_parts.params[i]).abs().max().item<float>();
+    }
+  }
 }
 
 TEST_F(EngineTest, ScalerStateResumesExactly) {

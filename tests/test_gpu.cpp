@@ -60,6 +60,23 @@ TEST(Gpu, TrainsOnCudaAndMatchesCpuClosely) {
   EXPECT_NEAR(gpu.last_eval.loss, cpu.last_eval.loss, 1e-2);
 }
 
+// A run with train.cuda_graph (3 eager steps, then replays of the captured step) trains as the
+// eager run: its losses within float32 rounding of the learning rate, the same skipped steps.
+TEST(GpuGraph, ReplayedStepsTrainAsEagerOnes) {
+  SKIP_WITHOUT_CUDA();
+  test_support::TempDir eager_dir("gpu"), graph_dir("gpu");
+  const std::vector<std::string> sets = {"optim.name=adamw", "optim.lr=0.01",
+                                         "train.clip_grad_norm=1"};
+  auto graph_sets = sets;
+  graph_sets.push_back("train.cuda_graph=true");
+  auto eager_cfg = synthetic_run(eager_dir.path(), "cuda", sets);
+  auto graph_cfg = synthetic_run(graph_dir.path(), "cuda", graph_sets);
+  Trainer eager(eager_cfg), graphed(graph_cfg);
+  const auto a = eager.fit(), b = graphed.fit();
+  EXPECT_EQ(b.steps, 16);
+  EXPECT_NEAR(a.last_eval.loss, b.last_eval.loss, 1e-3 * std::abs(a.last_eval.loss));
+}
+
 TEST(Gpu, DeterministicCudaRunsRepeat) {
   SKIP_WITHOUT_CUDA();
   test_support::TempDir a_dir("gpu"), b_dir("gpu");

@@ -135,6 +135,8 @@ struct TrainConfig {
   bool eval_at_end = true;             // evaluate after the last step when it was not just done
   int64_t max_bad_steps = 20;  // skip steps whose loss is inf/NaN; stop after this many in a row
                                // (0 = no per-step check: a bad loss stops the run when logged)
+  bool cuda_graph = false;     // capture the step in a CUDA graph after 3 eager steps and replay
+                               // it (one GPU process, batches of one shape, fused optimizer)
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -151,6 +153,7 @@ struct TrainConfig {
     v("loss", loss);
     v("eval_at_end", eval_at_end);
     v("max_bad_steps", max_bad_steps);
+    v("cuda_graph", cuda_graph);
   }
 };
 

@@ -892,6 +892,34 @@ void check_environment(const Config& c, const Environment& env, Checks& checks) 
   }
 }
 
+// train.cuda_graph: what a captured step cannot do.
+void check_cuda_graph(const Config& c, const Environment& env, Checks& checks) {
+  if (!c.train.cuda_graph) return;
+  const auto fail = [&](const std::string& why) { checks.add("train.cuda_graph", why); };
+  if (c.device == "cpu" || (c.device == "auto" && !env.cuda_available)) {
+    fail("needs a CUDA device (device: cuda); set train.cuda_graph: false");
+  }
+  if (c.optim.impl == "foreach" || c.optim.impl == "loop") {
+    fail(
+        "needs optim.impl fused (a captured step reads the learning rate and the skip decision "
+        "on the device; " +
+        c.optim.impl + " computes them on the host)");
+  }
+  if (c.model.checkpointing != "none") {
+    fail(
+        "cannot capture model.checkpointing (its recomputation sets the RNG state from the host); "
+        "set model.checkpointing: none");
+  }
+  if (!c.data.drop_last) {
+    fail("needs batches of one shape; set data.drop_last: true");
+  }
+  if (c.dist.find_unused_parameters || c.dist.reducer_at_world_size_1) {
+    fail(
+        "cannot capture DDP's reducer; set dist.find_unused_parameters and "
+        "dist.reducer_at_world_size_1 to false");
+  }
+}
+
 // Registry-keyed values ("model.name", ...) that name nothing registered.
 void check_names(const Config& c, const Environment& env, Checks& checks) {
   for (const auto& [key, names] : env.choices) {
@@ -970,6 +998,7 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   SectionChecker sections{top};
   c.visit(sections);
   check_environment(c, env, top);
+  check_cuda_graph(c, env, top);
   check_names(c, env, top);
   return without_repeats(std::move(issues));
 }

@@ -91,7 +91,7 @@ StepOutcome TrainStep::update(const torch::Tensor& loss) {
   const bool clip = train_.clip_grad_norm > 0;
   // A fused optimizer divides the gradients by the scale itself (as torch.amp does for
   // fused=True), unless clipping needs them unscaled before.
-  const bool kernel_unscales = p.scaler && p.optimizer->takes_scaling() && !clip;
+  const bool kernel_unscales = p.scaler && p.optimizer->takes_device_inputs() && !clip;
   torch::Tensor found_inf;
   if (p.scaler) {
     found_inf = kernel_unscales ? p.scaler->check(p.params) : p.scaler->unscale(p.params);
@@ -101,9 +101,9 @@ StepOutcome TrainStep::update(const torch::Tensor& loss) {
   StepOutcome out = flags_.finish(loss, found_inf, train_.max_bad_steps > 0);
   if (!out.skipped) {
     if (clip) optim::clip_grad_norm(p.params, train_.clip_grad_norm);
-    optim::Scaling scaling;
-    if (kernel_unscales) scaling.grad_scale = p.scaler->scale_tensor();
-    p.optimizer->step(p.schedule->lr(state_.updates()), scaling);
+    optim::KernelInputs device;
+    if (kernel_unscales) device.grad_scale = p.scaler->scale_tensor();
+    p.optimizer->step(p.schedule->lr(state_.updates()), device);
   } else {
     ++state_.skipped_steps;
   }

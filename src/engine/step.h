@@ -66,23 +66,34 @@ class StepFlags {
   std::optional<distributed::Pending> pending_;  // its all-reduce
 };
 
-// Runs training steps over the components, counting them in `state`.
-class TrainStep {
+// Runs training steps over the components, counting them in a TrainingState.
+class Stepper {
  public:
-  TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state);
+  virtual ~Stepper() = default;
 
   // One step over `micro_batches`: forward (under autocast) and backward of each, gradients
   // accumulating (with DDP: averaged over the ranks on the last), then the update with this
-  // step's learning rate unless a gradient (with a scaler) or the loss is inf/NaN. Clears the
-  // gradients first. `observer` (may be null) is told where each phase begins. Every rank of a
-  // group must call this, in the same order: it runs DDP's all-reduces and the flags'.
-  StepOutcome run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
-                  StepObserver* observer);
+  // step's learning rate unless a gradient (with a scaler) or the loss is inf/NaN. `observer`
+  // (may be null) is told where each phase begins. Every rank of a group must call this, in the
+  // same order: it runs DDP's all-reduces and the flags'.
+  virtual StepOutcome run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+                          StepObserver* observer) = 0;
+};
 
- private:
-  // Forward and backward of each micro-batch; returns the mean loss, a device scalar.
+// The step that dispatches each of its operators (the other: GraphedStep, engine/graphed_step.h).
+class TrainStep final : public Stepper {
+ public:
+  TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state);
+
+  StepOutcome run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+                  StepObserver* observer) override;
+
+  // Clears the gradients, then forward and backward of each micro-batch; returns the mean loss,
+  // a device scalar. Reads nothing to the host (a group's flags are only started).
   torch::Tensor forward_backward(const std::vector<data::Batch>& micro_batches, bool stop_requested,
                                  StepObserver* observer);
+
+ private:
   // Unscale, decide, clip and update.
   StepOutcome update(const torch::Tensor& loss);
 

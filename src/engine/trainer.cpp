@@ -6,6 +6,7 @@
 
 #include "engine/batches.h"
 #include "engine/components.h"
+#include "engine/graphed_step.h"
 #include "engine/metrics.h"
 #include "engine/probes.h"
 #include "util/device.h"
@@ -20,8 +21,20 @@ struct Trainer::State {
         job(j),
         parts(build_components(loaded, job)),
         checkpointer(loaded, parts, state, job),
-        step(parts, loaded.cfg.train, state) {
+        step(make_stepper(parts, loaded.cfg.train, state)) {
     state.window_loss = torch::zeros({}, torch::TensorOptions().device(parts.device));
+  }
+
+  // The step that dispatches its operators, or (train.cuda_graph) the one that replays them.
+  static std::unique_ptr<Stepper> make_stepper(Components& parts, const config::TrainConfig& train,
+                                               TrainingState& state) {
+    if (!train.cuda_graph) return std::make_unique<TrainStep>(parts, train, state);
+    if (parts.world_size() > 1) {
+      throw std::runtime_error("train.cuda_graph: a job of " + std::to_string(parts.world_size()) +
+                               " processes; a captured step runs in one (DDP's all-reduces are "
+                               "not captured), set train.cuda_graph: false");
+    }
+    return std::make_unique<GraphedStep>(parts, train, state, cuda_graph(parts.device));
   }
 
   const config::LoadedConfig loaded;  // held by value: the caller's copy may go away first
@@ -29,7 +42,7 @@ struct Trainer::State {
   Components parts;
   TrainingState state;
   Checkpointer checkpointer;
-  TrainStep step;
+  std::unique_ptr<Stepper> step;
 };
 
 namespace {
@@ -129,7 +142,7 @@ class Run {
     const bool stop_requested = stop_ && stop_->load();
     try {
       log_.begin_step();
-      const StepOutcome outcome = s_.step.run(micro_batches, stop_requested, nullptr);
+      const StepOutcome outcome = s_.step->run(micro_batches, stop_requested, nullptr);
       log_.end_step();
       return outcome;
     } catch (const c10::OutOfMemoryError& e) {
@@ -244,7 +257,7 @@ void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch)
       }
     }
     const auto& micro = fixed_batch ? fixed : batches.next();
-    const auto outcome = s_->step.run(micro, /*stop_requested=*/false, &observer);
+    const auto outcome = s_->step->run(micro, /*stop_requested=*/false, &observer);
     ++s_->state.step_in_epoch;
     observer.end_step(outcome.loss);
   }

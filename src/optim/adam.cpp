@@ -65,14 +65,14 @@ class Adam final : public Optimizer {
     device_steps_.resize(n);
   }
 
-  void step(double lr, const Scaling& scaling) override {
+  void step(double lr, const KernelInputs& device) override {
     torch::NoGradGuard no_grad;
     for (const auto& group : groups_) {
       const auto members = with_grad(group);
       if (members.empty()) continue;
       for (size_t i : members) init_state(i);
       if (impl_ == Impl::fused) {
-        fused_step(members, group.weight_decay, lr, scaling);
+        fused_step(members, group.weight_decay, lr, device);
       } else if (impl_ == Impl::foreach) {
         foreach_step(members, group.weight_decay, lr);
       } else {
@@ -97,6 +97,10 @@ class Adam final : public Optimizer {
   void load_state(const std::map<std::string, torch::Tensor>& state) override;
 
   int state_copies() const override { return o_.amsgrad ? 3 : 2; }
+
+  void prepare_state() override {
+    for (size_t i = 0; i < params_.size(); ++i) init_state(i);
+  }
 
  private:
   // Zero moments and step 0 for a parameter's first step.
@@ -176,35 +180,30 @@ class Adam final : public Optimizer {
   // at::_fused_adam(w)_: one kernel for every member, the step counts on the device (skipped
   // steps, found_inf, leave them as they were).
   void fused_step(const std::vector<size_t>& members, double weight_decay, double lr,
-                  const Scaling& scaling) {
+                  const KernelInputs& device) {
     const auto steps = pick(device_steps_, members);
     at::_foreach_add_(steps, 1.0);
-    const auto max_sqs = o_.amsgrad ? pick(max_exp_avg_sq_, members) : std::vector<torch::Tensor>{};
-    const auto kernel = decoupled_ ? &fused_adamw : &fused_adam;
-    kernel(pick(params_, members), grads(members), pick(exp_avg_, members),
-           pick(exp_avg_sq_, members), max_sqs, steps, lr, o_.betas[0], o_.betas[1], weight_decay,
-           o_.eps, o_.amsgrad, maybe(scaling.grad_scale), maybe(scaling.found_inf));
-    if (scaling.found_inf.defined()) {
-      at::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), scaling.found_inf));
+    const auto params = pick(params_, members), g = grads(members);
+    const auto m = pick(exp_avg_, members), v = pick(exp_avg_sq_, members);
+    const auto vmax = o_.amsgrad ? pick(max_exp_avg_sq_, members) : std::vector<torch::Tensor>{};
+    const auto scale = maybe(device.grad_scale), found_inf = maybe(device.found_inf);
+    // The learning rate as a double, or as a device tensor (the kernels' tensor_lr overloads).
+    const auto kernel = [&](const auto& rate) {
+      if (decoupled_) {
+        at::_fused_adamw_(params, g, m, v, vmax, steps, rate, o_.betas[0], o_.betas[1],
+                          weight_decay, o_.eps, o_.amsgrad, /*maximize=*/false, scale, found_inf);
+      } else {
+        at::_fused_adam_(params, g, m, v, vmax, steps, rate, o_.betas[0], o_.betas[1], weight_decay,
+                         o_.eps, o_.amsgrad, /*maximize=*/false, scale, found_inf);
+      }
+    };
+    if (device.lr.defined()) {
+      kernel(device.lr);
+    } else {
+      kernel(lr);
     }
+    if (found_inf) at::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), *found_inf));
     for (size_t i : members) ++steps_[i];
-  }
-
-  static void fused_adam(at::TensorList p, at::TensorList g, at::TensorList m, at::TensorList v,
-                         at::TensorList vmax, at::TensorList steps, double lr, double beta1,
-                         double beta2, double wd, double eps, bool amsgrad,
-                         const std::optional<at::Tensor>& scale,
-                         const std::optional<at::Tensor>& found_inf) {
-    at::_fused_adam_(p, g, m, v, vmax, steps, lr, beta1, beta2, wd, eps, amsgrad,
-                     /*maximize=*/false, scale, found_inf);
-  }
-  static void fused_adamw(at::TensorList p, at::TensorList g, at::TensorList m, at::TensorList v,
-                          at::TensorList vmax, at::TensorList steps, double lr, double beta1,
-                          double beta2, double wd, double eps, bool amsgrad,
-                          const std::optional<at::Tensor>& scale,
-                          const std::optional<at::Tensor>& found_inf) {
-    at::_fused_adamw_(p, g, m, v, vmax, steps, lr, beta1, beta2, wd, eps, amsgrad,
-                      /*maximize=*/false, scale, found_inf);
   }
 
   AdamOptions o_;

@@ -39,11 +39,12 @@ enum class Impl { fused, foreach, loop };
 // "fused", "foreach" or "loop".
 const char* impl_name(Impl impl);
 
-// What a gradient scaler leaves for a fused step to do (torch.amp.GradScaler's fused path).
-struct Scaling {
-  torch::Tensor grad_scale;  // the gradients are still multiplied by this float32 device scalar;
-                             // undefined when they are unscaled already
-  torch::Tensor found_inf;   // float32 device scalar: 1 makes the step skip itself on the device
+// What a fused step takes from the device instead of the host (torch.amp.GradScaler's fused path,
+// and a step captured in a CUDA graph, engine/graphed_step.h). Undefined tensors are not given.
+struct KernelInputs {
+  torch::Tensor grad_scale;  // the gradients are still multiplied by this float32 scalar
+  torch::Tensor found_inf;   // float32 scalar: 1 makes the step skip itself
+  torch::Tensor lr;          // float32 scalar: the learning rate, read when the kernel runs
 };
 
 class Optimizer {
@@ -51,12 +52,13 @@ class Optimizer {
   virtual ~Optimizer() = default;
 
   // Updates every parameter that has a gradient, at learning rate `lr` (weight decay applies to
-  // the decay group only). `scaling` may be non-empty only when takes_scaling(). Nothing waits
-  // for the device.
-  virtual void step(double lr, const Scaling& scaling = {}) = 0;
+  // the decay group only) or `device.lr` when defined. `device` may be non-empty only when
+  // takes_device_inputs(). Nothing waits for the device.
+  virtual void step(double lr, const KernelInputs& device = {}) = 0;
 
-  // Whether step() unscales the gradients and skips on found_inf itself (the fused kernels).
-  bool takes_scaling() const { return impl_ == Impl::fused; }
+  // Whether step() takes KernelInputs: the fused kernels unscale, skip on found_inf and read the
+  // learning rate on the device.
+  bool takes_device_inputs() const { return impl_ == Impl::fused; }
   Impl impl() const { return impl_; }
 
   // The per-parameter state as tensors named "<parameter name>.<field>" (sgd: momentum_buffer;
@@ -71,6 +73,11 @@ class Optimizer {
   // Tensors of state a stepped parameter has, each of the parameter's size (sgd with momentum 1,
   // adam 2): what a memory estimate multiplies the parameter bytes by.
   virtual int state_copies() const = 0;
+
+  // Creates the state every parameter lacks as its first step would find it (zero momentum,
+  // zero moments at step 0), so that a step captured in a CUDA graph allocates none and takes no
+  // first-step path. The updates are the same as without.
+  virtual void prepare_state() = 0;
 
  protected:
   // The parameters of a step: one group per weight decay and dtype (a fused kernel takes one

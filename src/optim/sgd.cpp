@@ -38,12 +38,12 @@ class Sgd final : public Optimizer {
     buffers_.resize(params_.size());
   }
 
-  void step(double lr, const Scaling& scaling) override {
+  void step(double lr, const KernelInputs& device) override {
     for (const auto& group : groups_) {
       const auto members = with_grad(group);
       if (members.empty()) continue;
       if (impl_ == Impl::fused) {
-        fused_step(members, group.weight_decay, lr, scaling);
+        fused_step(members, group.weight_decay, lr, device);
       } else if (impl_ == Impl::foreach) {
         foreach_step(members, group.weight_decay, lr);
       } else {
@@ -67,6 +67,14 @@ class Sgd final : public Optimizer {
   }
 
   int state_copies() const override { return o_.momentum > 0.0 ? 1 : 0; }
+
+  // momentum * 0 + g is g: a zero buffer steps as the first step's copy of g does.
+  void prepare_state() override {
+    if (o_.momentum == 0.0) return;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!buffers_[i].defined()) buffers_[i] = torch::zeros_like(params_[i]);
+    }
+  }
 
  private:
   // torch.optim.SGD's single-tensor update of parameter i.
@@ -132,27 +140,33 @@ class Sgd final : public Optimizer {
   // at::_fused_sgd_: one kernel for every member. With momentum, members without a buffer yet
   // start theirs from the gradient (is_first_step) in a call of their own.
   void fused_step(const std::vector<size_t>& members, double weight_decay, double lr,
-                  const Scaling& scaling) {
+                  const KernelInputs& device) {
     if (o_.momentum == 0.0) {
-      fused_call(members, {}, weight_decay, lr, /*first=*/false, scaling);
+      fused_call(members, {}, weight_decay, lr, /*first=*/false, device);
       return;
     }
     std::vector<size_t> fresh, stepped;
     for (size_t i : members) (buffers_[i].defined() ? stepped : fresh).push_back(i);
     for (size_t i : fresh) buffers_[i] = torch::empty_like(params_[i]);
     if (!fresh.empty()) {
-      fused_call(fresh, pick(buffers_, fresh), weight_decay, lr, /*first=*/true, scaling);
+      fused_call(fresh, pick(buffers_, fresh), weight_decay, lr, /*first=*/true, device);
     }
     if (!stepped.empty()) {
-      fused_call(stepped, pick(buffers_, stepped), weight_decay, lr, /*first=*/false, scaling);
+      fused_call(stepped, pick(buffers_, stepped), weight_decay, lr, /*first=*/false, device);
     }
   }
 
   void fused_call(const std::vector<size_t>& members, const std::vector<torch::Tensor>& bufs,
-                  double weight_decay, double lr, bool first, const Scaling& scaling) {
-    at::_fused_sgd_(pick(params_, members), grads(members), bufs, weight_decay, o_.momentum, lr,
-                    /*dampening=*/0.0, o_.nesterov, /*maximize=*/false, /*is_first_step=*/first,
-                    maybe(scaling.grad_scale), maybe(scaling.found_inf));
+                  double weight_decay, double lr, bool first, const KernelInputs& device) {
+    const auto params = pick(params_, members), g = grads(members);
+    const auto scale = maybe(device.grad_scale), found_inf = maybe(device.found_inf);
+    if (device.lr.defined()) {  // read on the device (the tensor_lr overload)
+      at::_fused_sgd_(params, g, bufs, weight_decay, o_.momentum, device.lr, /*dampening=*/0.0,
+                      o_.nesterov, /*maximize=*/false, /*is_first_step=*/first, scale, found_inf);
+    } else {
+      at::_fused_sgd_(params, g, bufs, weight_decay, o_.momentum, lr, /*dampening=*/0.0,
+                      o_.nesterov, /*maximize=*/false, /*is_first_step=*/first, scale, found_inf);
+    }
   }
 
   SgdOptions o_;
