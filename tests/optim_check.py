@@ -4,7 +4,7 @@
   optim_check.py OPTIM_TOOL
 
 For sgd (momentum, Nesterov, none), adam and adamw (with and without amsgrad, with weight decay
-on the 2-D parameters only, as the trainer groups them), and adamw after gradient clipping: 50
+on the 2-D parameters only, as the trainer groups them), and adamw and sgd after gradient clipping: 50
 steps on random gradients with a learning rate that changes every step, by each of the trainer's
 implementations (optim.impl fused, foreach, loop) and by torch.optim with fused=True,
 foreach=True and the single-tensor path (foreach=False). The parameters after the last step must
@@ -43,6 +43,8 @@ CASES = [
     ("adamw", torch.optim.AdamW, {"weight_decay": "0.05", "amsgrad": "true"},
      {"weight_decay": 0.05, "amsgrad": True}, 0.0),
     ("adamw", torch.optim.AdamW, {"weight_decay": "0.05"}, {"weight_decay": 0.05}, 0.5),
+    ("sgd", torch.optim.SGD, {"momentum": "0.9", "weight_decay": "0.01"},
+     {"momentum": 0.9, "weight_decay": 0.01}, 1.0),
 ]
 IMPLS = [("fused", {"fused": True}), ("foreach", {"foreach": True}), ("loop", {"foreach": False})]
 

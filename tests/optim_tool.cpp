@@ -5,7 +5,8 @@
 // IN holds the initial parameters "p.<i>" (2-D ones decayed, 1-D ones not, as the trainer splits
 // a model's), their gradients "g.<step>.<i>" and the learning rate of each step "lr" ([steps],
 // float64). KEY=VALUE sets optim keys (weight_decay, momentum, nesterov, betas=a,b, eps, amsgrad)
-// and clip=X clips the gradients to global norm X before each step. Writes the parameters after
+// and clip=X clips the gradients to global norm X before each step as the engine does (a fused
+// implementation divides by the clipping factor in its kernel). Writes the parameters after
 // the last step to OUT as "p.<i>". Exit 1 with a message on any problem.
 #include <torch/torch.h>
 
@@ -68,8 +69,9 @@ int run(int argc, char** argv) {
       params[i].mutable_grad() =
           t.at("g." + std::to_string(step) + "." + std::to_string(i)).clone();
     }
-    if (clip > 0) optim::clip_grad_norm(params, clip);
-    optimizer->step(lrs[step].item<double>());
+    optim::KernelInputs inputs;
+    if (clip > 0) optim::clip_for_step(*optimizer, params, clip, inputs);
+    optimizer->step(lrs[step].item<double>(), inputs);
   }
   checkpoint::NamedTensors out;
   for (size_t i = 0; i < params.size(); ++i) {

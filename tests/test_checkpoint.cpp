@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -84,6 +85,51 @@ TEST(SafetensorsTest, MalformedFilesAreFormatErrors) {
   EXPECT_THROW(to_bytes({{"a", torch::ones(1)}, {"a", torch::ones(1)}}), std::invalid_argument);
 }
 
+// A file of the given header (JSON) and `data` bytes after it.
+std::vector<uint8_t> with_header(const std::string& json, size_t data = 0) {
+  std::vector<uint8_t> out(8);
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(json.size() >> (8 * i));
+  out.insert(out.end(), json.begin(), json.end());
+  out.resize(out.size() + data);
+  return out;
+}
+
+// Crafted headers name the file and the field; nothing is allocated for sizes the file does not
+// hold, even when the file claims 100 GB (sparse).
+TEST(SafetensorsTest, CraftedHeadersNameTheFieldAndAllocateNothing) {
+  test_support::TempDir tmp("st");
+  auto error_of = [&](const std::vector<uint8_t>& bytes, uint64_t extend_to = 0) -> std::string {
+    const std::string path = (tmp.path() / "w.safetensors").string();
+    write_text_atomically(path, std::string(bytes.begin(), bytes.end()));
+    if (extend_to > 0) fs::resize_file(path, extend_to);
+    try {
+      read_safetensors(path);
+    } catch (const FormatError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string f32 = R"("dtype":"F32",)";
+  EXPECT_NE(error_of(with_header(R"({"a":{)" + f32 + R"("shape":[4],"data_offsets":"0"}})", 16))
+                .find("w.safetensors: not a valid safetensors file: tensor 'a' has data_offsets"),
+            std::string::npos);
+  EXPECT_NE(error_of(with_header(R"({"a":{)" + f32 + R"("shape":[4],"data_offsets":[]}})", 16))
+                .find("tensor 'a' has data_offsets []"),
+            std::string::npos);
+  EXPECT_NE(error_of(with_header(R"({"a":{)" + f32 + R"("shape":"4","data_offsets":[0,16]}})", 16))
+                .find("tensor 'a' has shape \"4\""),
+            std::string::npos);
+  EXPECT_NE(error_of(with_header(R"({"a":{)" + f32 +
+                                     R"("shape":[4294967296,4294967296],"data_offsets":[0,16]}})",
+                                 16))
+                .find("an overflowing number of bytes"),
+            std::string::npos);
+  // 100 GB, of which the header accounts for 16 bytes: rejected from the header alone.
+  const auto sparse = error_of(
+      with_header(R"({"a":{)" + f32 + R"("shape":[4],"data_offsets":[0,16]}})", 16), 100ull << 30);
+  EXPECT_NE(sparse.find("bytes after the last tensor"), std::string::npos) << sparse;
+}
+
 class DirectoryTest : public ::testing::Test {
  protected:
   State state(int64_t step) const {
@@ -148,8 +194,68 @@ TEST_F(DirectoryTest, FallsBackWhenTheNewestIsTruncatedOrFlipped) {
   } catch (const CorruptCheckpoint& e) {
     EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
   }
+  // None verifies: an error naming every file, not "no checkpoint".
   fs::remove(tmp_ / "checkpoints" / "step_00000001.safetensors");
-  EXPECT_FALSE(d.load_latest().has_value());
+  try {
+    d.load_latest();
+    ADD_FAILURE() << "no CorruptCheckpoint";
+  } catch (const CorruptCheckpoint& e) {
+    const std::string what = e.what();
+    for (const char* name : {"step_00000001", "step_00000002", "step_00000003"}) {
+      EXPECT_NE(what.find(name), std::string::npos) << what;
+    }
+  }
+  EXPECT_FALSE(Directory((tmp_ / "empty").string(), 3, "").load_latest().has_value());
+}
+
+// JSON has no inf or NaN: such a metric is left out of the entry, the manifest stays readable.
+TEST_F(DirectoryTest, NonFiniteMetricsStayOutOfTheManifest) {
+  Directory d(dir(), 3, "loss");
+  d.save(1, state(1), {{"loss", NAN}, {"top1", 0.5}});
+  d.save(2, state(2), {{"loss", INFINITY}});
+  const auto text = read_bytes((tmp_ / "checkpoints" / "manifest.json").string());
+  const auto manifest = nlohmann::json::parse(text.begin(), text.end());
+  EXPECT_EQ(manifest["checkpoints"].size(), 2u);
+  const auto entries = d.entries();
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].metrics, (std::map<std::string, double>{{"top1", 0.5}}));
+  EXPECT_TRUE(entries[1].metrics.empty());
+}
+
+// A manifest that cannot be read does not mean "no checkpoints": the files are used, and the next
+// save lists them again (the older ones are kept, not dropped).
+TEST_F(DirectoryTest, AnUnreadableManifestFallsBackToTheFiles) {
+  Directory d(dir(), 3, "");
+  for (int64_t step : {1, 2, 3}) d.save(step, state(step), {});
+  write_text_atomically((tmp_ / "checkpoints" / "manifest.json").string(), "{\"checkpoints\": [nu");
+  auto latest = d.load_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->second.meta["step"], 3);
+  d.save(4, state(4), {});
+  std::vector<int64_t> steps;
+  for (const auto& e : d.entries()) steps.push_back(e.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_FALSE(fs::exists(tmp_ / "checkpoints" / "step_00000001.safetensors"));
+}
+
+// A whole checkpoint the manifest does not list (its writer was killed before the manifest) is
+// entered and pruned as the listed ones are; a file that is not a checkpoint is left alone.
+TEST_F(DirectoryTest, UnlistedCheckpointsAreAdoptedAndPruned) {
+  Directory other((tmp_ / "other").string(), 3, "");
+  const std::string written = other.save(2, state(2), {});
+  Directory d(dir(), 2, "");
+  d.save(1, state(1), {});
+  fs::copy_file(written, tmp_ / "checkpoints" / "step_00000002.safetensors");
+  std::ofstream(tmp_ / "checkpoints" / "step_00000009.safetensors") << "not a checkpoint";
+  auto latest = d.load_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->second.meta["step"], 2);
+  for (int64_t step : {3, 4}) d.save(step, state(step), {});
+  EXPECT_FALSE(fs::exists(tmp_ / "checkpoints" / "step_00000002.safetensors"));
+  EXPECT_TRUE(fs::exists(tmp_ / "checkpoints" / "step_00000009.safetensors"));
+  std::vector<int64_t> steps;
+  for (const auto& e : d.entries()) steps.push_back(e.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 4}));
 }
 
 TEST_F(DirectoryTest, AFailedWriteLeavesThePreviousCheckpoint) {

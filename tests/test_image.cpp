@@ -61,6 +61,59 @@ TEST(ImageDecodeTest, PngRoundTripIsExact) {
   EXPECT_EQ(img.rgb, rgb);
 }
 
+// `bytes` with the size in its header replaced: a PNG's IHDR (with its CRC recomputed, so that
+// only the size is wrong) or a JPEG's SOF0 segment.
+std::vector<uint8_t> with_header_size(std::vector<uint8_t> bytes, uint32_t width, uint32_t height) {
+  auto put32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<uint8_t>(v >> (24 - 8 * i));
+  };
+  if (bytes[0] == 0x89) {  // PNG: length(4) "IHDR" width(4) height(4) ... crc over type + data
+    put32(16, width);
+    put32(20, height);
+    uint32_t crc = 0xFFFFFFFFu;  // CRC-32 as PNG computes it
+    for (size_t i = 12; i < 29; ++i) {
+      crc ^= bytes[i];
+      for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    }
+    put32(29, crc ^ 0xFFFFFFFFu);
+    return bytes;
+  }
+  for (size_t i = 2; i + 9 < bytes.size(); ++i) {  // FF C0: length(2) precision(1) h(2) w(2)
+    if (bytes[i] == 0xFF && bytes[i + 1] == 0xC0) {
+      bytes[i + 5] = static_cast<uint8_t>(height >> 8);
+      bytes[i + 6] = static_cast<uint8_t>(height);
+      bytes[i + 7] = static_cast<uint8_t>(width >> 8);
+      bytes[i + 8] = static_cast<uint8_t>(width);
+      return bytes;
+    }
+  }
+  ADD_FAILURE() << "no SOF0 segment";
+  return bytes;
+}
+
+// Headers that claim more pixels than the limit (Pillow's, by default) are rejected before any
+// allocation; so is a JPEG whose data is far shorter than its header claims.
+TEST(ImageDecodeTest, DecompressionBombsAndShortDataAreRejected) {
+  const auto png = with_header_size(encode_png(ramp_image(16, 16), 16, 16), 30000, 30000);
+  const auto jpeg = with_header_size(encode_jpeg(ramp_image(16, 16), 16, 16), 20000, 20000);
+  for (const auto* bytes : {&png, &jpeg}) {
+    const std::string e = error_of(*bytes);
+    EXPECT_NE(e.find("is more than data.max_image_pixels (89478485)"), std::string::npos) << e;
+    int64_t w = 0, h = 0;
+    EXPECT_THROW(image_size(*bytes, "x", w, h), DataError);
+  }
+  // Below the limit the size is believed, but the missing data is an error, not grey pixels.
+  const auto short_jpeg = with_header_size(encode_jpeg(ramp_image(16, 16), 16, 16), 4000, 4000);
+  Rect region{0, 0, 4000, 4000};
+  EXPECT_THROW(decode_image(short_jpeg, "x.jpg", region, /*min_side=*/0), DataError);
+  const auto short_png = with_header_size(encode_png(ramp_image(16, 16), 16, 16), 4000, 4000);
+  EXPECT_THROW(decode_image(short_png, "x.png", region, /*min_side=*/0), DataError);
+  // A limit of its own: the genuine 16 x 16 image passes 256, not 255.
+  const auto small = encode_png(ramp_image(16, 16), 16, 16);
+  EXPECT_NO_THROW(decode_image(small, "x.png", region, /*min_side=*/0, /*max_pixels=*/256));
+  EXPECT_THROW(decode_image(small, "x.png", region, /*min_side=*/0, /*max_pixels=*/255), DataError);
+}
+
 TEST(ImageDecodeTest, ImageSizeFromHeader) {
   int64_t w = 0, h = 0;
   image_size(encode_jpeg(ramp_image(40, 30), 40, 30), "a.jpg", w, h);

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -45,10 +47,22 @@ std::string base_of(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-std::vector<Entry> read_manifest(const std::string& dir) {
+// A manifest entry's metrics: numbers only (a metric that is not one is left out).
+std::map<std::string, double> read_metrics(const nlohmann::json& j) {
+  std::map<std::string, double> out;
+  if (!j.is_object()) return out;
+  for (const auto& [name, value] : j.items()) {
+    if (value.is_number()) out[name] = value.get<double>();
+  }
+  return out;
+}
+
+// The manifest's entries, oldest first; nullopt when there is none or it cannot be read (with a
+// warning naming it).
+std::optional<std::vector<Entry>> read_manifest(const std::string& dir) {
   const std::string path = dir + "/" + kManifest;
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
   std::vector<Entry> out;
   try {
     const auto bytes = read_bytes(path);
@@ -59,16 +73,27 @@ std::vector<Entry> read_manifest(const std::string& dir) {
       entry.step = e.at("step").get<int64_t>();
       entry.bytes = e.at("bytes").get<uint64_t>();
       entry.xxh64 = e.at("xxh64").get<std::string>();
-      if (e.contains("metrics")) entry.metrics = e["metrics"].get<std::map<std::string, double>>();
+      if (e.contains("metrics")) entry.metrics = read_metrics(e["metrics"]);
       out.push_back(std::move(entry));
     }
   } catch (const std::exception& e) {
-    // The manifest is written atomically, so this means it was edited or damaged by hand.
-    log::warn(path + ": unreadable manifest (" + e.what() + "); ignoring it");
-    return {};
+    log::warn(path + ": unreadable manifest (" + e.what() +
+              "); using the checkpoint files beside it instead");
+    return std::nullopt;
   }
   std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step < b.step; });
   return out;
+}
+
+// The step of a checkpoint file name (step_00001234.safetensors), or -1.
+int64_t step_of(const std::string& name) {
+  int64_t step = -1;
+  int used = 0;
+  if (std::sscanf(name.c_str(), "step_%" SCNd64 ".safetensors%n", &step, &used) != 1 ||
+      static_cast<size_t>(used) != name.size() || name != file_name(step)) {
+    return -1;
+  }
+  return step;
 }
 
 State parse(const std::vector<uint8_t>& bytes, const std::string& path) {
@@ -138,14 +163,49 @@ void Directory::remove_stale_temporaries() const {
 }
 
 std::vector<Entry> Directory::entries() const {
-  return read_manifest(dir_);
+  auto listed = read_manifest(dir_);
+  std::vector<Entry> all = listed ? std::move(*listed) : std::vector<Entry>{};
+  std::set<std::string> known;
+  for (const auto& e : all) known.insert(e.file);
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(dir_.c_str()), &::closedir);
+  if (!dir) return all;
+  std::vector<std::string> unlisted;
+  while (const dirent* e = ::readdir(dir.get())) {
+    if (step_of(e->d_name) >= 0 && !known.count(e->d_name)) unlisted.emplace_back(e->d_name);
+  }
+  for (const auto& name : unlisted) {
+    if (auto entry = adopt(name)) all.push_back(std::move(*entry));
+  }
+  std::sort(all.begin(), all.end(), [](const Entry& a, const Entry& b) { return a.step < b.step; });
+  return all;
+}
+
+std::optional<Entry> Directory::adopt(const std::string& name) const {
+  const std::string path = dir_ + "/" + name;
+  try {
+    const auto bytes = read_bytes(path);
+    parse(bytes, path);  // throws unless it is a whole trainer checkpoint
+    Entry entry;
+    entry.file = name;
+    entry.step = step_of(name);
+    entry.bytes = bytes.size();
+    entry.xxh64 = xxh64_hex(bytes);
+    return entry;
+  } catch (const std::exception& e) {
+    log::warn(std::string(e.what()) + "; not a usable checkpoint, left as it is");
+    return std::nullopt;
+  }
 }
 
 void Directory::write_manifest(const std::vector<Entry>& entries) const {
   nlohmann::json list = nlohmann::json::array();
   for (const auto& e : entries) {
     nlohmann::json j = {{"file", e.file}, {"step", e.step}, {"bytes", e.bytes}, {"xxh64", e.xxh64}};
-    if (!e.metrics.empty()) j["metrics"] = e.metrics;
+    nlohmann::json metrics = nlohmann::json::object();
+    for (const auto& [name, value] : e.metrics) {
+      if (std::isfinite(value)) metrics[name] = value;  // JSON has no inf or NaN
+    }
+    if (!metrics.empty()) j["metrics"] = std::move(metrics);
     list.push_back(std::move(j));
   }
   const nlohmann::json manifest = {{"format", kFormat}, {"checkpoints", list}};
@@ -184,7 +244,7 @@ std::string Directory::save(int64_t step, const State& state,
 
   // The manifest: the new entry replaces any of the same step, then pruning.
   std::vector<Entry> all;
-  for (auto& e : read_manifest(dir_)) {
+  for (auto& e : entries()) {
     if (e.step != step) all.push_back(std::move(e));
   }
   all.push_back(entry);
@@ -214,20 +274,26 @@ std::string Directory::save(int64_t step, const State& state,
 }
 
 std::optional<std::pair<std::string, State>> Directory::load_latest() const {
-  const auto all = read_manifest(dir_);
+  const auto all = entries();
+  std::vector<std::string> failures;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const std::string path = dir_ + "/" + it->file;
     try {
       return std::make_pair(path, load_verified(path, &*it));
     } catch (const CorruptCheckpoint& e) {
       log::warn(std::string(e.what()) + "; trying the previous checkpoint");
+      failures.emplace_back(e.what());
     }
   }
-  return std::nullopt;
+  if (all.empty()) return std::nullopt;
+  std::string msg;
+  for (const auto& f : failures) msg += (msg.empty() ? "" : "; ") + f;
+  throw CorruptCheckpoint("no checkpoint in " + dir_ + " verifies: " + msg +
+                          " (move them away and rerun, or start over with run.overwrite: true)");
 }
 
 State load(const std::string& path) {
-  for (const auto& e : read_manifest(dir_of(path))) {
+  for (const auto& e : read_manifest(dir_of(path)).value_or(std::vector<Entry>{})) {
     if (e.file == base_of(path)) return load_verified(path, &e);
   }
   log::warn(path + ": not listed in a manifest beside it; its checksum cannot be verified");

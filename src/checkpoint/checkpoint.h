@@ -48,18 +48,24 @@ class Directory {
 
   const std::string& path() const { return dir_; }
 
-  // Writes the checkpoint of `step` and the manifest, then removes checkpoints no longer kept.
+  // Writes the checkpoint of `step` and the manifest, then removes checkpoints no longer kept
+  // (unlisted checkpoint files too, by the same rule).
   // Throws IoError (util/fileio.h) when writing fails; the previous checkpoints stay intact.
   std::string save(int64_t step, const State& state, const std::map<std::string, double>& metrics);
 
-  // The manifest's entries, oldest first; empty when there is no manifest.
+  // The checkpoints, oldest first: the manifest's entries, plus every checkpoint file it does not
+  // list (left by a process killed between writing the file and the manifest; every file when
+  // the manifest cannot be read), entered with its checksum once it parses as a whole trainer
+  // checkpoint. Reads each unlisted file once.
   std::vector<Entry> entries() const;
 
   // The newest checkpoint that loads and verifies, with its path. Corrupt ones are skipped with
-  // a warning naming them. nullopt when there is none.
+  // a warning naming them; nullopt when there is none. Throws CorruptCheckpoint naming every
+  // file when there are checkpoints and none verifies.
   std::optional<std::pair<std::string, State>> load_latest() const;
 
  private:
+  std::optional<Entry> adopt(const std::string& name) const;
   void write_manifest(const std::vector<Entry>& entries) const;
   void remove_stale_temporaries() const;
 

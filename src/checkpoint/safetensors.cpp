@@ -169,16 +169,24 @@ std::optional<uint64_t> byte_size(const TensorEntry& t) {
 
 }  // namespace
 
-SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& name) {
-  const Fail fail = [&](const std::string& why) {
-    return FormatError(name + ": not a valid safetensors file: " + why);
-  };
-  const Header header = parse_header(bytes, fail);
-  SafetensorsFile out;
+namespace {
+
+// The header of a file of `file_size` bytes whose first bytes are `head`: its metadata and its
+// entries in file order, each checked to lie right after the one before, the last ending at the
+// end of the file.
+struct Layout {
+  std::map<std::string, std::string> metadata;
   std::vector<TensorEntry> entries;
+  uint64_t data_start = 0;
+};
+
+Layout layout_of(const std::vector<uint8_t>& head, uint64_t file_size, const Fail& fail) {
+  const Header header = parse_header(head, fail);
+  Layout out;
+  out.data_start = 8 + header.length;
   for (auto it = header.json.begin(); it != header.json.end(); ++it) {
     if (it.key() != "__metadata__") {
-      entries.push_back(parse_entry(it.key(), *it, fail));
+      out.entries.push_back(parse_entry(it.key(), *it, fail));
       continue;
     }
     if (!it->is_object()) throw fail("__metadata__ is not an object");
@@ -187,13 +195,11 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
       out.metadata[m.key()] = m->get<std::string>();
     }
   }
-  // Tensors in file order: sorted by their start offset, each right after the one before.
-  std::sort(entries.begin(), entries.end(),
+  std::sort(out.entries.begin(), out.entries.end(),
             [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
-  const uint64_t data_size = bytes.size() - 8 - header.length;
-  const uint8_t* data = bytes.data() + 8 + header.length;
+  const uint64_t data_size = file_size - out.data_start;
   uint64_t expected = 0;
-  for (const auto& t : entries) {
+  for (const auto& t : out.entries) {
     const auto want = byte_size(t);
     if (!want || t.begin != expected || t.end < t.begin || t.end - t.begin != *want) {
       throw fail("tensor '" + t.key + "' has byte range [" + std::to_string(t.begin) + ", " +
@@ -205,9 +211,6 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
       throw fail("tensor '" + t.key + "' ends at byte " + std::to_string(t.end) + " of a " +
                  std::to_string(data_size) + "-byte data section (truncated?)");
     }
-    auto tensor = torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype));
-    if (*want > 0) std::memcpy(tensor.data_ptr(), data + t.begin, *want);
-    out.tensors.emplace_back(t.key, std::move(tensor));
     expected = t.end;
   }
   if (expected != data_size) {
@@ -216,8 +219,43 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
   return out;
 }
 
+Fail failing_as(const std::string& name) {
+  return [name](const std::string& why) {
+    return FormatError(name + ": not a valid safetensors file: " + why);
+  };
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& name) {
+  Layout layout = layout_of(bytes, bytes.size(), failing_as(name));
+  SafetensorsFile out;
+  out.metadata = std::move(layout.metadata);
+  const uint8_t* data = bytes.data() + layout.data_start;
+  for (const auto& t : layout.entries) {
+    auto tensor = torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype));
+    if (t.end > t.begin) std::memcpy(tensor.data_ptr(), data + t.begin, t.end - t.begin);
+    out.tensors.emplace_back(t.key, std::move(tensor));
+  }
+  return out;
+}
+
 SafetensorsFile read_safetensors(const std::string& path) {
   try {
+    // The header first: a file whose size its header does not account for is rejected before
+    // anything of its size is allocated.
+    const uint64_t size = file_size(path);
+    std::vector<uint8_t> head = read_prefix(path, 8);
+    if (head.size() == 8) {
+      uint64_t n = 0;
+      for (int i = 7; i >= 0; --i) n = (n << 8) | head[static_cast<size_t>(i)];
+      if (n > kMaxHeader || n > size - 8) {
+        throw failing_as(path)("header length " + std::to_string(n) + " does not fit in " +
+                               std::to_string(size) + " bytes (truncated?)");
+      }
+      head = read_prefix(path, 8 + n);
+    }
+    layout_of(head, size, failing_as(path));
     return parse_safetensors(read_bytes(path), path);
   } catch (const IoError& e) {
     throw FormatError(e.what());

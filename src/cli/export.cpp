@@ -37,16 +37,30 @@ int export_command(int argc, char** argv) {
   const auto path = args["checkpoint"].as<std::string>();
   const auto out = args["out"].as<std::string>();
   if (!fs::is_regular_file(path)) throw UsageError("--checkpoint: " + path + " is not a file");
+  std::error_code ec;
+  if (fs::equivalent(path, out, ec)) {
+    throw UsageError("--out " + out +
+                     " is the checkpoint itself; writing the weights there would "
+                     "replace the training checkpoint; choose another --out");
+  }
   const auto state = checkpoint::load(path);
   const auto weights = engine::model_weights(state);
-  const std::string model = state.meta.at("config").value("model.name", "?");
+  const auto& config = state.meta.contains("config") ? state.meta["config"] : nlohmann::json();
+  const auto& step = state.meta.contains("step") ? state.meta["step"] : nlohmann::json();
+  if (!config.is_object() || !config.contains("model.name") || !config["model.name"].is_string() ||
+      !step.is_number_integer() || weights.empty()) {
+    throw checkpoint::CorruptCheckpoint(
+        path +
+        ": not a checkpoint of this trainer (its metadata lacks the config's model.name "
+        "or the step, or it holds no model.* tensor)");
+  }
+  const std::string model = config["model.name"].get<std::string>();
   write_atomically(out, [&](const ByteSink& sink) {
     checkpoint::write_safetensors(
-        weights, {{"format", "pt"}, {"model", model}, {"step", state.meta.at("step").dump()}},
-        sink);
+        weights, {{"format", "pt"}, {"model", model}, {"step", step.dump()}}, sink);
   });
   std::cout << "wrote " << out << ": " << weights.size() << " tensors of " << model << " at step "
-            << state.meta.at("step").dump() << "\n";
+            << step.dump() << "\n";
   return 0;
 }
 

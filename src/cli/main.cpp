@@ -11,6 +11,7 @@
 // Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
 #include <c10/util/Exception.h>
 
+#include <csignal>
 #include <iostream>
 #include <string>
 
@@ -49,6 +50,9 @@ int dispatch(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past `ulimit -f` fails with EFBIG, a save failure with its message, instead of the
+  // signal ending the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return dispatch(argc, argv);
   } catch (const trainer::cli::UsageError& e) {

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -12,6 +13,7 @@
 #include "config/loader.h"
 #include "distributed/env.h"
 #include "engine/components.h"
+#include "engine/run_dir.h"
 #include "engine/trainer.h"
 #include "util/fileio.h"
 #include "util/format.h"
@@ -110,6 +112,9 @@ void log_result(const engine::FitResult& result, const engine::Trainer& engine) 
 }  // namespace
 
 int train_command(int argc, char** argv) {
+  // First: a stop request, even during start-up, ends training after a step, with a checkpoint.
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   auto options = train_options();
   const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
   if (args.count("help")) {
@@ -140,11 +145,13 @@ int train_command(int argc, char** argv) {
     std::cout << resolved << "\n" << engine.summary();
     return 0;
   }
-  start_run_dir(loaded, job, resolved, engine);
   // Restarted by the launcher: go on from the newest checkpoint.
-  if (!resume.empty() || job.restart_count > 0) engine.resume(resume.empty() ? "auto" : resume);
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  const bool resuming = !resume.empty() || job.restart_count > 0;
+  std::optional<engine::RunDir> run_dir;
+  if (job.rank == 0) run_dir.emplace(loaded, resuming);
+  if (resuming) engine.resume(resume.empty() ? "auto" : resume);
+  // Every check has passed: the run's files.
+  start_run_dir(loaded, job, resolved, engine);
   log_result(engine.fit(&g_stop_requested), engine);
   return 0;
 }

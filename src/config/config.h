@@ -27,6 +27,7 @@ struct RunConfig {
   int64_t threads = 0;                  // intra-op CPU threads; 0 = LibTorch's default
   std::string progress = "auto";  // progress bar: auto (when stderr is a terminal)|always|never
   bool tensorboard = true;        // also write the metrics as TensorBoard events to <dir>/tb/
+  bool overwrite = false;  // a fresh run into a used dir moves its contents aside (else refused)
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -43,6 +44,7 @@ struct RunConfig {
     v("threads", threads);
     v("progress", progress);
     v("tensorboard", tensorboard);
+    v("overwrite", overwrite);
   }
 };
 

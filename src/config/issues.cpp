@@ -1,6 +1,7 @@
 #include "config/issues.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "util/format.h"
 #include "util/strings.h"
@@ -47,11 +48,19 @@ void Checks::at_least(const std::string& key, int64_t v, int64_t min) {
 }
 
 void Checks::at_least(const std::string& key, double v, double min) {
-  if (!(v >= min)) add(key, "must be >= " + format_number(min) + ", got " + format_number(v));
+  if (std::isinf(v)) {
+    add(key, "must be a finite number, got " + format_number(v));
+  } else if (!(v >= min)) {
+    add(key, "must be >= " + format_number(min) + ", got " + format_number(v));
+  }
 }
 
 void Checks::above(const std::string& key, double v, double min) {
-  if (!(v > min)) add(key, "must be > " + format_number(min) + ", got " + format_number(v));
+  if (std::isinf(v)) {
+    add(key, "must be a finite number, got " + format_number(v));
+  } else if (!(v > min)) {
+    add(key, "must be > " + format_number(min) + ", got " + format_number(v));
+  }
 }
 
 void Checks::fraction(const std::string& key, double v) {

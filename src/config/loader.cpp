@@ -498,6 +498,24 @@ std::string parse_error_message(const std::string& msg) {
   return "invalid YAML: " + msg;
 }
 
+// The nodes of `n` with every alias expanded, counted up to `limit` (then limit + 1): a few
+// hundred bytes of aliases of aliases expand to billions.
+size_t expanded_nodes(const YAML::Node& n, size_t limit) {
+  size_t count = 1;
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      if (count > limit) break;
+      count += expanded_nodes(kv.second, limit - count + 1);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& item : n) {
+      if (count > limit) break;
+      count += expanded_nodes(item, limit - count + 1);
+    }
+  }
+  return count;
+}
+
 // Checks every mapping for keys given twice.
 void find_duplicates(const YAML::Node& n, const std::string& prefix, const Ctx& ctx) {
   if (n.IsMap()) {
@@ -620,6 +638,13 @@ struct Loader {
       issues.push_back(
           Issue{ctx.at(root.Mark()), "",
                 "expected a mapping of config keys at the top level, got " + describe(root)});
+      return std::nullopt;
+    }
+    constexpr size_t kMaxNodes = 1000000;
+    if (expanded_nodes(root, kMaxNodes) > kMaxNodes) {
+      file_issue(display,
+                 "expands to more than 1,000,000 YAML nodes (aliases of aliases); a config holds a "
+                 "few hundred keys: write the values out");
       return std::nullopt;
     }
     return root;

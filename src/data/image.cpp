@@ -57,6 +57,16 @@ JpegHeader jpeg_header(const std::vector<uint8_t>& bytes, const std::string& pat
   return h;
 }
 
+// A header's size against the pixel limit, as Pillow's DecompressionBombError does.
+void check_pixels(const std::string& path, int64_t width, int64_t height, int64_t max_pixels) {
+  if (width * height <= max_pixels) return;
+  throw DataError(path + ": " + std::to_string(width) + "x" + std::to_string(height) + " = " +
+                  std::to_string(width * height) + " pixels is more than data.max_image_pixels (" +
+                  std::to_string(max_pixels) +
+                  "): a decompression bomb or a corrupt header; raise data.max_image_pixels if "
+                  "the image is genuine");
+}
+
 // The smallest DCT scale keeping `region` at least min_side on both sides.
 tjscalingfactor pick_scale(const Rect& region, int64_t min_side) {
   int count = 0;
@@ -92,9 +102,10 @@ Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, Re
                     cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_FASTDCT);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(tj);
-    // Warnings leave a usable image (e.g. extraneous bytes before a marker), except a truncated
-    // file, whose missing rows come out grey.
-    if (tjGetErrorCode(tj) != TJERR_WARNING || why.find("Premature end") != std::string::npos) {
+    // Warnings leave a usable image (e.g. extraneous bytes before a marker), except data that
+    // ends before the header's size is filled ("Premature end of JPEG file", "... premature end
+    // of data segment"), whose missing rows come out grey.
+    if (tjGetErrorCode(tj) != TJERR_WARNING || why.find("remature end") != std::string::npos) {
       throw DataError(path + ": corrupt JPEG: " + why);
     }
   }
@@ -160,7 +171,7 @@ Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path) {
 }  // namespace
 
 void image_size(const std::vector<uint8_t>& bytes, const std::string& path, int64_t& width,
-                int64_t& height) {
+                int64_t& height, int64_t max_pixels) {
   if (is_jpeg(bytes)) {
     const JpegHeader h = jpeg_header(bytes, path);
     width = h.width;
@@ -173,13 +184,15 @@ void image_size(const std::vector<uint8_t>& bytes, const std::string& path, int6
   } else {
     not_an_image(path);
   }
+  check_pixels(path, width, height, max_pixels);
 }
 
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
-                   int64_t min_side) {
+                   int64_t min_side, int64_t max_pixels) {
+  int64_t width = 0, height = 0;
+  image_size(bytes, path, width, height, max_pixels);
   if (is_jpeg(bytes)) return decode_jpeg(bytes, path, region, min_side);
-  if (is_png(bytes)) return decode_png(bytes, path);
-  not_an_image(path);
+  return decode_png(bytes, path);
 }
 
 Rect random_resized_crop(int64_t width, int64_t height, const std::vector<double>& scale,

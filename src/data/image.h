@@ -24,17 +24,22 @@ struct Rect {
   int64_t x = 0, y = 0, width = 0, height = 0;
 };
 
+// Pillow's Image.MAX_IMAGE_PIXELS: more pixels than this in a header is taken for a
+// decompression bomb (data.max_image_pixels).
+constexpr int64_t kMaxImagePixels = 89478485;
+
 // Width and height from the header; throws DataError naming `path` for anything that is not a
-// readable JPEG or PNG.
+// readable JPEG or PNG, or whose header claims more than `max_pixels` pixels.
 void image_size(const std::vector<uint8_t>& bytes, const std::string& path, int64_t& width,
-                int64_t& height);
+                int64_t& height, int64_t max_pixels = kMaxImagePixels);
 
 // Decodes `bytes`. A JPEG is decoded at the smallest of libjpeg-turbo's DCT scales (1/8 .. 1)
 // that keeps `region` (in full-size pixels) at least `min_side` pixels on both sides, so large
 // photos that end up as small crops decode several times faster; `region` is rescaled to the
-// decoded size. Throws DataError naming `path` for corrupt or truncated data.
+// decoded size. Throws DataError naming `path` for corrupt or truncated data and for a header
+// claiming more than `max_pixels` pixels, before allocating anything for them.
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
-                   int64_t min_side);
+                   int64_t min_side, int64_t max_pixels = kMaxImagePixels);
 
 // torchvision's RandomResizedCrop.get_params: up to 10 tries at a random area in
 // scale[0..1] x (width * height) and a log-uniform aspect ratio in ratio[0..1], else the largest

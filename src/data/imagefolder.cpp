@@ -94,6 +94,7 @@ struct FolderOptions {
   int64_t resize_size = 256;
   std::vector<double> crop_scale, crop_ratio;
   double hflip = 0.0;
+  int64_t max_pixels = kMaxImagePixels;  // headers claiming more are rejected
   bool fail_on_error = false;
   std::vector<double> mean, std;  // empty = only scale to [0, 1]
 };
@@ -144,12 +145,12 @@ class ImageFolder final : public Dataset {
     const std::string& path = index_.paths[static_cast<size_t>(n)];
     const std::vector<uint8_t> bytes = read_file(path);
     int64_t width = 0, height = 0;
-    image_size(bytes, path, width, height);
     const auto& o = options_;
+    image_size(bytes, path, width, height, o.max_pixels);
     Rect region = o.train ? random_resized_crop(width, height, o.crop_scale, o.crop_ratio, rng)
                           : center_crop(width, height, o.resize_size, o.image_size);
     const bool flip = o.train && rng.bernoulli(o.hflip);
-    const Image image = decode_image(bytes, path, region, o.image_size);
+    const Image image = decode_image(bytes, path, region, o.image_size, o.max_pixels);
     crop_resize(image, region, o.image_size, flip, std::move(out));
   }
 
@@ -181,6 +182,7 @@ struct ImageFolderOptions {
   std::vector<double> crop_scale = {0.08, 1.0};  // random-resized-crop area range
   std::vector<double> crop_ratio = {0.75, 4.0 / 3.0};  // random-resized-crop aspect-ratio range
   double hflip = 0.0;  // probability of flipping a training image horizontally
+  int64_t max_image_pixels = kMaxImagePixels;  // larger headers are rejected (decompression bombs)
 
   template <class V>
   void visit(V& v) {
@@ -191,6 +193,7 @@ struct ImageFolderOptions {
     v("resize_size", resize_size);
     v("crop_scale", crop_scale);
     v("crop_ratio", crop_ratio);
+    v("max_image_pixels", max_image_pixels);
   }
   void validate(config::Checks& c) const {
     if (!(hflip >= 0.0 && hflip <= 1.0)) {
@@ -198,6 +201,7 @@ struct ImageFolderOptions {
     }
     c.at_least("image_size", image_size, 1);
     c.at_least("resize_size", resize_size, 1);
+    c.at_least("max_image_pixels", max_image_pixels, 1);
     if (resize_size >= 1 && image_size > resize_size) {
       c.add("resize_size", "must be >= data.image_size (" + std::to_string(image_size) + "), got " +
                                std::to_string(resize_size));
@@ -242,6 +246,7 @@ Splits make_imagefolder(const config::DataConfig& data, const DataContext& /*ctx
   options.crop_scale = cfg.crop_scale;
   options.crop_ratio = cfg.crop_ratio;
   options.hflip = cfg.hflip;
+  options.max_pixels = cfg.max_image_pixels;
   options.fail_on_error = data.on_error == "fail";
   if (data.normalize) {
     options.mean = data.mean.empty() ? kImagenetMean : data.mean;

@@ -164,6 +164,20 @@ struct SyntheticOptions : SyntheticSizes {
             "must have 1 to 3 entries (C, H, W) or (D), got " + std::to_string(shape.size()));
     } else {
       c.each_at_least("shape", shape, 1);
+      // Every sample is generated into memory: at most 2^28 float32 values (1 GiB) a sample.
+      constexpr int64_t kMaxElements = int64_t{1} << 28;
+      int64_t elements = 1;
+      bool too_large = false;
+      for (int64_t d : shape) {
+        if (d < 1) break;  // reported above
+        too_large = too_large || elements > kMaxElements / d;
+        elements = too_large ? elements : elements * d;
+      }
+      if (too_large) {
+        c.add("shape",
+              "a sample of this shape holds more than 2^28 values (1 GiB); use a "
+              "smaller shape, e.g. [3, 224, 224]");
+      }
     }
     SyntheticSizes::validate(c);
     c.at_least("noise", noise, 0.0);

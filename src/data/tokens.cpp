@@ -1,13 +1,12 @@
 // The `tokens` dataset for language models: a token stream, either a flat file of little-endian
 // uint16 token ids (nanoGPT's train.bin/val.bin) or the raw bytes of a text file (vocabulary
 // 256). data.root is such a file, whose last data.val_fraction is held out for validation, or a
-// folder with train.bin and val.bin. Files are memory-mapped, so corpora larger than memory work.
+// folder with train.bin and val.bin. Files are read with pread, so corpora larger than memory work.
 //
 // A sample is a window of seq_len + 1 tokens: inputs the first seq_len, targets the last seq_len.
 // An epoch has (tokens - 1) / seq_len samples. Training windows start at random offsets drawn
 // from (seed, epoch, index); validation windows tile the split in order.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "data/dataset.h"
 #include "data/files.h"
@@ -27,59 +27,73 @@
 namespace trainer::data {
 namespace {
 
-// A read-only memory map of a whole file.
-class MappedFile {
+// A token file read with pread(2): a file that shrinks while training is a DataError naming it,
+// not a fault in a memory map. The page cache keeps what is read often, so corpora larger than
+// memory work.
+class TokenFile {
  public:
-  explicit MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw DataError(path + ": cannot open: " + std::strerror(errno));
+  explicit TokenFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw DataError(path + ": cannot open: " + std::strerror(errno));
     struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
       throw DataError(path + ": not a regular file");
     }
     size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        const int err = errno;
-        ::close(fd);
-        throw DataError(path + ": cannot map: " + std::strerror(err));
-      }
-      data_ = static_cast<const uint8_t*>(p);
-    }
-    ::close(fd);
   }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
+  ~TokenFile() { ::close(fd_); }
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
 
-  const uint8_t* data() const { return data_; }
+  // Bytes [offset, offset + n) into `out`; thread-safe.
+  void read(size_t offset, size_t n, uint8_t* out) const {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        throw DataError(path_ + (got < 0 ? ": read failed: " + std::string(std::strerror(errno))
+                                         : ": changed size during training (it had " +
+                                               std::to_string(size_) + " bytes); restore it"));
+      }
+      done += static_cast<size_t>(got);
+    }
+  }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  const uint8_t* data_ = nullptr;
+  int fd_ = -1;
   size_t size_ = 0;
 };
 
-// Tokens [begin, end) of a mapped file, 1 or 2 bytes each.
+// Tokens [begin, end) of a file, 1 or 2 bytes each.
 struct TokenRange {
-  std::shared_ptr<const MappedFile> file;
+  std::shared_ptr<const TokenFile> file;
   int64_t width = 1;  // bytes per token
   int64_t begin = 0, end = 0;
 
   int64_t size() const { return end - begin; }
-  int64_t at(int64_t i) const {
-    const uint8_t* p = file->data() + (begin + i) * width;
-    return width == 1 ? p[0] : static_cast<int64_t>(p[0] | (p[1] << 8));  // little-endian
+  // Tokens [first, first + n) of the range into `out`.
+  void read(int64_t first, int64_t n, int64_t* out) const {
+    std::vector<uint8_t> bytes(static_cast<size_t>(n * width));
+    file->read(static_cast<size_t>((begin + first) * width), bytes.size(), bytes.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* p = bytes.data() + i * width;
+      out[i] = width == 1 ? p[0] : static_cast<int64_t>(p[0] | (p[1] << 8));  // little-endian
+    }
   }
   int64_t max_token() const {
+    constexpr int64_t kChunk = int64_t{1} << 20;  // tokens per read
+    std::vector<int64_t> chunk(kChunk);
     int64_t m = 0;
-    for (int64_t i = 0; i < size(); ++i) m = std::max(m, at(i));
+    for (int64_t i = 0; i < size(); i += kChunk) {
+      const int64_t n = std::min(kChunk, size() - i);
+      read(i, n, chunk.data());
+      m = std::max(m, *std::max_element(chunk.begin(), chunk.begin() + n));
+    }
     return m;
   }
 };
@@ -101,6 +115,7 @@ class Tokens final : public Dataset {
     auto* in = inputs.data_ptr<int64_t>();
     auto* out = targets.data_ptr<int64_t>();
     const int64_t last_start = tokens_.size() - t - 1;
+    std::vector<int64_t> window(static_cast<size_t>(t + 1));
     for (int64_t i = 0; i < b; ++i) {
       const int64_t n = indices[static_cast<size_t>(i)];
       int64_t start = n * t;
@@ -108,10 +123,9 @@ class Tokens final : public Dataset {
         Rng rng(epoch.sample_seed(n));
         start = rng.below(last_start + 1);
       }
-      for (int64_t j = 0; j < t; ++j) {
-        in[i * t + j] = tokens_.at(start + j);
-        out[i * t + j] = tokens_.at(start + j + 1);
-      }
+      tokens_.read(start, t + 1, window.data());  // [T + 1]
+      std::copy(window.begin(), window.end() - 1, in + i * t);
+      std::copy(window.begin() + 1, window.end(), out + i * t);
     }
     return Batch{inputs, targets};
   }
@@ -126,7 +140,7 @@ TokenRange open_tokens(const std::string& path, const std::string& format) {
   const bool uint16 = format == "uint16" || (format == "auto" && path.size() >= 4 &&
                                              path.compare(path.size() - 4, 4, ".bin") == 0);
   TokenRange r;
-  r.file = std::make_shared<const MappedFile>(path);
+  r.file = std::make_shared<const TokenFile>(path);
   r.width = uint16 ? 2 : 1;
   if (uint16 && r.file->size() % 2 != 0) {
     throw DataError(path + ": " + std::to_string(r.file->size()) +

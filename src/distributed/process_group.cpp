@@ -15,6 +15,7 @@
 
 #include "util/device.h"
 #include "util/format.h"
+#include "util/net.h"
 
 namespace trainer::distributed {
 namespace {
@@ -65,6 +66,15 @@ struct Group::Impl {
 };
 
 void Group::Impl::connect() {
+  // Ranks other than 0 wait for rank 0's store themselves, within dist.init_timeout_s, so that
+  // c10d's client neither retries past the timeout nor logs its failures.
+  if (env.rank != 0 &&
+      !wait_for_listener(env.master_addr, env.master_port, options.init_timeout_s)) {
+    throw GroupError(strprintf(
+        "rank %d could not reach the rendezvous at %s within %g s (dist.init_timeout_s); check "
+        "that rank 0 is running and MASTER_ADDR/MASTER_PORT point at it",
+        env.rank, where().c_str(), options.init_timeout_s));
+  }
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(env.master_port);
   o.isServer = env.rank == 0;

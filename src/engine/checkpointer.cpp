@@ -234,7 +234,8 @@ void Checkpointer::write(const EvalResult& eval) {
       log::info(strprintf("checkpoint %s (%.1f MB in %.3f s)", last_.c_str(), mb, took.count()));
     } catch (const std::exception& e) {
       msg = "checkpoint at step " + std::to_string(state_.step) + " not saved: " + e.what() +
-            "; the previous checkpoint is intact";
+            (last_.empty() ? "; no earlier checkpoint of this run exists"
+                           : "; the previous checkpoint " + last_ + " is intact");
       status = loaded_.cfg.run.continue_on_save_error ? kFailedGoOn : kFailedStop;
     }
   }

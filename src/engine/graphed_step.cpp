@@ -108,10 +108,10 @@ void GraphedStep::work() {
   // Skipped on the device: an inf/NaN gradient or loss.
   const torch::Tensor skip =
       torch::maximum(found_inf, loss.isfinite().logical_not().to(torch::kFloat));
-  if (clip) optim::clip_grad_norm(p.params, train_.clip_grad_norm);
   optim::KernelInputs in;
   in.lr = lr_;
   in.found_inf = skip;
+  if (clip) optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, in);
   if (kernel_unscales) in.grad_scale = p.scaler->scale_tensor();
   p.optimizer->step(/*lr=*/0.0, in);
   if (p.scaler) p.scaler->update(found_inf);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -18,6 +19,39 @@
 
 namespace trainer::engine {
 
+namespace {
+
+// A record as one JSON line. A number that is inf or NaN (the loss of a window whose every step
+// had a bad loss, for one) is written as Python's json module writes it: NaN, Infinity,
+// -Infinity, which Python's json and pandas read back as floats.
+std::string json_line(const nlohmann::json& record) {
+  std::string out = "{";
+  for (auto it = record.begin(); it != record.end(); ++it) {
+    if (out.size() > 1) out += ",";
+    out += nlohmann::json(it.key()).dump() + ":";
+    const auto& v = it.value();
+    const double d = v.is_number_float() ? v.get<double>() : 0.0;
+    if (std::isfinite(d)) {
+      out += v.dump();
+    } else {
+      out += std::isnan(d) ? "NaN" : d > 0 ? "Infinity" : "-Infinity";
+    }
+  }
+  return out + "}";
+}
+
+// A line json_line wrote, parsed with its non-finite numbers as null.
+nlohmann::json parse_line(std::string line) {
+  for (const char* token : {":-Infinity", ":Infinity", ":NaN"}) {
+    for (size_t at = line.find(token); at != std::string::npos; at = line.find(token, at)) {
+      line.replace(at, std::strlen(token), ":null");
+    }
+  }
+  return nlohmann::json::parse(line);
+}
+
+}  // namespace
+
 MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step,
                              bool evaluated_at_resume) {
   const auto path = std::filesystem::path(run_dir) / "metrics.jsonl";
@@ -27,7 +61,7 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
     std::ifstream in(path);
     for (std::string line; std::getline(in, line);) {
       try {
-        const auto j = nlohmann::json::parse(line);
+        const auto j = parse_line(line);
         const int64_t step = j.at("step").get<int64_t>();
         const bool val = j.at("split").get<std::string>() == "val";
         if (step < resume_step || (step == resume_step && (!val || evaluated_at_resume))) {
@@ -50,7 +84,7 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
 MetricsWriter::~MetricsWriter() = default;
 
 void MetricsWriter::write(const nlohmann::json& record) {
-  out_ << record.dump() << '\n';
+  out_ << json_line(record) << '\n';
   out_.flush();
   if (!out_) throw std::runtime_error("writing metrics failed (disk full?)");
   if (!events_) return;
@@ -206,7 +240,7 @@ void MetricsLog::train(int64_t epoch) {
   nlohmann::json record = {
       {"split", "train"}, {"step", state_.step},          {"epoch", epoch},
       {"lr", lr},         {"samples_per_sec", last_sps_}, {"bad_samples", state_.bad_samples}};
-  if (state_.window_steps > 0) record["loss"] = last_loss_;
+  record["loss"] = last_loss_;  // NaN when every step of the window had a bad loss
   if (parts_.scaler) record["loss_scale"] = parts_.scaler->scale_value();
   if (parts_.scaler || state_.skipped_steps > 0) record["skipped_steps"] = state_.skipped_steps;
   std::string line = strprintf("step %" PRId64 "/%" PRId64 " epoch %" PRId64

@@ -100,8 +100,8 @@ StepOutcome TrainStep::update(const torch::Tensor& loss) {
   // every rank) or an inf/NaN loss on any rank.
   StepOutcome out = flags_.finish(loss, found_inf, train_.max_bad_steps > 0);
   if (!out.skipped) {
-    if (clip) optim::clip_grad_norm(p.params, train_.clip_grad_norm);
     optim::KernelInputs device;
+    if (clip) optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, device);
     if (kernel_unscales) device.grad_scale = p.scaler->scale_tensor();
     p.optimizer->step(p.schedule->lr(state_.updates()), device);
   } else {

@@ -122,6 +122,25 @@ class Run {
 
   bool reached_target() const { return result_.reached_target; }
 
+  // The next step's batches. A data failure (a file unreadable or changed during training) ends
+  // the run; a process alone first saves the steps trained since the last checkpoint (in a group
+  // the other ranks could not take part in the save).
+  std::vector<data::Batch> next(StepBatches& batches) {
+    try {
+      return batches.next();
+    } catch (const data::DataError&) {
+      log_.clear();
+      if (!s_.parts.group && s_.state.step > 0) {
+        try {
+          checkpoint();
+        } catch (const std::exception& e) {
+          log::error(e.what());
+        }
+      }
+      throw;
+    }
+  }
+
   // The evaluation at the end (unless stopped early) and the last checkpoint.
   FitResult finish() {
     const auto& st = s_.state;
@@ -231,7 +250,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
                       s_->loaded.cfg.train.grad_accum_steps);
   while (run.steps_left()) {
     while (batches.has_step() && run.steps_left()) {
-      if (!run.step(batches.next())) return run.finish();
+      if (!run.step(run.next(batches))) return run.finish();
     }
     run.end_epoch();
     if (run.reached_target()) break;
@@ -287,7 +306,15 @@ std::string Trainer::summary() const {
 }
 
 bool Trainer::resume(const std::string& spec) {
-  return s_->checkpointer.resume(spec);
+  if (!s_->checkpointer.resume(spec)) return false;
+  const int64_t stop_at = s_->loaded.cfg.train.stop_at_step;
+  if (stop_at > 0 && stop_at < s_->state.step) {
+    throw config::ConfigError({config::Issue{
+        s_->loaded.where("train.stop_at_step"), "train.stop_at_step",
+        "is " + std::to_string(stop_at) + " but the run resumes after step " +
+            std::to_string(s_->state.step) + "; set it above that step, or 0 to train on"}});
+  }
+  return true;
 }
 
 std::string Trainer::last_checkpoint() const {

@@ -47,7 +47,8 @@ class Trainer {
   // Device, data sizes, steps and the model summary (with its `parameters: N` line).
   std::string summary() const;
 
-  // Continues from a checkpoint (Checkpointer::resume). Every rank must call this, in the same
+  // Continues from a checkpoint (Checkpointer::resume); config::ConfigError when
+  // train.stop_at_step lies before the step resumed from. Every rank must call this, in the same
   // order.
   bool resume(const std::string& spec);
 

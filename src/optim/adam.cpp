@@ -67,13 +67,12 @@ class Adam final : public Optimizer {
 
   void step(double lr, const KernelInputs& device) override {
     torch::NoGradGuard no_grad;
+    if (impl_ == Impl::fused) return fused_steps(lr, device);
     for (const auto& group : groups_) {
       const auto members = with_grad(group);
       if (members.empty()) continue;
       for (size_t i : members) init_state(i);
-      if (impl_ == Impl::fused) {
-        fused_step(members, group.weight_decay, lr, device);
-      } else if (impl_ == Impl::foreach) {
+      if (impl_ == Impl::foreach) {
         foreach_step(members, group.weight_decay, lr);
       } else {
         for (size_t i : members) loop_step(i, group.weight_decay, lr);
@@ -177,12 +176,32 @@ class Adam final : public Optimizer {
     at::_foreach_addcdiv_(params, exp_avgs, denom, step_size);
   }
 
-  // at::_fused_adam(w)_: one kernel for every member, the step counts on the device (skipped
-  // steps, found_inf, leave them as they were).
-  void fused_step(const std::vector<size_t>& members, double weight_decay, double lr,
+  // at::_fused_adam(w)_: one kernel per group, the step counts on the device, counted for every
+  // group at once (skipped steps, found_inf, leave them as they were).
+  void fused_steps(double lr, const KernelInputs& device) {
+    std::vector<std::vector<size_t>> members;
+    std::vector<size_t> all;
+    for (const auto& group : groups_) {
+      members.push_back(with_grad(group));
+      for (size_t i : members.back()) {
+        init_state(i);
+        all.push_back(i);
+      }
+    }
+    if (all.empty()) return;
+    const auto steps = pick(device_steps_, all);
+    at::_foreach_add_(steps, 1.0);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!members[g].empty()) fused_call(members[g], groups_[g].weight_decay, lr, device);
+    }
+    const auto found_inf = maybe(device.found_inf);
+    if (found_inf) at::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), *found_inf));
+    for (size_t i : all) ++steps_[i];
+  }
+
+  void fused_call(const std::vector<size_t>& members, double weight_decay, double lr,
                   const KernelInputs& device) {
     const auto steps = pick(device_steps_, members);
-    at::_foreach_add_(steps, 1.0);
     const auto params = pick(params_, members), g = grads(members);
     const auto m = pick(exp_avg_, members), v = pick(exp_avg_sq_, members);
     const auto vmax = o_.amsgrad ? pick(max_exp_avg_sq_, members) : std::vector<torch::Tensor>{};
@@ -202,8 +221,6 @@ class Adam final : public Optimizer {
     } else {
       kernel(lr);
     }
-    if (found_inf) at::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), *found_inf));
-    for (size_t i : members) ++steps_[i];
   }
 
   AdamOptions o_;

@@ -42,9 +42,10 @@ const char* impl_name(Impl impl);
 // What a fused step takes from the device instead of the host (torch.amp.GradScaler's fused path,
 // and a step captured in a CUDA graph, engine/graphed_step.h). Undefined tensors are not given.
 struct KernelInputs {
-  torch::Tensor grad_scale;  // the gradients are still multiplied by this float32 scalar
-  torch::Tensor found_inf;   // float32 scalar: 1 makes the step skip itself
-  torch::Tensor lr;          // float32 scalar: the learning rate, read when the kernel runs
+  torch::Tensor
+      grad_scale;  // float32 scalar the kernel divides the gradients by (loss scale, clipping)
+  torch::Tensor found_inf;  // float32 scalar: 1 makes the step skip itself
+  torch::Tensor lr;         // float32 scalar: the learning rate, read when the kernel runs
 };
 
 class Optimizer {

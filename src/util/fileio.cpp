@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -23,28 +24,59 @@ std::string parent_of(const std::string& path) {
 
 }  // namespace
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError(path + ": cannot open: " + reason());
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw IoError(path + ": not a regular file");
-  }
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = n < 0 ? reason() : "file shrank while reading";
+namespace {
+
+// An open regular file, closed on scope exit.
+struct ReadFile {
+  explicit ReadFile(const std::string& path) : path(path) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError(path + ": cannot open: " + reason());
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
-      throw IoError(path + ": read error: " + why);
+      throw IoError(path + ": not a regular file");
     }
-    done += static_cast<size_t>(n);
   }
-  ::close(fd);
+  ~ReadFile() { ::close(fd); }
+  ReadFile(const ReadFile&) = delete;
+  ReadFile& operator=(const ReadFile&) = delete;
+
+  // Fills `bytes` from the start of the file.
+  void read_into(std::vector<uint8_t>& bytes) const {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n =
+          ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        throw IoError(path + ": read error: " + (n < 0 ? reason() : "file shrank while reading"));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+
+  std::string path;
+  int fd = -1;
+  struct stat st {};
+};
+
+}  // namespace
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  const ReadFile f(path);
+  std::vector<uint8_t> bytes(static_cast<size_t>(f.st.st_size));
+  f.read_into(bytes);
   return bytes;
+}
+
+std::vector<uint8_t> read_prefix(const std::string& path, uint64_t n) {
+  const ReadFile f(path);
+  std::vector<uint8_t> bytes(static_cast<size_t>(std::min<uint64_t>(n, f.st.st_size)));
+  f.read_into(bytes);
+  return bytes;
+}
+
+uint64_t file_size(const std::string& path) {
+  return static_cast<uint64_t>(ReadFile(path).st.st_size);
 }
 
 void write_atomically(const std::string& path, const std::function<void(const ByteSink&)>& produce,

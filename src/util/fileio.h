@@ -18,6 +18,12 @@ class IoError : public std::runtime_error {
 // The whole file.
 std::vector<uint8_t> read_bytes(const std::string& path);
 
+// The first `n` bytes of the regular file `path` (fewer when it is shorter). Throws IoError.
+std::vector<uint8_t> read_prefix(const std::string& path, uint64_t n);
+
+// The size of the regular file `path`. Throws IoError.
+uint64_t file_size(const std::string& path);
+
 // Receives the bytes of a file being written, in pieces.
 using ByteSink = std::function<void(const void* data, size_t size)>;
 

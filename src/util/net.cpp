@@ -1,13 +1,19 @@
 #include "util/net.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <string>
 #include <system_error>
+#include <thread>
 
 namespace trainer {
 
@@ -25,6 +31,54 @@ int free_port() {
   ::close(fd);
   if (!bound) throw std::system_error(error, std::generic_category(), "bind");
   return ntohs(address.sin_port);
+}
+
+namespace {
+
+// One non-blocking connection attempt to `addr`, waiting at most `wait_ms`.
+bool connects(const addrinfo& addr, int wait_ms) {
+  const int fd =
+      ::socket(addr.ai_family, addr.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, addr.ai_protocol);
+  if (fd < 0) return false;
+  bool ok = ::connect(fd, addr.ai_addr, addr.ai_addrlen) == 0;
+  if (!ok && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ok = ::poll(&p, 1, wait_ms) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+         err == 0;
+  }
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+bool wait_for_listener(const std::string& host, int port, double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  const std::string service = std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  for (;;) {
+    addrinfo* found = nullptr;
+    if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &found) == 0) {
+      for (const addrinfo* a = found; a; a = a->ai_next) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0) break;
+        if (connects(*a, static_cast<int>(std::min<int64_t>(left.count(), 1000)))) {
+          ::freeaddrinfo(found);
+          return true;
+        }
+      }
+      ::freeaddrinfo(found);
+    }
+    if (Clock::now() + std::chrono::milliseconds(100) >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 }  // namespace trainer

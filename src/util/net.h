@@ -1,10 +1,17 @@
 // Network helpers. Torch-free.
 #pragma once
 
+#include <string>
+
 namespace trainer {
 
 // A TCP port that was free a moment ago (bound with port 0, then released). Throws
 // std::system_error when the operating system refuses a socket.
 int free_port();
+
+// Whether a TCP connection to host:port succeeds before `timeout_s` seconds have passed, trying
+// again every 100 ms while it is refused (a server not yet listening) and resolving `host` each
+// time. Opens and closes each connection; never waits past the deadline.
+bool wait_for_listener(const std::string& host, int port, double timeout_s);
 
 }  // namespace trainer
