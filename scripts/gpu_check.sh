@@ -27,6 +27,8 @@
 #                            from a CUDA graph after 3 eager steps)
 #   graph_losses             r50 at batch 32 trained 100 steps eagerly and from a CUDA graph
 #                            (`trainer --config`, not bench): the two loss curves compared
+# Before the cases, `trainer doctor --perf --quick --json`: the GPU's matmul TFLOP/s per dtype,
+# HBM copy and PCIe bandwidth against the spec table (kept in results.json, rows in the table).
 # Each case runs `trainer bench` and, for the plain cases, scripts/bench_reference.py (PyTorch,
 # fused=True optimizers) with the same --config/--set/--warmup/--steps/--json, all on one batch
 # kept on the device (--fixed-batch). Every bench reports ATen operators and host reads per step.
@@ -318,6 +320,14 @@ CTEST="ctest -L gpu: $c_pass passed, $c_skip skipped, $c_fail failed (${CTEST_S}
 say "$CTEST"
 grep -E '\*\*\*(Failed|Timeout|Exception)' "$WORK/ctest.log" | tee -a "$LOG" >&2 || true
 
+# --- the server against its specification: doctor --perf --quick (about 30 s) -------------------
+say "doctor --perf --quick"
+T0=$SECONDS
+timeout -k 10 90 "$TRAINER" doctor --perf --quick --json > "$WORK/bench/doctor_perf.trainer.json" \
+  2>> "$LOG" && rc=0 || rc=$?
+echo "$rc $((SECONDS - T0))" > "$WORK/bench/doctor_perf.trainer.status"
+say "doctor --perf: exit $rc in $((SECONDS - T0))s"
+
 # --- the benchmark cases -------------------------------------------------------------------------
 # Tiny CPU versions of each case for --dry-run.
 R50_TINY=("data.shape=[3,32,32]" data.train_samples=16 data.workers=1 run.threads=2)
@@ -502,7 +512,7 @@ cols = "%-18s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s %7s %5s"
 print(cols % ("case", "impl", "precision", "samples/s", "tokens/s", "step p50", "step p90",
               "peak MB", "TFLOPS", "MFU", "vs torch", "ops", "syncs"))
 for case in order + sorted({k[0] for k in runs} - set(order)):
-    if case == "graph_losses":
+    if case in ("graph_losses", "doctor_perf"):
         continue
     for impl in ("trainer", "launch", "pytorch"):
         r = runs.get((case, impl))
@@ -522,6 +532,13 @@ for case in order + sorted({k[0] for k in runs} - set(order)):
                       num(get(r, "ops_per_step", "total"), ".0f"),
                       num(get(r, "host_syncs_per_step"), ".1f"))
               + ("  [%s]" % r["note"] if "note" in r else ""))
+
+perf = runs.get(("doctor_perf", "trainer"))
+for row in (get(perf, "rows") or []):
+    print("doctor --perf: %-12s %-16s %10.4g %10s %-9s %s %s" % (
+        row["group"], row["name"], row["measured"],
+        "%.4g" % row["expected"] if row["expected"] else "-", row["unit"], row["level"],
+        row["verdict"]))
 
 def pct(a, b):
     return "%+.1f%%" % (100.0 * (a / b - 1.0)) if isinstance(a, (int, float)) and b else "n/a"

@@ -382,4 +382,42 @@ TEST_F(Cli, DoctorFailsWhenTheConfigWantsAGpuThatIsMissing) {
   EXPECT_EQ(run("doctor --bogus").code, 2);
 }
 
+// doctor --perf on this machine: the CPU's matrix-product rate against the roofline of its threads
+// (one thread's measured rate times the thread count) and its memory copy, as JSON rows.
+TEST_F(Cli, DoctorPerfMeasuresTheCpu) {
+  auto r = run("doctor --perf --quick --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& row : j["rows"]) rows[row["name"].get<std::string>()] = row;
+  ASSERT_TRUE(rows.count("matmul fp32")) << j;
+  EXPECT_GT(rows["matmul fp32"]["measured"].get<double>(), 0.0);
+  EXPECT_GT(rows["matmul fp32"]["expected"].get<double>(), 0.0);
+  EXPECT_GT(rows["copy"]["measured"].get<double>(), 0.0);
+  EXPECT_NE(r.err.find("measuring matmul fp32"), std::string::npos) << r.err;  // progress lines
+}
+
+// The job verdict: the same config is compute-bound until its input is slowed down
+// (data.throttle_ms), then input-bound with the remedy.
+TEST_F(Cli, DoctorPerfSaysWhenAJobIsInputBound) {
+  auto verdict = [&](const std::string& extra) {
+    // Steps of a wide MLP take milliseconds; synthetic batches are made in microseconds.
+    auto r =
+        run("doctor --perf --quick --json --config configs/synthetic.yaml "
+            "--set model.hidden=[1024,1024]" +
+            extra);
+    EXPECT_EQ(r.code, 0) << r.err;
+    const auto report = nlohmann::json::parse(r.out);
+    for (const auto& row : report["rows"]) {
+      if (row["group"] == "job") return row;
+    }
+    return nlohmann::json();
+  };
+  EXPECT_EQ(verdict("")["verdict"], "compute-bound");
+  const auto slow = verdict(" --set data.throttle_ms=100");
+  EXPECT_EQ(slow["verdict"], "input-bound");
+  EXPECT_LT(slow["measured"].get<double>(), 32 / 0.1 * 1.05);  // 32 samples a batch, 100 ms each
+  EXPECT_NE(slow["fix"].get<std::string>().find("data.workers"), std::string::npos) << slow;
+}
+
 }  // namespace

@@ -125,6 +125,33 @@ TEST_F(Dist, BenchUnderTheLauncherCountsEveryRanksSamples) {
   EXPECT_EQ(tables, 1u) << r.out;
 }
 
+// doctor --perf under the launcher: the collectives' bus bandwidth over Gloo, by message size,
+// the slowest rank's time with nccl-tests' formula; one report, rank 0's.
+TEST_F(Dist, DoctorPerfMeasuresTheCollectivesOfAJob) {
+  const auto r = launch("--nproc-per-node 2", "doctor --perf --quick --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto start = r.out.find('{');
+  ASSERT_NE(start, std::string::npos) << r.out;
+  std::string json = r.out.substr(start);
+  // The launcher prefixes each line of a worker's output with its rank.
+  for (size_t at; (at = json.find("[rank0]: ")) != std::string::npos;) json.erase(at, 9);
+  const auto j = nlohmann::json::parse(json);
+  std::set<int64_t> reduce_sizes;
+  for (const auto& c : j["collectives"]) {
+    EXPECT_GT(c["busbw_gbps"].get<double>(), 0.0) << c;
+    const double algbw = c["bytes"].get<double>() / c["seconds"].get<double>() / 1e9;
+    const double factor = c["collective"] == "all_reduce" ? 1.0 : 0.5;  // 2(n-1)/n, (n-1)/n
+    EXPECT_NEAR(c["busbw_gbps"].get<double>(), algbw * factor, 1e-9 * algbw) << c;
+    if (c["collective"] == "all_reduce") reduce_sizes.insert(c["message_bytes"].get<int64_t>());
+  }
+  EXPECT_EQ(*reduce_sizes.begin(), 1024);
+  EXPECT_EQ(*reduce_sizes.rbegin(), int64_t{64} << 20);
+  bool transport = false;
+  for (const auto& row : j["rows"]) transport = transport || row["name"] == "transport";
+  EXPECT_TRUE(transport) << j["rows"];
+  EXPECT_EQ(r.out.find("[rank1]: {"), std::string::npos) << r.out;
+}
+
 TEST_F(Dist, SyncBatchNormTrainsAsTheGlobalBatch) {
   const std::string common =
       "--config configs/synthetic.yaml --set model.name=resnet18 --set model.stem=cifar "

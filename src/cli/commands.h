@@ -25,6 +25,13 @@ int export_command(int argc, char** argv);
 // trainer doctor [--json] [--config FILE]; argv[0] is "doctor". Returns the exit code.
 int doctor_command(int argc, char** argv);
 
+// trainer doctor --perf [--config FILE [--set KEY=VALUE]...] [--quick] [--json]: measures the
+// device, the collectives (under trainer launch) and the configured job against what they should
+// reach; prints the table (rank 0). Every rank of a launched job must call it. Returns the exit
+// code.
+int doctor_perf(const std::string& config, const std::vector<std::string>& overrides, bool quick,
+                bool json);
+
 // trainer bench --config FILE [options]; argv[0] is "bench". Returns the exit code.
 int bench_command(int argc, char** argv);
 

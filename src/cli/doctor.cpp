@@ -194,12 +194,24 @@ int doctor_command(int argc, char** argv) {
        cxxopts::value<std::string>(), "FILE")
       ("measure-batch", "with --config: also measure one step at this batch (JSON memory.measured)",
        cxxopts::value<int64_t>()->default_value("0"), "N")
+      ("perf", "measure the server against its specification instead: matmul TFLOP/s, memory "
+       "and PCIe bandwidth, collectives (under trainer launch), with --config the data read rate "
+       "and whether the job is input-, compute- or communication-bound")
+      ("quick", "with --perf: smaller sizes, fewer repeats (under 30 s on a GPU server)")
+      ("set", "with --perf --config: override a config key (repeatable)",
+       cxxopts::value<std::vector<std::string>>(), "KEY.PATH=VALUE")
       ("h,help", "print this help");
   // clang-format on
   const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help() << "\nExit codes: 0 no FAIL finding, 1 at least one, 2 usage.\n";
     return 0;
+  }
+  if (args.count("perf")) {
+    return doctor_perf(
+        args.count("config") ? args["config"].as<std::string>() : "",
+        args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{},
+        args.count("quick") > 0, args.count("json") > 0);
   }
   bool wants_cuda = false;
   if (args.count("config")) {

@@ -57,6 +57,7 @@ void DataConfig::validate(Checks& c) const {
   c.at_least("eval_batch_size", eval_batch_size, 0);
   c.at_least("workers", workers, 0);
   c.at_least("prefetch", prefetch, 1);
+  c.at_least("throttle_ms", throttle_ms, 0);
   c.one_of("on_error", on_error, {"skip", "fail"});
   if (!mean.empty() && mean.size() != 1 && mean.size() != 3) {
     c.add("mean", "must have 1 or 3 entries (one per channel), got " + std::to_string(mean.size()));

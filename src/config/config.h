@@ -88,6 +88,7 @@ struct DataConfig {
   int64_t eval_batch_size = 0;     // samples per evaluation batch; 0 = batch_size
   int64_t workers = 2;             // loader threads preparing batches ahead
   int64_t prefetch = 2;            // batches each worker prepares ahead
+  int64_t throttle_ms = 0;         // each batch waits this long more (simulates slow input)
   bool shuffle = true;             // reshuffle the training set every epoch
   bool drop_last = true;           // drop the last incomplete training batch
   bool normalize = true;           // scale inputs to zero mean and unit variance
@@ -113,6 +114,7 @@ struct DataConfig {
     v("eval_batch_size", eval_batch_size);
     v("workers", workers);
     v("prefetch", prefetch);
+    v("throttle_ms", throttle_ms);
     v("shuffle", shuffle);
     v("drop_last", drop_last);
     v("normalize", normalize);

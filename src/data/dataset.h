@@ -128,6 +128,7 @@ struct LoaderOptions {
   bool pin_memory = false;  // page-lock batches for asynchronous copies to a GPU
   int64_t rank = 0;         // this process's shard of every epoch
   int64_t world_size = 1;   // number of shards
+  int64_t throttle_ms = 0;  // extra time each batch takes to assemble (a slow input, simulated)
 };
 
 // The sample indices rank `rank` of `world_size` sees in epoch `epoch`: the epoch's order (a

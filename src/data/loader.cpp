@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -110,6 +111,9 @@ struct Loader::State {
     const int64_t stop_at = std::min(begin + options.batch_size, size);
     std::vector<int64_t> indices(order.begin() + begin, order.begin() + stop_at);
     Batch b = dataset->get(indices, epoch);
+    if (options.throttle_ms > 0) {  // a slow input, simulated (data.throttle_ms)
+      std::this_thread::sleep_for(std::chrono::milliseconds(options.throttle_ms));
+    }
     if (pin) {
       b.inputs = b.inputs.pin_memory();
       b.targets = b.targets.pin_memory();

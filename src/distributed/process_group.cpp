@@ -251,6 +251,12 @@ void Group::all_reduce(std::vector<torch::Tensor> tensors, Reduce op) {
   all_reduce_async(std::move(tensors), op).wait();
 }
 
+void Group::all_gather(const torch::Tensor& input, std::vector<torch::Tensor> outputs) {
+  std::vector<std::vector<torch::Tensor>> out{std::move(outputs)};
+  std::vector<torch::Tensor> in{input};
+  impl_->wait(impl_->pg->allgather(out, in), "all_gather");
+}
+
 void Group::broadcast(std::vector<torch::Tensor> tensors, int root) {
   if (tensors.empty()) return;
   try {

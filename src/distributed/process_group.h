@@ -71,6 +71,8 @@ class Group {
   void all_reduce(std::vector<torch::Tensor> tensors, Reduce op);
   // all_reduce started without waiting: the tensors must stay untouched until wait() returns.
   Pending all_reduce_async(std::vector<torch::Tensor> tensors, Reduce op);
+  // Every rank's `input` into `outputs` (world_size tensors of input's shape, in rank order).
+  void all_gather(const torch::Tensor& input, std::vector<torch::Tensor> outputs);
   // Rank `root`'s values into every rank's `tensors`, coalesced into few messages.
   void broadcast(std::vector<torch::Tensor> tensors, int root = 0);
   // Rank `root`'s `text` on every rank. Synchronises the device (reads the length back).

@@ -19,13 +19,14 @@
 #include "util/gpu_monitor.h"
 
 namespace trainer::engine {
-namespace {
-
-using Clock = std::chrono::steady_clock;
 
 void synchronize(torch::Device device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : 0);
 }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
 
 int cuda_index(torch::Device device) {
   return device.has_index() ? device.index() : 0;
@@ -39,14 +40,6 @@ std::string cpu_name() {
     if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
   }
   return "CPU";
-}
-
-std::string device_name(torch::Device device) {
-  if (!device.is_cuda()) return cpu_name();
-  std::string why;
-  const auto monitor = GpuMonitor::open(cuda_index(device), &why);
-  const std::string name = monitor ? monitor->name() : "";
-  return name.empty() ? device.str() : name;
 }
 
 // The q-quantile of sorted `v` with linear interpolation between ranks (NumPy's default).
@@ -147,8 +140,8 @@ class PhaseCounter final : public StepObserver {
   explicit PhaseCounter(OpCount& count) : count_(count) {}
   void begin_step() override { count_.set_phase("other"); }
   void begin(Phase phase) override {
-    const bool own = phase == Phase::forward || phase == Phase::backward ||
-                     phase == Phase::optimizer;
+    const bool own =
+        phase == Phase::forward || phase == Phase::backward || phase == Phase::optimizer;
     count_.set_phase(own ? phase_name(phase) : "other");
   }
   void end_step(const torch::Tensor& /*loss*/) override { count_.set_phase("other"); }
@@ -195,6 +188,14 @@ const char* phase_name(Phase phase) {
       return "optimizer";
   }
   return "?";
+}
+
+std::string device_name(torch::Device device) {
+  if (!device.is_cuda()) return cpu_name();
+  std::string why;
+  const auto monitor = GpuMonitor::open(cuda_index(device), &why);
+  const std::string name = monitor ? monitor->name() : "";
+  return name.empty() ? device.str() : name;
 }
 
 double matmul_peak_tflops(torch::Device device, c10::ScalarType dtype) {

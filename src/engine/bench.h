@@ -56,6 +56,12 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options);
 // untimed: n = 8192 on a GPU, 1024 on the CPU. Synchronises the device around each product.
 double matmul_peak_tflops(torch::Device device, c10::ScalarType dtype);
 
+// The CPU's model name, or the GPU's product name as NVML reports it.
+std::string device_name(torch::Device device);
+
+// Waits for the device's queued work (nothing on the CPU). Synchronises the device.
+void synchronize(torch::Device device);
+
 // "data", "forward", "backward", "grad_sync", "optimizer".
 const char* phase_name(Phase phase);
 

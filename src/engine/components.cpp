@@ -69,6 +69,7 @@ void make_data(Components& c, const config::LoadedConfig& loaded, const distribu
   train.drop_last = cfg.data.drop_last;
   train.workers = cfg.data.workers;
   train.prefetch = cfg.data.prefetch;
+  train.throttle_ms = cfg.data.throttle_ms;
   train.seed = static_cast<uint64_t>(cfg.seed);
   train.pin_memory = c.device.is_cuda();
   train.rank = job.rank;

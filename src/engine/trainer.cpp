@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <sstream>
 
 #include "engine/batches.h"
@@ -280,6 +281,28 @@ void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch)
     ++s_->state.step_in_epoch;
     observer.end_step(outcome.loss);
   }
+}
+
+double Trainer::input_samples_per_sec(int64_t steps, double min_seconds) {
+  auto& p = s_->parts;
+  StepBatches batches(*p.train_loader, s_->state, p.steps_per_epoch,
+                      s_->loaded.cfg.train.grad_accum_steps);
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  int64_t samples = 0;
+  for (int64_t i = 0; i < steps || elapsed() < min_seconds; ++i) {
+    if (!batches.has_step()) batches.next_epoch();
+    for (const auto& b : batches.next()) samples += b.targets.size(0);
+    ++s_->state.step_in_epoch;
+  }
+  const double took = elapsed();
+  return took > 0 ? static_cast<double>(samples) / took : 0.0;
+}
+
+distributed::Group* Trainer::group() const {
+  return s_->parts.group.get();
 }
 
 std::string Trainer::summary() const {

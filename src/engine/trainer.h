@@ -63,6 +63,11 @@ class Trainer {
   // the first step's batches, kept on the device: the step's speed without the loader.
   void run_steps(int64_t steps, StepObserver& observer, bool fixed_batch = false);
 
+  // Draws at least `steps` steps' batches, and for at least `min_seconds`, from the training
+  // loader without training (epochs rolling over): this process's samples per second of the
+  // input pipeline alone.
+  double input_samples_per_sec(int64_t steps, double min_seconds);
+
   // The floating-point operations of one forward pass over one training batch (engine/flops.h),
   // under autocast when amp.enabled.
   int64_t forward_flops();
@@ -91,6 +96,8 @@ class Trainer {
   int world_size() const;
   // The device the model trains on.
   torch::Device device() const;
+  // The job's process group; nullptr when training alone.
+  distributed::Group* group() const;
   // The validated config the trainer was built from.
   const config::Config& config() const;
   // Tokens per sample for language models (the sequence length); 0 for other data.

@@ -60,6 +60,18 @@ struct GpuMonitor::Api {
   int (*temperature)(void*, int, unsigned*) = nullptr;
   int (*power)(void*, unsigned*) = nullptr;
   int (*name)(void*, char*, unsigned) = nullptr;
+  // Optional: older drivers lack some; each is null when missing.
+  int (*clock)(void*, int, unsigned*) = nullptr;
+  int (*max_clock)(void*, int, unsigned*) = nullptr;
+  int (*power_limit)(void*, unsigned*) = nullptr;
+  int (*power_limits)(void*, unsigned*, unsigned*) = nullptr;
+  int (*clock_reasons)(void*, unsigned long long*) = nullptr;
+  int (*mig_mode)(void*, unsigned*, unsigned*) = nullptr;
+  int (*pcie_gen)(void*, unsigned*) = nullptr;
+  int (*pcie_width)(void*, unsigned*) = nullptr;
+  int (*pcie_max_gen)(void*, unsigned*) = nullptr;
+  int (*pcie_max_width)(void*, unsigned*) = nullptr;
+  int (*nvlink_state)(void*, unsigned, int*) = nullptr;
   ~Api() {
     if (shutdown) shutdown();
     if (lib) ::dlclose(lib);
@@ -87,6 +99,19 @@ std::unique_ptr<GpuMonitor> GpuMonitor::open(int index, std::string* why) {
     *why = "libnvidia-ml.so.1 lacks an expected function";
     return nullptr;
   }
+  load(api->clock, "nvmlDeviceGetClockInfo");
+  load(api->max_clock, "nvmlDeviceGetMaxClockInfo");
+  load(api->power_limit, "nvmlDeviceGetEnforcedPowerLimit");
+  load(api->power_limits, "nvmlDeviceGetPowerManagementLimitConstraints");
+  if (!load(api->clock_reasons, "nvmlDeviceGetCurrentClocksEventReasons")) {
+    load(api->clock_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  }
+  load(api->mig_mode, "nvmlDeviceGetMigMode");
+  load(api->pcie_gen, "nvmlDeviceGetCurrPcieLinkGeneration");
+  load(api->pcie_width, "nvmlDeviceGetCurrPcieLinkWidth");
+  load(api->pcie_max_gen, "nvmlDeviceGetMaxPcieLinkGeneration");
+  load(api->pcie_max_width, "nvmlDeviceGetMaxPcieLinkWidth");
+  load(api->nvlink_state, "nvmlDeviceGetNvLinkState");
   if (api->init() != 0) {
     api->shutdown = nullptr;  // not initialised
     *why = "NVML failed to initialise (driver not loaded?)";
@@ -128,6 +153,33 @@ std::optional<GpuMonitor::Sample> GpuMonitor::sample() const {
 std::string GpuMonitor::name() const {
   char buffer[96] = {};  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
   return api_->name(device_, buffer, sizeof buffer) == 0 ? std::string(buffer) : std::string();
+}
+
+GpuMonitor::Limits GpuMonitor::limits() const {
+  constexpr int kClockSm = 1;         // NVML_CLOCK_SM
+  constexpr unsigned kMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS
+  const auto& a = *api_;
+  Limits l;
+  unsigned v = 0, w = 0;
+  unsigned long long reasons = 0;
+  int active = 0;
+  if (a.clock && a.clock(device_, kClockSm, &v) == 0) l.sm_clock_mhz = static_cast<int>(v);
+  if (a.max_clock && a.max_clock(device_, kClockSm, &v) == 0)
+    l.max_sm_clock_mhz = static_cast<int>(v);
+  if (a.power_limit && a.power_limit(device_, &v) == 0) l.power_limit_w = v / 1000.0;
+  if (a.power_limits && a.power_limits(device_, &v, &w) == 0) l.max_power_limit_w = w / 1000.0;
+  if (a.temperature(device_, kNvmlTemperatureGpu, &v) == 0) l.temp_c = v;
+  if (a.clock_reasons && a.clock_reasons(device_, &reasons) == 0) l.clock_event_reasons = reasons;
+  if (a.mig_mode && a.mig_mode(device_, &v, &w) == 0) l.mig = v == 1;
+  if (a.pcie_gen && a.pcie_gen(device_, &v) == 0) l.pcie_gen = static_cast<int>(v);
+  if (a.pcie_width && a.pcie_width(device_, &v) == 0) l.pcie_width = static_cast<int>(v);
+  if (a.pcie_max_gen && a.pcie_max_gen(device_, &v) == 0) l.pcie_max_gen = static_cast<int>(v);
+  if (a.pcie_max_width && a.pcie_max_width(device_, &v) == 0)
+    l.pcie_max_width = static_cast<int>(v);
+  for (unsigned link = 0; a.nvlink_state && link < kMaxLinks; ++link) {
+    if (a.nvlink_state(device_, link, &active) == 0 && active == 1) ++l.nvlinks_active;
+  }
+  return l;
 }
 
 }  // namespace trainer

@@ -2,6 +2,7 @@
 // (libnvidia-ml.so.1 from the driver), so the binary needs no NVML at build or start-up.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,18 @@ class GpuMonitor {
   std::optional<Sample> sample() const;
   // The product name, e.g. "NVIDIA H200"; "" when NVML reports an error.
   std::string name() const;
+
+  // What bounds the device's speed; a field NVML does not report stays 0.
+  struct Limits {
+    int sm_clock_mhz = 0, max_sm_clock_mhz = 0;
+    double power_limit_w = 0, max_power_limit_w = 0;
+    double temp_c = 0;
+    uint64_t clock_event_reasons = 0;  // nvmlDeviceGetCurrentClocksEventReasons' bitmask
+    bool mig = false;                  // MIG mode on
+    int pcie_gen = 0, pcie_width = 0, pcie_max_gen = 0, pcie_max_width = 0;
+    int nvlinks_active = 0;
+  };
+  Limits limits() const;
 
  private:
   struct Api;
