@@ -420,4 +420,34 @@ TEST_F(Cli, DoctorPerfSaysWhenAJobIsInputBound) {
   EXPECT_NE(slow["fix"].get<std::string>().find("data.workers"), std::string::npos) << slow;
 }
 
+// trainer eval on a run's newest checkpoint gives the run's last val record (the same weights,
+// the same data), with every validation sample counted once; a checkpoint for another model
+// is a config error naming the key.
+TEST_F(Cli, EvalGivesTheRunsLastValRecord) {
+  const auto run_dir = dir_ / "r";
+  const std::string config =
+      "--config configs/synthetic.yaml --set data.noise=4 --set data.val_samples=127 "
+      "--set run.progress=never";
+  ASSERT_EQ(run(config + " --run-dir '" + run_dir.string() + "'").code, 0);
+  const auto last = metrics(run_dir, "val").back();
+  auto r = run("eval --checkpoint '" + run_dir.string() + "' --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto e = nlohmann::json::parse(r.out);
+  EXPECT_EQ(e["samples"], 127);
+  EXPECT_EQ(e["step"], last["step"]);
+  for (const char* key : {"loss", "top1", "top5"}) {
+    EXPECT_DOUBLE_EQ(e[key].get<double>(), last[key].get<double>()) << key;
+  }
+  EXPECT_GT(e["loss"].get<double>(), 0.01);  // not a trivially solved set
+  const auto wrong = write("wrong.yaml", "base: " + std::string(TRAINER_SOURCE_DIR) +
+                                             "/configs/synthetic.yaml\nmodel:\n  hidden: [16]\n");
+  r = run("eval --checkpoint '" + e["checkpoint"].get<std::string>() + "' --config '" +
+          wrong.string() + "'");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("model.hidden: is [16] but the checkpoint"), std::string::npos) << r.err;
+  r = run("eval --checkpoint '" + dir_.string() + "'");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("holds no checkpoint"), std::string::npos) << r.err;
+}
+
 }  // namespace

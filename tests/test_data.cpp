@@ -365,6 +365,26 @@ TEST(LoaderTest, CoversEveryIndexOnceWithoutDropLast) {
   }
 }
 
+// Uneven shards (evaluation): over any number of ranks every sample once, none repeated, the
+// last ranks one fewer when the ranks do not divide the data.
+TEST(LoaderTest, UnevenShardsCoverEverySampleOnceOverTheRanks) {
+  for (int64_t world : {1, 2, 3, 7}) {
+    std::multiset<int64_t> seen;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      auto o = options(4, /*workers=*/1, /*drop_last=*/false, /*shuffle=*/false);
+      o.even = false;
+      o.rank = rank;
+      o.world_size = world;
+      Loader loader(std::make_shared<IndexDataset>(101), o);
+      const int64_t mine = (101 - rank + world - 1) / world;
+      EXPECT_EQ(loader.samples_per_epoch(), mine);
+      for (const auto& b : epoch(loader, 0)) seen.insert(b.begin(), b.end());
+    }
+    EXPECT_EQ(seen.size(), 101u) << world << " ranks";
+    for (int64_t i = 0; i < 101; ++i) EXPECT_EQ(seen.count(i), 1u) << i;
+  }
+}
+
 TEST(LoaderTest, DropLastDropsTheTail) {
   Loader loader(std::make_shared<IndexDataset>(103), options(10, 0, /*drop_last=*/true));
   EXPECT_EQ(loader.batches_per_epoch(), 10);

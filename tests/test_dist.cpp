@@ -152,6 +152,28 @@ TEST_F(Dist, DoctorPerfMeasuresTheCollectivesOfAJob) {
   EXPECT_EQ(r.out.find("[rank1]: {"), std::string::npos) << r.out;
 }
 
+// trainer eval under the launcher: 127 validation samples over 2 and 3 ranks are each scored
+// once; the figures equal one process's within the float32 rounding of other batch sums.
+TEST_F(Dist, EvalCountsEverySampleOnceOverTheRanks) {
+  const auto run_dir = dir_ / "r";
+  const std::string config =
+      "--config configs/synthetic.yaml --set data.noise=4 "
+      "--set data.val_samples=127 --set run.progress=never";
+  ASSERT_EQ(run(config + " --run-dir '" + run_dir.string() + "'").code, 0);
+  const auto alone =
+      nlohmann::json::parse(run("eval --checkpoint '" + run_dir.string() + "' --json").out);
+  for (const char* ranks : {"2", "3"}) {
+    const auto r = launch(std::string("--nproc-per-node ") + ranks,
+                          "eval --checkpoint '" + run_dir.string() + "' --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto e = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+    EXPECT_EQ(e["samples"], 127) << ranks;
+    EXPECT_NEAR(e["loss"].get<double>(), alone["loss"].get<double>(),
+                1e-6 * alone["loss"].get<double>());
+    EXPECT_DOUBLE_EQ(e["top1"].get<double>(), alone["top1"].get<double>());
+  }
+}
+
 TEST_F(Dist, SyncBatchNormTrainsAsTheGlobalBatch) {
   const std::string common =
       "--config configs/synthetic.yaml --set model.name=resnet18 --set model.stem=cifar "

@@ -32,6 +32,10 @@ int doctor_command(int argc, char** argv);
 int doctor_perf(const std::string& config, const std::vector<std::string>& overrides, bool quick,
                 bool json);
 
+// trainer eval --checkpoint PATH|RUN_DIR [options]; argv[0] is "eval". Every rank of a launched
+// job must call it. Returns the exit code.
+int eval_command(int argc, char** argv);
+
 // trainer bench --config FILE [options]; argv[0] is "bench". Returns the exit code.
 int bench_command(int argc, char** argv);
 

@@ -6,6 +6,7 @@
 //   trainer export --checkpoint PATH --out FILE.safetensors
 //   trainer doctor [--json] [--config FILE]
 //   trainer bench --config FILE [--steps N] [--warmup N] [--json FILE] ...
+//   trainer eval --checkpoint PATH|RUN_DIR [--config FILE] [--set K=V]... [--json]
 //   trainer --help | --version
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
@@ -33,6 +34,7 @@ struct Command {
 };
 constexpr Command kCommands[] = {{"launch", trainer::cli::launch_command},
                                  {"bench", trainer::cli::bench_command},
+                                 {"eval", trainer::cli::eval_command},
                                  {"export", trainer::cli::export_command},
                                  {"doctor", trainer::cli::doctor_command}};
 

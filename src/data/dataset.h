@@ -129,6 +129,9 @@ struct LoaderOptions {
   int64_t rank = 0;         // this process's shard of every epoch
   int64_t world_size = 1;   // number of shards
   int64_t throttle_ms = 0;  // extra time each batch takes to assemble (a slow input, simulated)
+  // Every rank the same number of samples (with padding repeats unless drop_last), as DDP's
+  // collectives need; false: each sample on one rank only, once (evaluation).
+  bool even = true;
 };
 
 // The sample indices rank `rank` of `world_size` sees in epoch `epoch`: the epoch's order (a

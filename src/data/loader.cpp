@@ -184,7 +184,11 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
                                 " is not in [0, world_size " + std::to_string(options.world_size) +
                                 ")");
   }
-  state_->size = shard_size(state_->dataset->size(), options.drop_last, options.world_size);
+  const int64_t n = state_->dataset->size();
+  state_->size = options.even ? shard_size(n, options.drop_last, options.world_size)
+                 : n > options.rank
+                     ? (n - options.rank + options.world_size - 1) / options.world_size
+                     : 0;
   const int64_t b = options.batch_size;
   state_->num_batches = options.drop_last ? state_->size / b : (state_->size + b - 1) / b;
 }
@@ -211,8 +215,17 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   }
   s.stop_workers();
   const auto& o = s.options;
-  s.order =
-      shard_order(s.dataset->size(), o.shuffle, o.drop_last, o.seed, epoch, o.rank, o.world_size);
+  if (o.even) {
+    s.order =
+        shard_order(s.dataset->size(), o.shuffle, o.drop_last, o.seed, epoch, o.rank, o.world_size);
+  } else {  // samples rank, rank + W, ... of the epoch's order, each once
+    const auto all = epoch_order(s.dataset->size(), o.shuffle, o.seed, epoch);
+    s.order.clear();
+    for (size_t i = static_cast<size_t>(o.rank); i < all.size();
+         i += static_cast<size_t>(o.world_size)) {
+      s.order.push_back(all[i]);
+    }
+  }
   s.epoch = Epoch{o.seed, epoch};
   s.next = first_batch;
   s.end = s.num_batches;

@@ -133,6 +133,24 @@ void Checkpointer::restore(const checkpoint::State& ckpt, const std::string& pat
   last_ = path;
 }
 
+int64_t Checkpointer::load_model(const std::string& path) {
+  const checkpoint::State ckpt = checkpoint::load(path);
+  const auto& meta = ckpt.meta;
+  if (!meta.is_object() || meta.value("format", 0) != kFormat || !meta.contains("config") ||
+      !meta.contains("step") || !meta["step"].is_number_integer()) {
+    throw checkpoint::CorruptCheckpoint(path + ": not a checkpoint of this trainer version");
+  }
+  check_config(meta.at("config"), path);
+  const std::string problems =
+      models::load_weights(*parts_.model, model_weights(ckpt), /*skip_head=*/false);
+  if (!problems.empty()) {
+    throw config::ConfigError({config::Issue{loaded_.where("model.name"), "model.name",
+                                             "the checkpoint " + path + " does not fit model " +
+                                                 loaded_.cfg.model.name + ": " + problems}});
+  }
+  return meta["step"].get<int64_t>();
+}
+
 // The config: what must match, and what changed harmlessly.
 void Checkpointer::check_config(const nlohmann::json& saved, const std::string& path) const {
   std::vector<config::Issue> conflicts;

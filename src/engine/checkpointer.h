@@ -33,6 +33,11 @@ class Checkpointer {
   // order (rank 0 picks the file and broadcasts its name).
   bool resume(const std::string& spec);
 
+  // Loads only the model weights of the checkpoint file `path` (verified, its config checked as
+  // resume() checks it) and returns the step it was written at: for evaluation, on any number
+  // of ranks. Each rank reads the file itself.
+  int64_t load_model(const std::string& path);
+
   // Saves the state of the current step unless it is saved already, with `eval`'s metrics when
   // it was evaluated at this step. A failed save stops the run (throws) unless
   // run.continue_on_save_error; the previous checkpoint stays intact either way. Every rank must

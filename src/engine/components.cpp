@@ -78,6 +78,7 @@ void make_data(Components& c, const config::LoadedConfig& loaded, const distribu
   val.batch_size = cfg.data.eval_batch_size > 0 ? cfg.data.eval_batch_size : cfg.data.batch_size;
   val.shuffle = false;
   val.drop_last = false;
+  val.even = false;  // each validation sample counted once over the ranks
   c.train_loader = std::make_unique<data::Loader>(c.splits.train, train);
   c.val_loader = std::make_unique<data::Loader>(c.splits.val, val);
   c.steps_per_epoch = c.train_loader->batches_per_epoch() / cfg.train.grad_accum_steps;

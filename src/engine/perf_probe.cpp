@@ -79,6 +79,25 @@ void measure_cuda_copies(torch::Device device, int64_t bytes, int repeats, Devic
   }
 }
 
+// TFLOP/s of an 8192 x 8192 float8 (e4m3) matrix product with bfloat16 output
+// (at::_scaled_mm, per-tensor scales), the best of 5; 0 where the GPU or LibTorch has none
+// (before compute capability 8.9 ATen refuses it).
+double fp8_tflops(torch::Device device) {
+  const int64_t n = 8192;
+  const auto on = torch::TensorOptions().device(device);
+  try {
+    const auto a = torch::randn({n, n}, on).to(at::kFloat8_e4m3fn);      // [n, n] row-major
+    const auto b = torch::randn({n, n}, on).to(at::kFloat8_e4m3fn).t();  // [n, n] column-major
+    const auto scale = torch::ones({}, on.dtype(torch::kFloat));
+    const double s = best_seconds(device, 5, [&] {
+      at::_scaled_mm(a, b, scale, scale, std::nullopt, std::nullopt, at::kBFloat16);
+    });
+    return 2.0 * static_cast<double>(n * n) * static_cast<double>(n) / s / 1e12;
+  } catch (const c10::Error&) {
+    return 0.0;  // this LibTorch build has no float8 product for the device
+  }
+}
+
 }  // namespace
 
 DevicePerf measure_device(torch::Device device, const PerfOptions& options) {
@@ -98,6 +117,10 @@ DevicePerf measure_device(torch::Device device, const PerfOptions& options) {
     out.matmul_tflops.emplace_back(name, matmul_peak_tflops(device, dtype));
   }
   at::globalContext().setAllowTF32CuBLAS(false);
+  if (out.cuda) {
+    options.progress("matmul fp8");
+    if (const double fp8 = fp8_tflops(device); fp8 > 0) out.matmul_tflops.emplace_back("fp8", fp8);
+  }
   const int64_t bytes = (options.quick ? 64 : 256) << 20;
   options.progress("memory copy");
   out.copy_gbps = device_copy_gbps(device, bytes, repeats);

@@ -301,6 +301,14 @@ double Trainer::input_samples_per_sec(int64_t steps, double min_seconds) {
   return took > 0 ? static_cast<double>(samples) / took : 0.0;
 }
 
+int64_t Trainer::load_model(const std::string& path) {
+  return s_->state.step = s_->checkpointer.load_model(path);
+}
+
+int64_t Trainer::step() const {
+  return s_->state.step;
+}
+
 distributed::Group* Trainer::group() const {
   return s_->parts.group.get();
 }

@@ -52,6 +52,10 @@ class Trainer {
   // order.
   bool resume(const std::string& spec);
 
+  // Loads the model weights of a checkpoint file for evaluation (Checkpointer::load_model) and
+  // returns its step. Every rank must call this.
+  int64_t load_model(const std::string& path);
+
   // Trains to the end (or until *stop becomes true, or train.stop_at_step), evaluating, logging
   // and checkpointing as configured; a stop writes a checkpoint first. Writes
   // <run.dir>/metrics.jsonl (after a resume: keeps its lines up to the checkpoint's step and
@@ -94,6 +98,8 @@ class Trainer {
   int rank() const;
   // The processes training together (1 when alone).
   int world_size() const;
+  // Optimizer steps taken (or resumed from).
+  int64_t step() const;
   // The device the model trains on.
   torch::Device device() const;
   // The job's process group; nullptr when training alone.

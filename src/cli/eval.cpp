@@ -1,0 +1,117 @@
+// trainer eval: scores a checkpoint on its data set's validation split.
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "distributed/env.h"
+#include "engine/trainer.h"
+#include "util/format.h"
+
+namespace trainer::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The checkpoint and the config to evaluate it with: a run dir's newest checkpoint that
+// verifies and its config.yaml, or a checkpoint file and the config.yaml of the run dir it lies
+// in; --config replaces the config either way.
+std::pair<std::string, std::string> resolve(const std::string& spec, const std::string& config) {
+  std::error_code ec;
+  std::string checkpoint = spec;
+  fs::path run_dir;
+  if (fs::is_directory(spec, ec)) {
+    run_dir = spec;
+    const checkpoint::Directory dir((run_dir / "checkpoints").string(), 1, "");
+    const auto latest = dir.load_latest();
+    if (!latest) throw UsageError("--checkpoint: " + spec + " holds no checkpoint (checkpoints/)");
+    checkpoint = latest->first;
+  } else if (fs::is_regular_file(spec, ec)) {
+    run_dir = fs::path(spec).parent_path().parent_path();
+  } else {
+    throw UsageError("--checkpoint: " + spec + " is neither a checkpoint file nor a run dir");
+  }
+  if (!config.empty()) return {checkpoint, config};
+  const fs::path saved = run_dir / "config.yaml";
+  if (!fs::is_regular_file(saved, ec)) {
+    throw UsageError("--checkpoint: no config.yaml in " + run_dir.string() +
+                     " to rebuild the model and data from; give --config FILE");
+  }
+  return {checkpoint, saved.string()};
+}
+
+nlohmann::json result_json(const engine::EvalResult& e, const std::string& checkpoint,
+                           int64_t step) {
+  nlohmann::json j = {{"checkpoint", checkpoint},
+                      {"step", step},
+                      {"split", "val"},
+                      {"samples", e.samples},
+                      {"loss", e.loss}};
+  if (e.sequence) {
+    j["ppl"] = e.ppl;
+  } else {
+    j["top1"] = e.top1;
+    j["top5"] = e.top5;
+  }
+  return j;
+}
+
+}  // namespace
+
+int eval_command(int argc, char** argv) {
+  cxxopts::Options options("trainer eval",
+                           "Scores a checkpoint on the validation split of its data set.");
+  // clang-format off
+  options.add_options()
+      ("checkpoint", "a checkpoint file, or a run dir (its newest checkpoint that verifies)",
+       cxxopts::value<std::string>(), "PATH|RUN_DIR")
+      ("config", "the config to rebuild model and data from (default: the run dir's config.yaml)",
+       cxxopts::value<std::string>(), "FILE")
+      ("set", "override a config key, e.g. --set data.eval_batch_size=256 (repeatable)",
+       cxxopts::value<std::vector<std::string>>(), "KEY.PATH=VALUE")
+      ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
+      ("json", "print one JSON object instead of the line")
+      ("log-level", "trace|debug|info|warn|error",
+       cxxopts::value<std::string>()->default_value("warn"), "L")
+      ("h,help", "print this help");
+  // clang-format on
+  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
+  if (args.count("help")) {
+    std::cout << options.help()
+              << "\nRuns in a launched job too (trainer launch ... -- eval ...): each validation "
+                 "sample is scored once over the ranks; rank 0 prints.\n";
+    return 0;
+  }
+  if (!args.count("checkpoint")) throw UsageError("eval: --checkpoint PATH|RUN_DIR is required");
+  const distributed::DistEnv job = distributed::read_process_env();
+  setup_logging(args["log-level"].as<std::string>(), job);
+  const auto [checkpoint, config] =
+      resolve(args["checkpoint"].as<std::string>(),
+              args.count("config") ? args["config"].as<std::string>() : "");
+  std::vector<std::string> overrides;
+  if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
+  if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
+  const auto loaded = load_config(config, overrides, engine::config_environment());
+  engine::Trainer trainer(loaded, job);
+  const int64_t step = trainer.load_model(checkpoint);
+  const engine::EvalResult e = trainer.evaluate();
+  if (job.rank != 0) return 0;
+  if (args.count("json")) {
+    std::cout << result_json(e, checkpoint, step).dump() << "\n";
+  } else if (e.sequence) {
+    std::cout << strprintf("eval %s (step %" PRId64 "): loss %.4f, ppl %.3f (%" PRId64 " tokens)\n",
+                           checkpoint.c_str(), step, e.loss, e.ppl, e.samples);
+  } else {
+    std::cout << strprintf("eval %s (step %" PRId64
+                           "): loss %.4f, top-1 %.2f%%, top-5 %.2f%% (%" PRId64 " samples)\n",
+                           checkpoint.c_str(), step, e.loss, 100 * e.top1, 100 * e.top5, e.samples);
+  }
+  return 0;
+}
+
+}  // namespace trainer::cli
