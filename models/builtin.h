@@ -24,4 +24,7 @@ inline torch::Tensor drop(const torch::Tensor& x, double p, bool training) {
 // when it asks for checkpointing and `has_blocks` is false.
 nn::CheckpointPolicy checkpoint_policy(const config::ModelConfig& cfg, bool has_blocks);
 
+// gpt's weights in Hugging Face's GPT-2 layout (models/gpt_hf.cpp).
+ForeignFormat gpt2_hf_format();
+
 }  // namespace trainer::models

@@ -294,6 +294,7 @@ void register_gpt(ModelRegistry& registry) {
   kind.context_length = [](const config::ModelConfig& cfg) {
     return cfg.own<GptOptions>().block_size;
   };
+  kind.hf = gpt2_hf_format();
   registry.add("gpt", kind, config::options_of<GptOptions>());
 }
 

@@ -8,9 +8,13 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,17 +51,40 @@ class ModelError : public std::invalid_argument {
 
 using ModelFactory = std::function<Net(const config::ModelConfig& cfg, const InputSpec& input)>;
 
+// Tensors under their names.
+using NamedWeights = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Another library's layout of a model's weights (gpt: Hugging Face Transformers' GPT-2).
+struct ForeignFormat {
+  std::string name;  // e.g. "Hugging Face GPT-2"
+  // Whether `weights` are in this layout rather than the trainer's.
+  std::function<bool(const NamedWeights& weights)> matches;
+  // The trainer's names and layout from this layout.
+  std::function<NamedWeights(const NamedWeights& weights)> to_trainer;
+  // This layout and its config file (Hugging Face's config.json) from the trainer's weights and
+  // the run's flattened config ("model.n_head" -> "12").
+  std::function<std::pair<NamedWeights, nlohmann::json>(
+      const NamedWeights& weights, const std::map<std::string, std::string>& config)>
+      from_trainer;
+};
+
 // A registered model: how to build it and what the engine needs to know before it does.
 struct ModelKind {
   ModelFactory make;
   // The tokens per sample a language model reads at most (gpt: model.block_size), the length the
   // token data sets cut samples to unless data.seq_len says otherwise; null for other models.
   std::function<int64_t(const config::ModelConfig& cfg)> context_length;
+  // Hugging Face's layout of this model's weights; none for most models.
+  std::optional<ForeignFormat> hf;
 };
 using ModelRegistry = Registry<ModelKind>;
 
 // The built-in models.
 const ModelRegistry& model_registry();
+
+// `weights` for model `name` in the trainer's layout: converted when they are in the layout of
+// the model's Hugging Face format, else unchanged.
+NamedWeights to_trainer_layout(const std::string& name, const NamedWeights& weights);
 
 // Builds the model cfg.name names. Throws ModelError for settings the model or `input` reject.
 Net build_model(const config::ModelConfig& cfg, const InputSpec& input);

@@ -28,6 +28,11 @@ Net build_model(const config::ModelConfig& cfg, const InputSpec& input) {
   return model_registry().get(cfg.name).make(cfg, input);
 }
 
+NamedWeights to_trainer_layout(const std::string& name, const NamedWeights& weights) {
+  const auto& hf = model_registry().get(name).hf;
+  return hf && hf->matches(weights) ? hf->to_trainer(weights) : weights;
+}
+
 config::ModelConfig default_model_config(const std::string& name) {
   config::ModelConfig cfg;
   cfg.name = name;

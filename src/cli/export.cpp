@@ -1,17 +1,49 @@
 // trainer export: writes a checkpoint's model weights as safetensors.
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "engine/checkpointer.h"
+#include "models/model.h"
 #include "util/fileio.h"
 #include "util/log.h"
 
 namespace trainer::cli {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// --format hf: the model's Hugging Face layout, as `save_pretrained` writes it, into folder
+// `out`.
+int export_hf(const std::string& path, const std::string& out, const std::string& model,
+              const checkpoint::NamedTensors& weights, const nlohmann::json& config) {
+  const auto& hf = models::model_registry().get(model).hf;
+  if (!hf) {
+    throw UsageError("--format hf: " + path + " holds a " + model +
+                     ", which has no Hugging Face layout here (gpt has: GPT-2)");
+  }
+  std::map<std::string, std::string> flat;
+  for (const auto& [key, value] : config.items()) {
+    if (value.is_string()) flat[key] = value.get<std::string>();
+  }
+  const auto [tensors, hf_config] = hf->from_trainer(weights, flat);
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw UsageError("--out " + out + ": cannot create the folder: " + ec.message());
+  write_atomically((fs::path(out) / "model.safetensors").string(), [&](const ByteSink& sink) {
+    checkpoint::write_safetensors(tensors, {{"format", "pt"}}, sink);
+  });
+  write_text_atomically((fs::path(out) / "config.json").string(), hf_config.dump(2) + "\n");
+  std::cout << "wrote " << out << ": " << hf->name << ", " << tensors.size()
+            << " tensors and config.json\n";
+  return 0;
+}
+
+}  // namespace
 
 // trainer export: the model weights of a checkpoint as a plain safetensors file with PyTorch
 // state-dict names (torchvision's for the ResNets, nanoGPT's for gpt).
@@ -22,7 +54,11 @@ int export_command(int argc, char** argv) {
   options.add_options()
       ("checkpoint", "a checkpoint file (<run.dir>/checkpoints/step_*.safetensors)",
        cxxopts::value<std::string>(), "PATH")
-      ("out", "the safetensors file to write", cxxopts::value<std::string>(), "FILE")
+      ("out", "the safetensors file to write (--format hf: the folder)",
+       cxxopts::value<std::string>(), "FILE|DIR")
+      ("format", "pt: PyTorch state-dict names; hf: a Hugging Face folder (model.safetensors, "
+       "config.json) that transformers' from_pretrained loads (gpt: GPT2LMHeadModel)",
+       cxxopts::value<std::string>()->default_value("pt"), "pt|hf")
       ("h,help", "print this help");
   // clang-format on
   const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
@@ -55,6 +91,9 @@ int export_command(int argc, char** argv) {
         "or the step, or it holds no model.* tensor)");
   }
   const std::string model = config["model.name"].get<std::string>();
+  const std::string format = args["format"].as<std::string>();
+  if (format == "hf") return export_hf(path, out, model, weights, config);
+  if (format != "pt") throw UsageError("--format: expected pt or hf, got '" + format + "'");
   write_atomically(out, [&](const ByteSink& sink) {
     checkpoint::write_safetensors(
         weights, {{"format", "pt"}, {"model", model}, {"step", step.dump()}}, sink);

@@ -102,8 +102,9 @@ void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
   } catch (const checkpoint::FormatError& e) {
     config_error(loaded, "model.pretrained", e.what());
   }
-  const std::string problems =
-      models::load_weights(*c.model, weights.tensors, m.pretrained_skip_head);
+  // Hugging Face's layout of the model, where it has one, is converted first.
+  const std::string problems = models::load_weights(
+      *c.model, models::to_trainer_layout(m.name, weights.tensors), m.pretrained_skip_head);
   if (!problems.empty()) {
     config_error(loaded, "model.pretrained",
                  m.pretrained + " does not fit model " + m.name + ": " + problems +
