@@ -161,11 +161,8 @@ int bench_command(int argc, char** argv) {
   const distributed::DistEnv job = distributed::read_process_env();
   setup_logging(args["log-level"].as<std::string>(), job);
 
-  std::vector<std::string> overrides;
-  if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
-  if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
   const std::string config_path = args["config"].as<std::string>();
-  const auto loaded = load_config(config_path, overrides, engine::config_environment());
+  const auto loaded = load_config(config_path, set_and_device(args), engine::config_environment());
 
   engine::Trainer trainer(loaded, job);
   const auto result = engine::run_bench(trainer, opts);

@@ -8,6 +8,10 @@
 #include "config/loader.h"
 #include "distributed/env.h"
 
+namespace cxxopts {
+class ParseResult;
+}  // namespace cxxopts
+
 namespace trainer::cli {
 
 // A bad command line: printed with a pointer to --help, exit 2.
@@ -38,6 +42,10 @@ int eval_command(int argc, char** argv);
 
 // trainer bench --config FILE [options]; argv[0] is "bench". Returns the exit code.
 int bench_command(int argc, char** argv);
+
+// The overrides of --set, then of --device as the `device=` it stands for (commands declaring
+// both).
+std::vector<std::string> set_and_device(const cxxopts::ParseResult& args);
 
 // Sets up logging at --log-level `level_text` for this process of `job`: rank 0 at that level, the
 // other ranks at warn or above. A level that is not one throws UsageError.

@@ -3,6 +3,7 @@
 #include <torch/version.h>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "engine/components.h"
 #include "util/log.h"
 
@@ -15,6 +16,13 @@ std::string cuda_build_version() {
   } catch (const std::exception&) {
     return "cpu";
   }
+}
+
+std::vector<std::string> set_and_device(const cxxopts::ParseResult& args) {
+  std::vector<std::string> overrides;
+  if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
+  if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
+  return overrides;
 }
 
 void setup_logging(const std::string& level_text, const distributed::DistEnv& job) {

@@ -93,10 +93,7 @@ int eval_command(int argc, char** argv) {
   const auto [checkpoint, config] =
       resolve(args["checkpoint"].as<std::string>(),
               args.count("config") ? args["config"].as<std::string>() : "");
-  std::vector<std::string> overrides;
-  if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
-  if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
-  const auto loaded = load_config(config, overrides, engine::config_environment());
+  const auto loaded = load_config(config, set_and_device(args), engine::config_environment());
   engine::Trainer trainer(loaded, job);
   const int64_t step = trainer.load_model(checkpoint);
   const engine::EvalResult e = trainer.evaluate();
