@@ -108,6 +108,26 @@ class GptAttentionImpl : public torch::nn::Module {
     return drop(apply_linear(c_proj, y), dropout_, is_training());  // [B, T, C]
   }
 
+  // Decoding: x [B, T, C] the new positions after those whose keys and values `cache` holds
+  // ([B, nh, P, hs] each, undefined when none), which grows by them. T > 1 only when it is empty.
+  torch::Tensor forward_cached(const torch::Tensor& x,
+                               std::pair<torch::Tensor, torch::Tensor>& cache) {
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    const auto qkv = apply_linear(c_attn, x).split(/*split_size=*/C, /*dim=*/2);  // 3 x [B, T, C]
+    const auto heads = [&](const torch::Tensor& t) {
+      return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
+    };
+    auto& [k, v] = cache;
+    const bool first = !k.defined();
+    k = first ? heads(qkv[1]) : torch::cat({k, heads(qkv[1])}, /*dim=*/2);  // [B, nh, P + T, hs]
+    v = first ? heads(qkv[2]) : torch::cat({v, heads(qkv[2])}, /*dim=*/2);  // [B, nh, P + T, hs]
+    auto y = at::scaled_dot_product_attention(heads(qkv[0]), k, v, /*attn_mask=*/{},
+                                              /*dropout_p=*/0.0,
+                                              /*is_causal=*/first);  // [B, nh, T, hs]
+    y = y.transpose(1, 2).contiguous().view({B, T, C});              // [B, T, C]
+    return apply_linear(c_proj, y);                                  // [B, T, C]
+  }
+
   torch::nn::Linear c_attn{nullptr};
   torch::nn::Linear c_proj{nullptr};
 
@@ -153,6 +173,11 @@ class GptBlockImpl : public torch::nn::Module {
     x = x + attn->forward(ln_1->forward(x));  // [B, T, C]
     x = x + mlp->forward(ln_2->forward(x));   // [B, T, C]
     return x;
+  }
+
+  torch::Tensor forward_cached(torch::Tensor x, std::pair<torch::Tensor, torch::Tensor>& cache) {
+    x = x + attn->forward_cached(ln_1->forward(x), cache);  // [B, T, C]
+    return x + mlp->forward(ln_2->forward(x));              // [B, T, C]
   }
 
   GptLayerNorm ln_1{nullptr};
@@ -245,6 +270,24 @@ class GptImpl : public NetImpl {
     return lm_head->forward(h);         // [B, T, vocab]
   }
 
+  // Decoding (eval mode): the logits [B, vocab] of the last of the new tokens x [B, T], which
+  // stand at positions start.. after those the per-block `caches` hold (extended here).
+  torch::Tensor forward_cached(const torch::Tensor& x, int64_t start,
+                               std::vector<std::pair<torch::Tensor, torch::Tensor>>& caches) {
+    const int64_t T = x.size(1);
+    caches.resize(transformer->blocks.size());
+    const auto pos = torch::arange(start, start + T, x.options().dtype(torch::kLong));  // [T]
+    auto h = transformer->wte->forward(x) + transformer->wpe->forward(pos);             // [B, T, C]
+    for (size_t i = 0; i < transformer->blocks.size(); ++i) {
+      h = transformer->blocks[i]->forward_cached(h, caches[i]);  // [B, T, C]
+    }
+    h = transformer->ln_f->forward(h.select(/*dim=*/1, /*index=*/T - 1));  // [B, C]
+    return lm_head->forward(h);                                            // [B, vocab]
+  }
+
+  int64_t block_size() const { return block_size_; }
+  int64_t vocabulary() const { return transformer->wte->weight.size(0); }
+
  private:
   // Token data longer than the context, or with ids beyond the vocabulary.
   static void check_input(const GptOptions& cfg, const InputSpec& input) {
@@ -284,6 +327,53 @@ class GptImpl : public NetImpl {
 };
 TORCH_MODULE(Gpt);
 
+// Token-by-token decoding of a Gpt, with or without the key/value cache.
+class GptDecoder final : public Decoder {
+ public:
+  GptDecoder(GptImpl& net, bool use_cache) : net_(net), use_cache_(use_cache) {}
+
+  torch::Tensor next_logits(const torch::Tensor& tokens) override {
+    torch::NoGradGuard no_grad;
+    history_ = history_.defined() ? torch::cat({history_, tokens}, /*dim=*/1) : tokens;  // [B, L]
+    const int64_t context = net_.block_size();
+    if (!use_cache_) {
+      history_ = history_.slice(/*dim=*/1, std::max<int64_t>(0, history_.size(1) - context));
+      return net_.forward(history_).select(/*dim=*/1, /*index=*/-1);  // [B, vocab]
+    }
+    if (cached_ + tokens.size(1) > context) {  // full: the last context - 1 tokens, recomputed
+      history_ = history_.slice(/*dim=*/1, history_.size(1) - (context - 1));
+      caches_.clear();
+      cached_ = 0;
+    }
+    // The cache takes new tokens one at a time once it holds any (the causal mask of a longer
+    // block after a cache is not what scaled_dot_product_attention's is_causal means).
+    if (cached_ == 0) {
+      cached_ = history_.size(1);
+      return net_.forward_cached(history_, /*start=*/0, caches_);  // [B, vocab]
+    }
+    torch::Tensor logits;
+    for (int64_t t = 0; t < tokens.size(1); ++t) {
+      logits = net_.forward_cached(tokens.slice(/*dim=*/1, t, t + 1), cached_++, caches_);
+    }
+    return logits;  // [B, vocab]
+  }
+
+  int64_t vocabulary() const override { return net_.vocabulary(); }
+
+  void reset() override {
+    history_ = torch::Tensor();
+    caches_.clear();
+    cached_ = 0;
+  }
+
+ private:
+  GptImpl& net_;
+  bool use_cache_;
+  torch::Tensor history_;  // [B, L] every token given since reset(), cropped to the context
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> caches_;  // per block: keys, values
+  int64_t cached_ = 0;                                           // positions in the caches
+};
+
 }  // namespace
 
 void register_gpt(ModelRegistry& registry) {
@@ -295,6 +385,9 @@ void register_gpt(ModelRegistry& registry) {
     return cfg.own<GptOptions>().block_size;
   };
   kind.hf = gpt2_hf_format();
+  kind.decoder = [](NetImpl& net, bool use_cache) -> std::unique_ptr<Decoder> {
+    return std::make_unique<GptDecoder>(dynamic_cast<GptImpl&>(net), use_cache);
+  };
   registry.add("gpt", kind, config::options_of<GptOptions>());
 }
 

@@ -68,12 +68,30 @@ struct ForeignFormat {
       from_trainer;
 };
 
+// A language model decoding token by token (trainer generate).
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  // The next-token logits [B, vocab] after `tokens` [B, T], which follow the tokens given since
+  // reset(). With a key/value cache only the new positions are computed; without one, the whole
+  // sequence again. A sequence reaching the context length keeps its last context - 1 tokens
+  // (recomputed once), as nanoGPT's sampling crops it.
+  virtual torch::Tensor next_logits(const torch::Tensor& tokens) = 0;
+  // Forgets every token.
+  virtual void reset() = 0;
+  // The tokens the model knows (the logits' size).
+  virtual int64_t vocabulary() const = 0;
+};
+
 // A registered model: how to build it and what the engine needs to know before it does.
 struct ModelKind {
   ModelFactory make;
   // The tokens per sample a language model reads at most (gpt: model.block_size), the length the
   // token data sets cut samples to unless data.seq_len says otherwise; null for other models.
   std::function<int64_t(const config::ModelConfig& cfg)> context_length;
+  // A decoder over a built model of this kind (`use_cache`: with a key/value cache); null for
+  // models that are not language models.
+  std::function<std::unique_ptr<Decoder>(NetImpl& net, bool use_cache)> decoder;
   // Hugging Face's layout of this model's weights; none for most models.
   std::optional<ForeignFormat> hf;
 };

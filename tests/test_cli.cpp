@@ -468,4 +468,37 @@ TEST_F(Cli, ExportToHuggingFaceNeedsAModelThatHasTheLayout) {
   EXPECT_FALSE(fs::exists(dir_ / "hf"));
 }
 
+// trainer generate on a byte-level gpt: streamed text that starts with the prompt, the same
+// text for the same seed, other text for another; a model that is not a language model is a
+// usage error.
+TEST_F(Cli, GenerateSamplesTextFromALanguageModel) {
+  const auto corpus = write("corpus.txt", std::string(4000, 'a') + "the quick brown fox\n");
+  const auto run_dir = dir_ / "g";
+  ASSERT_EQ(run("--config configs/gpt_char.yaml --set data.root='" + corpus.string() +
+                "' --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2 "
+                "--set model.block_size=32 --set data.batch_size=8 --set train.max_steps=3 "
+                "--set run.progress=never --run-dir '" +
+                run_dir.string() + "'")
+                .code,
+            0);
+  const std::string gen = "generate --checkpoint '" + run_dir.string() +
+                          "' --prompt 'the ' --max-new-tokens 40 --top-k 20 ";
+  const auto a = run(gen + "--seed 1"), b = run(gen + "--seed 1"), c = run(gen + "--seed 2");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out.rfind("the ", 0), 0u) << a.out;
+  EXPECT_EQ(a.out.size(), 4u + 40u + 1u);  // prompt, 40 bytes, the final newline
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+  EXPECT_NE(a.err.find("generated 40 tokens"), std::string::npos) << a.err;
+  const auto mlp = dir_ / "m";
+  ASSERT_EQ(run("--config configs/synthetic.yaml --set train.max_steps=1 --set run.progress=never "
+                "--run-dir '" +
+                mlp.string() + "'")
+                .code,
+            0);
+  const auto r = run("generate --checkpoint '" + mlp.string() + "'");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("holds a mlp, which is not a language model"), std::string::npos) << r.err;
+}
+
 }  // namespace

@@ -219,5 +219,48 @@ TEST(Gpt, LearnsARepeatedSequence) {
   EXPECT_LT(end, 0.5 * start) << "start " << start << " end " << end;
 }
 
+// Decoding with the key/value cache gives the logits the whole forward pass gives at every
+// position (the prompt at once, then token by token), and so does decoding without it; past the
+// context the cache keeps the last block_size - 1 tokens, as the forward pass on them does.
+TEST(Gpt, DecodingWithTheCacheEqualsTheForwardPass) {
+  torch::manual_seed(0);
+  auto net = build_gpt(small_config());
+  net->eval();
+  torch::NoGradGuard no_grad;
+  const auto tokens = torch::randint(50, {2, 16}, torch::kLong);  // [B, T], T = block_size
+  const auto full = net->forward(tokens);                         // [B, T, V]
+  const auto& make = model_registry().get("gpt").decoder;
+  ASSERT_TRUE(make);
+  for (const bool cache : {true, false}) {
+    SCOPED_TRACE(cache ? "cache" : "no cache");
+    auto decoder = make(*net, cache);
+    EXPECT_EQ(decoder->vocabulary(), 50);
+    auto logits = decoder->next_logits(tokens.slice(1, 0, 5));  // [B, V] after 5 tokens
+    EXPECT_LT((logits - full.select(1, 4)).abs().max().item<double>(), 1e-5);
+    for (int64_t t = 5; t < 16; ++t) {
+      logits = decoder->next_logits(tokens.slice(1, t, t + 1));
+      EXPECT_LT((logits - full.select(1, t)).abs().max().item<double>(), 1e-5) << t;
+    }
+    // One more token: the sequence keeps its last 15 (cache) or 16 (no cache) tokens.
+    const auto extra = torch::randint(50, {2, 1}, torch::kLong);
+    const auto all = torch::cat({tokens, extra}, 1);  // [B, 17]
+    const int64_t kept = cache ? 15 : 16;
+    const auto expected = net->forward(all.slice(1, 17 - kept)).select(1, kept - 1);
+    EXPECT_LT((decoder->next_logits(extra) - expected).abs().max().item<double>(), 1e-5);
+    decoder->reset();
+    EXPECT_LT((decoder->next_logits(tokens.slice(1, 0, 3)) - full.select(1, 2))
+                  .abs()
+                  .max()
+                  .item<double>(),
+              1e-5);
+  }
+}
+
+// Models that are not language models have no decoder.
+TEST(Gpt, OnlyLanguageModelsDecode) {
+  EXPECT_FALSE(model_registry().get("mlp").decoder);
+  EXPECT_FALSE(model_registry().get("resnet18").decoder);
+}
+
 }  // namespace
 }  // namespace trainer::models

@@ -43,6 +43,17 @@ int eval_command(int argc, char** argv);
 // trainer bench --config FILE [options]; argv[0] is "bench". Returns the exit code.
 int bench_command(int argc, char** argv);
 
+// The checkpoint and the config of --checkpoint PATH|RUN_DIR (eval, generate): a run dir's
+// newest checkpoint that verifies and its config.yaml, or a checkpoint file and the config.yaml
+// of the run dir it lies in; `config` (--config) replaces the config either way. Throws
+// UsageError when either is missing.
+std::pair<std::string, std::string> checkpoint_and_config(const std::string& spec,
+                                                          const std::string& config);
+
+// trainer generate --checkpoint PATH|RUN_DIR [options]; argv[0] is "generate". Returns the exit
+// code.
+int generate_command(int argc, char** argv);
+
 // The overrides of --set, then of --device as the `device=` it stands for (commands declaring
 // both).
 std::vector<std::string> set_and_device(const cxxopts::ParseResult& args);

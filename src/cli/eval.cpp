@@ -16,35 +16,6 @@
 namespace trainer::cli {
 namespace {
 
-namespace fs = std::filesystem;
-
-// The checkpoint and the config to evaluate it with: a run dir's newest checkpoint that
-// verifies and its config.yaml, or a checkpoint file and the config.yaml of the run dir it lies
-// in; --config replaces the config either way.
-std::pair<std::string, std::string> resolve(const std::string& spec, const std::string& config) {
-  std::error_code ec;
-  std::string checkpoint = spec;
-  fs::path run_dir;
-  if (fs::is_directory(spec, ec)) {
-    run_dir = spec;
-    const checkpoint::Directory dir((run_dir / "checkpoints").string(), 1, "");
-    const auto latest = dir.load_latest();
-    if (!latest) throw UsageError("--checkpoint: " + spec + " holds no checkpoint (checkpoints/)");
-    checkpoint = latest->first;
-  } else if (fs::is_regular_file(spec, ec)) {
-    run_dir = fs::path(spec).parent_path().parent_path();
-  } else {
-    throw UsageError("--checkpoint: " + spec + " is neither a checkpoint file nor a run dir");
-  }
-  if (!config.empty()) return {checkpoint, config};
-  const fs::path saved = run_dir / "config.yaml";
-  if (!fs::is_regular_file(saved, ec)) {
-    throw UsageError("--checkpoint: no config.yaml in " + run_dir.string() +
-                     " to rebuild the model and data from; give --config FILE");
-  }
-  return {checkpoint, saved.string()};
-}
-
 nlohmann::json result_json(const engine::EvalResult& e, const std::string& checkpoint,
                            int64_t step) {
   nlohmann::json j = {{"checkpoint", checkpoint},
@@ -91,8 +62,8 @@ int eval_command(int argc, char** argv) {
   const distributed::DistEnv job = distributed::read_process_env();
   setup_logging(args["log-level"].as<std::string>(), job);
   const auto [checkpoint, config] =
-      resolve(args["checkpoint"].as<std::string>(),
-              args.count("config") ? args["config"].as<std::string>() : "");
+      checkpoint_and_config(args["checkpoint"].as<std::string>(),
+                            args.count("config") ? args["config"].as<std::string>() : "");
   const auto loaded = load_config(config, set_and_device(args), engine::config_environment());
   engine::Trainer trainer(loaded, job);
   const int64_t step = trainer.load_model(checkpoint);

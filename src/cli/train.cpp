@@ -66,6 +66,8 @@ const char* kOtherCommands =
     "   measure the server against its specification\n"
     "  trainer eval --checkpoint PATH|RUN_DIR [--json]"
     "   score a checkpoint on the validation split\n"
+    "  trainer generate --checkpoint PATH|RUN_DIR [--prompt TEXT]"
+    "   sample text from a language model\n"
     "  trainer bench --config FILE [--steps N] [--warmup N] [--json FILE]"
     "   time training steps (trainer bench --help)\n"
     "\nExit codes: 0 success (also: stopped by SIGINT/SIGTERM after a checkpoint), "

@@ -305,6 +305,13 @@ int64_t Trainer::load_model(const std::string& path) {
   return s_->state.step = s_->checkpointer.load_model(path);
 }
 
+std::unique_ptr<models::Decoder> Trainer::decoder(bool use_cache) {
+  const auto& make = models::model_registry().get(s_->loaded.cfg.model.name).decoder;
+  if (!make) return nullptr;
+  s_->parts.model->eval();
+  return make(*s_->parts.model, use_cache);
+}
+
 int64_t Trainer::step() const {
   return s_->state.step;
 }

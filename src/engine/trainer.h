@@ -98,6 +98,10 @@ class Trainer {
   int rank() const;
   // The processes training together (1 when alone).
   int world_size() const;
+  // A decoder over the model (models::Decoder; with a key/value cache when `use_cache`), in eval
+  // mode; nullptr when the model is not a language model.
+  std::unique_ptr<models::Decoder> decoder(bool use_cache);
+
   // Optimizer steps taken (or resumed from).
   int64_t step() const;
   // The device the model trains on.

@@ -1,0 +1,139 @@
+// trainer generate: text sampled from a language model checkpoint, streamed as it is produced.
+#include <torch/torch.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "engine/generator.h"
+#include "engine/trainer.h"
+#include "util/format.h"
+
+namespace trainer::cli {
+namespace {
+
+constexpr int64_t kByteVocabulary = 256;
+
+std::string prompt_text(const cxxopts::ParseResult& args) {
+  if (args.count("prompt-file")) {
+    const std::string path = args["prompt-file"].as<std::string>();
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UsageError("--prompt-file: cannot read " + path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  const std::string text = args["prompt"].as<std::string>();
+  return text.empty() ? "\n" : text;  // a start, as nanoGPT's sample.py has
+}
+
+engine::SamplingOptions sampling_options(const cxxopts::ParseResult& args) {
+  engine::SamplingOptions o;
+  o.max_new_tokens = args["max-new-tokens"].as<int64_t>();
+  o.temperature = args["temperature"].as<double>();
+  o.top_k = args["top-k"].as<int64_t>();
+  o.top_p = args["top-p"].as<double>();
+  o.seed = args["seed"].as<uint64_t>();
+  if (o.max_new_tokens < 1) throw UsageError("--max-new-tokens must be at least 1");
+  if (o.temperature < 0) throw UsageError("--temperature must not be negative");
+  if (o.top_k < 0) throw UsageError("--top-k must not be negative");
+  if (!(o.top_p > 0 && o.top_p <= 1)) throw UsageError("--top-p must be in (0, 1]");
+  return o;
+}
+
+cxxopts::Options generate_options() {
+  cxxopts::Options options("trainer generate",
+                           "Samples text from a language model checkpoint (gpt).");
+  // clang-format off
+  options.add_options()
+      ("checkpoint", "a checkpoint file, or a run dir (its newest checkpoint that verifies)",
+       cxxopts::value<std::string>(), "PATH|RUN_DIR")
+      ("config", "the config to rebuild the model from (default: the run dir's config.yaml)",
+       cxxopts::value<std::string>(), "FILE")
+      ("set", "override a config key (repeatable)", cxxopts::value<std::vector<std::string>>(),
+       "KEY.PATH=VALUE")
+      ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
+      ("prompt", "the text to continue", cxxopts::value<std::string>()->default_value(""), "TEXT")
+      ("prompt-file", "the text to continue, from a file", cxxopts::value<std::string>(), "FILE")
+      ("max-new-tokens", "tokens to generate", cxxopts::value<int64_t>()->default_value("256"), "N")
+      ("temperature", "divides the logits; 0 = the likeliest token",
+       cxxopts::value<double>()->default_value("1.0"), "T")
+      ("top-k", "sample among the k likeliest tokens; 0 = all",
+       cxxopts::value<int64_t>()->default_value("0"), "K")
+      ("top-p", "sample among the fewest likeliest tokens holding this probability",
+       cxxopts::value<double>()->default_value("1.0"), "P")
+      ("seed", "the sampling's seed: the same seed gives the same text",
+       cxxopts::value<uint64_t>()->default_value("0"), "S")
+      ("num-samples", "samples, one after another", cxxopts::value<int64_t>()->default_value("1"),
+       "N")
+      ("no-cache", "recompute the whole sequence for every token (no key/value cache)")
+      ("log-level", "trace|debug|info|warn|error",
+       cxxopts::value<std::string>()->default_value("warn"), "L")
+      ("h,help", "print this help");
+  // clang-format on
+  return options;
+}
+
+}  // namespace
+
+int generate_command(int argc, char** argv) {
+  auto options = generate_options();
+  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
+  if (args.count("help")) {
+    std::cout << options.help();
+    return 0;
+  }
+  if (!args.count("checkpoint"))
+    throw UsageError("generate: --checkpoint PATH|RUN_DIR is required");
+  const auto sampling = sampling_options(args);
+  setup_logging(args["log-level"].as<std::string>(), distributed::DistEnv{});
+  const auto [checkpoint, config] =
+      checkpoint_and_config(args["checkpoint"].as<std::string>(),
+                            args.count("config") ? args["config"].as<std::string>() : "");
+  const auto loaded = load_config(config, set_and_device(args), engine::config_environment());
+  engine::Trainer trainer(loaded);
+  trainer.load_model(checkpoint);
+  auto decoder = trainer.decoder(/*use_cache=*/args.count("no-cache") == 0);
+  if (!decoder) {
+    throw UsageError("generate: " + checkpoint + " holds a " + loaded.cfg.model.name +
+                     ", which is not a language model (gpt is)");
+  }
+  if (decoder->vocabulary() != kByteVocabulary) {
+    throw UsageError("generate: the model's vocabulary has " +
+                     std::to_string(decoder->vocabulary()) +
+                     " tokens; text is decoded for byte-level models (256: data.token_format "
+                     "bytes) only");
+  }
+  const std::string text = prompt_text(args);
+  const auto prompt = torch::tensor(std::vector<int64_t>(text.begin(), text.end()), torch::kLong)
+                          .bitwise_and(0xFF)
+                          .view({1, -1})
+                          .to(trainer.device());  // [1, T] the prompt's bytes
+  auto generator = at::detail::createCPUGenerator(sampling.seed);
+  int64_t tokens = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < args["num-samples"].as<int64_t>(); ++s) {
+    if (s > 0) std::cout << "\n---\n";
+    std::cout << text << std::flush;
+    const auto out = engine::generate(*decoder, prompt, sampling, generator, [](int64_t id) {
+      std::cout.put(static_cast<char>(id));
+      std::cout.flush();
+    });
+    tokens += static_cast<int64_t>(out.size());
+  }
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  std::cout << "\n";
+  std::cerr << strprintf("generated %" PRId64 " tokens in %.2f s (%.1f tokens/s, %s)\n", tokens,
+                         took.count(), tokens / took.count(),
+                         args.count("no-cache") ? "no cache" : "key/value cache");
+  return 0;
+}
+
+}  // namespace trainer::cli
