@@ -49,7 +49,7 @@ rm -f "$OUT/config.err"
 now() { date +%s.%N; }
 
 trainer_cmd=("$TRAINER" --config "$CONFIG" --set "train.stop_at_top1=$TARGET"
-             "${trainer_args[@]}" --run-dir "$OUT/trainer")
+             "${trainer_args[@]}" --run-dir "$OUT/trainer" --set run.overwrite=true)
 echo "== trainer: ${trainer_cmd[*]}" >&2
 t0=$(now)
 "${trainer_cmd[@]}" 2>&1 | tee "$OUT/trainer.log" | sed -un '/eval step\|reached\|done:/p' >&2

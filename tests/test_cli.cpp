@@ -490,6 +490,11 @@ TEST_F(Cli, GenerateSamplesTextFromALanguageModel) {
   EXPECT_EQ(a.out, b.out);
   EXPECT_NE(a.out, c.out);
   EXPECT_NE(a.err.find("generated 40 tokens"), std::string::npos) << a.err;
+  const auto lm =
+      run("predict --checkpoint '" + run_dir.string() + "' --input '" + corpus.string() + "'");
+  EXPECT_EQ(lm.code, 2) << lm.err;
+  EXPECT_NE(lm.err.find("holds a language model (gpt); use trainer generate"), std::string::npos)
+      << lm.err;
   const auto mlp = dir_ / "m";
   ASSERT_EQ(run("--config configs/synthetic.yaml --set train.max_steps=1 --set run.progress=never "
                 "--run-dir '" +

@@ -50,6 +50,10 @@ int bench_command(int argc, char** argv);
 std::pair<std::string, std::string> checkpoint_and_config(const std::string& spec,
                                                           const std::string& config);
 
+// trainer predict --checkpoint PATH|RUN_DIR --input FILE|DIR [options]; argv[0] is "predict".
+// Returns the exit code.
+int predict_command(int argc, char** argv);
+
 // trainer generate --checkpoint PATH|RUN_DIR [options]; argv[0] is "generate". Returns the exit
 // code.
 int generate_command(int argc, char** argv);

@@ -68,6 +68,8 @@ const char* kOtherCommands =
     "   score a checkpoint on the validation split\n"
     "  trainer generate --checkpoint PATH|RUN_DIR [--prompt TEXT]"
     "   sample text from a language model\n"
+    "  trainer predict --checkpoint PATH|RUN_DIR --input FILE|DIR"
+    "   classify image files\n"
     "  trainer bench --config FILE [--steps N] [--warmup N] [--json FILE]"
     "   time training steps (trainer bench --help)\n"
     "\nExit codes: 0 success (also: stopped by SIGINT/SIGTERM after a checkpoint), "

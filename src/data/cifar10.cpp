@@ -88,6 +88,8 @@ Splits make_cifar10(const config::DataConfig& cfg, const DataContext& /*ctx*/) {
   Splits splits;
   splits.spec.sample_shape = {kChannels, kSide, kSide};
   splits.spec.num_classes = kNumClasses;
+  splits.spec.class_names = {"airplane", "automobile", "bird",  "cat",  "deer",
+                             "dog",      "frog",       "horse", "ship", "truck"};
   splits.train = std::make_shared<MemoryImages>(
       "cifar10", std::move(train.images), std::move(train.labels), train_transform(cfg, mean, std));
   splits.val = std::make_shared<MemoryImages>(

@@ -49,6 +49,11 @@ class Dataset {
   Batch get(const std::vector<int64_t>& indices, const Epoch& epoch = Epoch{}) const {
     return fetch(indices, epoch);
   }
+  // The model input [C, H, W] (float32) for an image file's `bytes`, transformed as this split's
+  // samples are. Throws DataError naming `path` for an unreadable image, or when the data set's
+  // samples are not images.
+  virtual torch::Tensor input_from_image(const std::vector<uint8_t>& bytes,
+                                         const std::string& path) const;
 
  protected:
   virtual Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const = 0;
@@ -63,9 +68,10 @@ torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
 
 // What a model needs to know about the data.
 struct DataSpec {
-  std::vector<int64_t> sample_shape;  // e.g. {1, 28, 28}, or {T} for token sequences
-  int64_t num_classes = 0;            // classes, or the vocabulary size of token sequences
-  bool sequence = false;              // targets are [B, T] next tokens (language modelling)
+  std::vector<int64_t> sample_shape;     // e.g. {1, 28, 28}, or {T} for token sequences
+  int64_t num_classes = 0;               // classes, or the vocabulary size of token sequences
+  bool sequence = false;                 // targets are [B, T] next tokens (language modelling)
+  std::vector<std::string> class_names;  // by label, where the data set names its classes
 };
 
 struct Splits {

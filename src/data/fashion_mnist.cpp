@@ -100,6 +100,8 @@ Splits make_fashion_mnist(const config::DataConfig& cfg, const DataContext& /*ct
   Splits splits;
   splits.spec.sample_shape = {1, train.images.size(2), train.images.size(3)};
   splits.spec.num_classes = kNumClasses;
+  splits.spec.class_names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                             "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
   splits.train =
       std::make_shared<MemoryImages>("fashion_mnist", std::move(train.images),
                                      std::move(train.labels), train_transform(cfg, mean, std));

@@ -106,6 +106,15 @@ class ImageFolder final : public Dataset {
 
   int64_t size() const override { return static_cast<int64_t>(index_.paths.size()); }
 
+  torch::Tensor input_from_image(const std::vector<uint8_t>& bytes,
+                                 const std::string& path) const override {
+    const int64_t s = options_.image_size;
+    auto pixels = torch::empty({1, 3, s, s}, torch::kUInt8);  // [1, 3, S, S]
+    Rng rng(0);
+    transform(bytes, path, rng, pixels[0]);
+    return normalise(pixels)[0];  // [3, S, S]
+  }
+
  protected:
   Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const override {
     check_indices(indices, size(), "imagefolder");
@@ -143,7 +152,12 @@ class ImageFolder final : public Dataset {
   // Decodes sample n and writes its transformed pixels to `out` ([3, S, S] uint8).
   void load(int64_t n, Rng& rng, torch::Tensor out) const {
     const std::string& path = index_.paths[static_cast<size_t>(n)];
-    const std::vector<uint8_t> bytes = read_file(path);
+    transform(read_file(path), path, rng, std::move(out));
+  }
+
+  // The split's transform of one image file's bytes into `out` ([3, S, S] uint8).
+  void transform(const std::vector<uint8_t>& bytes, const std::string& path, Rng& rng,
+                 torch::Tensor out) const {
     int64_t width = 0, height = 0;
     const auto& o = options_;
     image_size(bytes, path, width, height, o.max_pixels);
@@ -255,6 +269,7 @@ Splits make_imagefolder(const config::DataConfig& data, const DataContext& /*ctx
   Splits splits;
   splits.spec.sample_shape = {3, cfg.image_size, cfg.image_size};
   splits.spec.num_classes = static_cast<int64_t>(train.classes.size());
+  splits.spec.class_names = train.classes;
   FolderOptions train_options = options;
   train_options.train = true;
   splits.train = std::make_shared<ImageFolder>(std::move(train), train_options);

@@ -69,6 +69,11 @@ std::vector<int64_t> shard_order(int64_t n, bool shuffle, bool drop_last, uint64
   return mine;
 }
 
+torch::Tensor Dataset::input_from_image(const std::vector<uint8_t>& /*bytes*/,
+                                        const std::string& path) const {
+  throw DataError(path + ": this data set's samples are not images");
+}
+
 void check_indices(const std::vector<int64_t>& indices, int64_t size, const std::string& dataset) {
   for (int64_t i : indices) {
     if (i < 0 || i >= size) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "data/image.h"
 #include "util/format.h"
 #include "util/random.h"
 
@@ -19,6 +20,37 @@ MemoryImages::MemoryImages(std::string name, torch::Tensor images, torch::Tensor
       images_(std::move(images)),
       labels_(std::move(labels)),
       transform_(std::move(transform)) {}
+
+torch::Tensor MemoryImages::input_from_image(const std::vector<uint8_t>& bytes,
+                                             const std::string& path) const {
+  int64_t width = 0, height = 0;
+  image_size(bytes, path, width, height);
+  Rect region{0, 0, width, height};
+  const Image image = decode_image(bytes, path, region, /*min_side=*/0);
+  auto x = torch::from_blob(const_cast<uint8_t*>(image.rgb.data()), {image.height, image.width, 3},
+                            torch::kUInt8)
+               .permute({2, 0, 1})
+               .to(torch::kFloat32);  // [3, H, W] in [0, 255]
+  const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
+  if (c == 1) {
+    x = (x[0] * 0.299 + x[1] * 0.587 + x[2] * 0.114).unsqueeze(0);  // [1, H, W]
+  }
+  if (x.size(1) != h || x.size(2) != w) {
+    namespace F = torch::nn::functional;
+    x = F::interpolate(x.unsqueeze(0), F::InterpolateFuncOptions()
+                                           .size(std::vector<int64_t>{h, w})
+                                           .mode(torch::kBilinear)
+                                           .align_corners(false)
+                                           .antialias(true))[0];  // [C, h, w]
+  }
+  x = x.round().clamp(0, 255) / 255.0;  // the samples' byte values, scaled
+  if (transform_.mean.empty()) return x;
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const auto k = static_cast<size_t>(transform_.mean.size() == 1 ? 0 : ch);
+    x[ch] = (x[ch] - transform_.mean[k]) / transform_.std[k];
+  }
+  return x;  // [C, h, w]
+}
 
 Batch MemoryImages::fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const {
   auto idx = index_tensor(indices, size(), name_);  // [B] int64

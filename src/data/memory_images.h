@@ -25,6 +25,10 @@ class MemoryImages final : public Dataset {
   MemoryImages(std::string name, torch::Tensor images, torch::Tensor labels,
                ImageTransform transform);
   int64_t size() const override { return images_.size(0); }
+  // Decoded, turned grey (ITU-R 601 luma, as Pillow's "L") for one channel, resized to the
+  // samples' height and width, and normalised as the samples are.
+  torch::Tensor input_from_image(const std::vector<uint8_t>& bytes,
+                                 const std::string& path) const override;
 
  protected:
   Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const override;

@@ -111,6 +111,7 @@ checkpoint::State Checkpointer::snapshot() const {
   for (const auto& [key, value] : config::flatten(loaded_.cfg)) config[key] = value;
   out.meta = {{"format", kFormat},
               {"config", config},
+              {"classes", parts_.splits.spec.class_names},
               {"versions",
                {{"trainer", TRAINER_VERSION},
                 {"libtorch", TORCH_VERSION},

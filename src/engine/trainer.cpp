@@ -10,6 +10,7 @@
 #include "engine/graphed_step.h"
 #include "engine/metrics.h"
 #include "engine/probes.h"
+#include "nn/autocast.h"
 #include "util/device.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -310,6 +311,27 @@ std::unique_ptr<models::Decoder> Trainer::decoder(bool use_cache) {
   if (!make) return nullptr;
   s_->parts.model->eval();
   return make(*s_->parts.model, use_cache);
+}
+
+torch::Tensor Trainer::input_from_image(const std::vector<uint8_t>& bytes,
+                                        const std::string& path) const {
+  return s_->parts.splits.val->input_from_image(bytes, path);
+}
+
+const std::vector<std::string>& Trainer::class_names() const {
+  return s_->parts.splits.spec.class_names;
+}
+
+torch::Tensor Trainer::predict(const torch::Tensor& inputs) {
+  auto& p = s_->parts;
+  torch::NoGradGuard no_grad;
+  p.model->eval();
+  torch::Tensor logits;  // [B, K]
+  {
+    nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
+    logits = p.model->forward(inputs.to(p.device));
+  }
+  return read_to_host(logits.to(torch::kFloat).softmax(/*dim=*/1));
 }
 
 int64_t Trainer::step() const {

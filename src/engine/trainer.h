@@ -102,6 +102,15 @@ class Trainer {
   // mode; nullptr when the model is not a language model.
   std::unique_ptr<models::Decoder> decoder(bool use_cache);
 
+  // The model input [C, H, W] for an image file, as the validation split transforms its samples
+  // (data::Dataset::input_from_image); throws data::DataError.
+  torch::Tensor input_from_image(const std::vector<uint8_t>& bytes, const std::string& path) const;
+  // The class names of the data, by label; empty where the data set has none.
+  const std::vector<std::string>& class_names() const;
+  // Class probabilities [B, K] of `inputs` [B, ...] on the CPU: the model in eval mode, under
+  // the config's autocast. Synchronises the device.
+  torch::Tensor predict(const torch::Tensor& inputs);
+
   // Optimizer steps taken (or resumed from).
   int64_t step() const;
   // The device the model trains on.

@@ -1,0 +1,150 @@
+// trainer predict: classifies image files with a checkpoint.
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "data/dataset.h"
+#include "engine/trainer.h"
+#include "util/fileio.h"
+#include "util/format.h"
+
+namespace trainer::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool image_name(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+// The image files of --input: the file itself, or every JPEG/PNG under the folder, by name.
+std::vector<std::string> inputs_of(const std::string& input) {
+  std::error_code ec;
+  if (fs::is_regular_file(input, ec)) return {input};
+  if (!fs::is_directory(input, ec)) {
+    throw UsageError("--input: " + input + " is neither an image file nor a folder");
+  }
+  std::vector<std::string> files;
+  for (fs::recursive_directory_iterator it(input, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && image_name(it->path())) files.push_back(it->path().string());
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw UsageError("--input: no .jpg, .jpeg or .png file under " + input);
+  return files;
+}
+
+// The checkpoint's class names (saved with it), else the data's, else none.
+std::vector<std::string> class_names(const std::string& checkpoint, engine::Trainer& trainer) {
+  const auto meta = checkpoint::load(checkpoint).meta;
+  if (meta.contains("classes") && meta["classes"].is_array() && !meta["classes"].empty()) {
+    return meta["classes"].get<std::vector<std::string>>();
+  }
+  return trainer.class_names();
+}
+
+cxxopts::Options predict_options() {
+  cxxopts::Options options("trainer predict", "Classifies image files with a checkpoint.");
+  // clang-format off
+  options.add_options()
+      ("checkpoint", "a checkpoint file, or a run dir (its newest checkpoint that verifies)",
+       cxxopts::value<std::string>(), "PATH|RUN_DIR")
+      ("input", "an image file, or a folder of them (JPEG, PNG; searched recursively)",
+       cxxopts::value<std::string>(), "FILE|DIR")
+      ("config", "the config to rebuild model and data from (default: the run dir's config.yaml)",
+       cxxopts::value<std::string>(), "FILE")
+      ("set", "override a config key (repeatable)", cxxopts::value<std::vector<std::string>>(),
+       "KEY.PATH=VALUE")
+      ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
+      ("top-k", "the K likeliest classes of each image", cxxopts::value<int64_t>()->default_value("1"),
+       "K")
+      ("batch-size", "images per forward pass", cxxopts::value<int64_t>()->default_value("32"), "N")
+      ("json", "print one JSON object instead of the lines")
+      ("log-level", "trace|debug|info|warn|error",
+       cxxopts::value<std::string>()->default_value("warn"), "L")
+      ("h,help", "print this help");
+  // clang-format on
+  return options;
+}
+
+}  // namespace
+
+int predict_command(int argc, char** argv) {
+  auto options = predict_options();
+  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
+  if (args.count("help")) {
+    std::cout << options.help()
+              << "\nPrints PATH<TAB>LABEL<TAB>PROBABILITY for each image and each of its top-k "
+                 "classes; an unreadable image is reported on stderr and skipped.\n";
+    return 0;
+  }
+  if (!args.count("checkpoint") || !args.count("input")) {
+    throw UsageError("predict: --checkpoint PATH|RUN_DIR and --input FILE|DIR are required");
+  }
+  const int64_t top_k = args["top-k"].as<int64_t>(), batch = args["batch-size"].as<int64_t>();
+  if (top_k < 1 || batch < 1) throw UsageError("--top-k and --batch-size must be at least 1");
+  setup_logging(args["log-level"].as<std::string>(), distributed::DistEnv{});
+  const auto files = inputs_of(args["input"].as<std::string>());
+  const auto [checkpoint, config] =
+      checkpoint_and_config(args["checkpoint"].as<std::string>(),
+                            args.count("config") ? args["config"].as<std::string>() : "");
+  const auto loaded = load_config(config, set_and_device(args), engine::config_environment());
+  engine::Trainer trainer(loaded);
+  if (trainer.tokens_per_sample() > 0) {
+    throw UsageError("predict: " + checkpoint + " holds a language model (" +
+                     loaded.cfg.model.name + "); use trainer generate");
+  }
+  trainer.load_model(checkpoint);
+  const auto names = class_names(checkpoint, trainer);
+  nlohmann::json all = nlohmann::json::array(), skipped = nlohmann::json::array();
+  for (size_t first = 0; first < files.size(); first += static_cast<size_t>(batch)) {
+    std::vector<torch::Tensor> inputs;
+    std::vector<std::string> paths;
+    for (size_t i = first; i < std::min(files.size(), first + static_cast<size_t>(batch)); ++i) {
+      try {
+        inputs.push_back(trainer.input_from_image(read_bytes(files[i]), files[i]));
+        paths.push_back(files[i]);
+      } catch (const std::exception& e) {  // data::DataError, IoError: reported, skipped
+        std::cerr << "trainer predict: " << e.what() << "; skipped\n";
+        skipped.push_back(files[i]);
+      }
+    }
+    if (inputs.empty()) continue;
+    const auto probs = trainer.predict(torch::stack(inputs));  // [B, K]
+    const auto [p, idx] = probs.topk(std::min<int64_t>(top_k, probs.size(1)), /*dim=*/1);
+    for (size_t i = 0; i < paths.size(); ++i) {
+      nlohmann::json top = nlohmann::json::array();
+      for (int64_t k = 0; k < idx.size(1); ++k) {
+        const int64_t c = idx[static_cast<int64_t>(i)][k].item<int64_t>();
+        const double prob = p[static_cast<int64_t>(i)][k].item<double>();
+        const std::string label = c < static_cast<int64_t>(names.size())
+                                      ? names[static_cast<size_t>(c)]
+                                      : std::to_string(c);
+        top.push_back({{"label", label}, {"index", c}, {"probability", prob}});
+        if (!args.count("json"))
+          std::cout << strprintf("%s\t%s\t%.4f\n", paths[i].c_str(), label.c_str(), prob);
+      }
+      all.push_back({{"path", paths[i]}, {"top", top}});
+    }
+  }
+  if (args.count("json")) {
+    std::cout << nlohmann::json{{"checkpoint", checkpoint},
+                                {"predictions", all},
+                                {"skipped", skipped}}
+                     .dump()
+              << "\n";
+  }
+  return 0;
+}
+
+}  // namespace trainer::cli
