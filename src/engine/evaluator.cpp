@@ -11,6 +11,10 @@
 namespace trainer::engine {
 
 EvalResult evaluate(Components& parts, int64_t& bad_samples) {
+  return evaluate(parts, *parts.val_loader, bad_samples);
+}
+
+EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples) {
   torch::NoGradGuard no_grad;
   auto& model = *parts.model;
   model.eval();
@@ -21,8 +25,8 @@ EvalResult evaluate(Components& parts, int64_t& bad_samples) {
   // Sums over predictions: one per sample, or one per token for sequences.
   torch::Tensor loss_sum = zero(), top1 = zero(), top5 = zero();
   int64_t predictions = 0;
-  parts.val_loader->start_epoch(0);  // this rank's shard
-  while (auto batch = parts.val_loader->next()) {
+  loader.start_epoch(0);  // this rank's shard
+  while (auto batch = loader.next()) {
     bad_samples += batch->bad_samples;
     auto inputs = batch->inputs.to(device, /*non_blocking=*/true);  // [B, ...]
     // [N] with N = B, or B * T for sequences

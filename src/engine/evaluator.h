@@ -23,4 +23,7 @@ struct EvalResult {
 // call this, in the same order (an all-reduce); synchronises the device (reads the sums).
 EvalResult evaluate(Components& parts, int64_t& bad_samples);
 
+// The same over `loader` (e.g. one over the training split) instead of the validation split's.
+EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples);
+
 }  // namespace trainer::engine

@@ -25,9 +25,8 @@ OpCount::OpCount() {
   if (!active.compare_exchange_strong(none, this)) {
     throw std::logic_error("one OpCount at a time");
   }
-  handle_ = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(&OpCount::enter, &OpCount::leave)
-          .scopes({at::RecordScope::FUNCTION}));
+  handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&OpCount::enter, &OpCount::leave)
+                                           .scopes({at::RecordScope::FUNCTION}));
 }
 
 OpCount::~OpCount() {

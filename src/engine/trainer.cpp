@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
 #include <sstream>
 
 #include "engine/batches.h"
@@ -10,42 +9,12 @@
 #include "engine/graphed_step.h"
 #include "engine/metrics.h"
 #include "engine/probes.h"
-#include "nn/autocast.h"
+#include "engine/trainer_state.h"
 #include "util/device.h"
 #include "util/format.h"
 #include "util/log.h"
 
 namespace trainer::engine {
-
-struct Trainer::State {
-  State(const config::LoadedConfig& l, const distributed::DistEnv& j)
-      : loaded(l),
-        job(j),
-        parts(build_components(loaded, job)),
-        checkpointer(loaded, parts, state, job),
-        step(make_stepper(parts, loaded.cfg.train, state)) {
-    state.window_loss = torch::zeros({}, torch::TensorOptions().device(parts.device));
-  }
-
-  // The step that dispatches its operators, or (train.cuda_graph) the one that replays them.
-  static std::unique_ptr<Stepper> make_stepper(Components& parts, const config::TrainConfig& train,
-                                               TrainingState& state) {
-    if (!train.cuda_graph) return std::make_unique<TrainStep>(parts, train, state);
-    if (parts.world_size() > 1) {
-      throw std::runtime_error("train.cuda_graph: a job of " + std::to_string(parts.world_size()) +
-                               " processes; a captured step runs in one (DDP's all-reduces are "
-                               "not captured), set train.cuda_graph: false");
-    }
-    return std::make_unique<GraphedStep>(parts, train, state, cuda_graph(parts.device));
-  }
-
-  const config::LoadedConfig loaded;  // held by value: the caller's copy may go away first
-  const distributed::DistEnv job;     // this process's place in the job
-  Components parts;
-  TrainingState state;
-  Checkpointer checkpointer;
-  std::unique_ptr<Stepper> step;
-};
 
 namespace {
 
@@ -282,64 +251,6 @@ void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch)
     ++s_->state.step_in_epoch;
     observer.end_step(outcome.loss);
   }
-}
-
-double Trainer::input_samples_per_sec(int64_t steps, double min_seconds) {
-  auto& p = s_->parts;
-  StepBatches batches(*p.train_loader, s_->state, p.steps_per_epoch,
-                      s_->loaded.cfg.train.grad_accum_steps);
-  const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  int64_t samples = 0;
-  for (int64_t i = 0; i < steps || elapsed() < min_seconds; ++i) {
-    if (!batches.has_step()) batches.next_epoch();
-    for (const auto& b : batches.next()) samples += b.targets.size(0);
-    ++s_->state.step_in_epoch;
-  }
-  const double took = elapsed();
-  return took > 0 ? static_cast<double>(samples) / took : 0.0;
-}
-
-int64_t Trainer::load_model(const std::string& path) {
-  return s_->state.step = s_->checkpointer.load_model(path);
-}
-
-std::unique_ptr<models::Decoder> Trainer::decoder(bool use_cache) {
-  const auto& make = models::model_registry().get(s_->loaded.cfg.model.name).decoder;
-  if (!make) return nullptr;
-  s_->parts.model->eval();
-  return make(*s_->parts.model, use_cache);
-}
-
-torch::Tensor Trainer::input_from_image(const std::vector<uint8_t>& bytes,
-                                        const std::string& path) const {
-  return s_->parts.splits.val->input_from_image(bytes, path);
-}
-
-const std::vector<std::string>& Trainer::class_names() const {
-  return s_->parts.splits.spec.class_names;
-}
-
-torch::Tensor Trainer::predict(const torch::Tensor& inputs) {
-  auto& p = s_->parts;
-  torch::NoGradGuard no_grad;
-  p.model->eval();
-  torch::Tensor logits;  // [B, K]
-  {
-    nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
-    logits = p.model->forward(inputs.to(p.device));
-  }
-  return read_to_host(logits.to(torch::kFloat).softmax(/*dim=*/1));
-}
-
-int64_t Trainer::step() const {
-  return s_->state.step;
-}
-
-distributed::Group* Trainer::group() const {
-  return s_->parts.group.get();
 }
 
 std::string Trainer::summary() const {

@@ -90,6 +90,9 @@ class Trainer {
 
   // Evaluates the current model on the validation split (engine/evaluator.h).
   EvalResult evaluate();
+  // The same on the training split: its samples as training draws them (with its augmentation),
+  // in order, each once over the ranks.
+  EvalResult evaluate_train_split();
 
   // The model being trained.
   torch::nn::Module& model();

@@ -1,0 +1,90 @@
+// The Trainer's uses of a model besides training: loading weights alone, evaluation of a
+// split, prediction, decoding, and the input pipeline's rate.
+#include <torch/torch.h>
+
+#include <chrono>
+
+#include "engine/batches.h"
+#include "engine/trainer.h"
+#include "engine/trainer_state.h"
+#include "nn/autocast.h"
+#include "util/device.h"
+
+namespace trainer::engine {
+
+double Trainer::input_samples_per_sec(int64_t steps, double min_seconds) {
+  auto& p = s_->parts;
+  StepBatches batches(*p.train_loader, s_->state, p.steps_per_epoch,
+                      s_->loaded.cfg.train.grad_accum_steps);
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  int64_t samples = 0;
+  for (int64_t i = 0; i < steps || elapsed() < min_seconds; ++i) {
+    if (!batches.has_step()) batches.next_epoch();
+    for (const auto& b : batches.next()) samples += b.targets.size(0);
+    ++s_->state.step_in_epoch;
+  }
+  const double took = elapsed();
+  return took > 0 ? static_cast<double>(samples) / took : 0.0;
+}
+
+distributed::Group* Trainer::group() const {
+  return s_->parts.group.get();
+}
+
+int64_t Trainer::load_model(const std::string& path) {
+  return s_->state.step = s_->checkpointer.load_model(path);
+}
+
+std::unique_ptr<models::Decoder> Trainer::decoder(bool use_cache) {
+  const auto& make = models::model_registry().get(s_->loaded.cfg.model.name).decoder;
+  if (!make) return nullptr;
+  s_->parts.model->eval();
+  return make(*s_->parts.model, use_cache);
+}
+
+torch::Tensor Trainer::input_from_image(const std::vector<uint8_t>& bytes,
+                                        const std::string& path) const {
+  return s_->parts.splits.val->input_from_image(bytes, path);
+}
+
+const std::vector<std::string>& Trainer::class_names() const {
+  return s_->parts.splits.spec.class_names;
+}
+
+torch::Tensor Trainer::predict(const torch::Tensor& inputs) {
+  auto& p = s_->parts;
+  torch::NoGradGuard no_grad;
+  p.model->eval();
+  torch::Tensor logits;  // [B, K]
+  {
+    nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
+    logits = p.model->forward(inputs.to(p.device));
+  }
+  return read_to_host(logits.to(torch::kFloat).softmax(/*dim=*/1));
+}
+
+int64_t Trainer::step() const {
+  return s_->state.step;
+}
+
+EvalResult Trainer::evaluate_train_split() {
+  auto& p = s_->parts;
+  const auto& cfg = s_->loaded.cfg;
+  data::LoaderOptions o;
+  o.batch_size = cfg.data.eval_batch_size > 0 ? cfg.data.eval_batch_size : cfg.data.batch_size;
+  o.shuffle = false;
+  o.drop_last = false;
+  o.even = false;
+  o.workers = cfg.data.workers;
+  o.seed = static_cast<uint64_t>(cfg.seed);
+  o.pin_memory = p.device.is_cuda();
+  o.rank = p.group ? p.group->rank() : 0;
+  o.world_size = p.group ? p.group->world_size() : 1;
+  data::Loader loader(p.splits.train, o);
+  return engine::evaluate(p, loader, s_->state.bad_samples);
+}
+
+}  // namespace trainer::engine
