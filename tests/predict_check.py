@@ -6,7 +6,8 @@
 Trains configs/fashion_mnist_mlp.yaml for 100 steps, writes the first 32 Fashion-MNIST test
 images as PNG files (and one file that is not an image), and runs `trainer predict --top-k 3
 --json` on the folder. The reference: the checkpoint's weights (trainer export) in a PyTorch MLP
-on the same pixels, normalised by the training set's mean and standard deviation. The top-3
+on the same pixels, normalised by the training set's mean and standard deviation; the export
+carries the class names. The top-3
 classes must be the same, named as Fashion-MNIST names them, with probabilities within 1e-4;
 the bad file must be reported and skipped, the others still predicted. Exits 77 (skipped)
 without torch, safetensors, numpy, Pillow or the Debian data set.
@@ -25,6 +26,7 @@ try:
     import numpy as np
     import torch
     from PIL import Image
+    from safetensors import safe_open
     from safetensors.torch import load_file
 except ImportError as e:
     print(f"skipped: {e}")
@@ -74,6 +76,9 @@ def main():
         subprocess.run([trainer, "export", "--checkpoint", ckpt, "--out", plain], check=True,
                        capture_output=True)
         probs = reference(load_file(plain), test)
+        with safe_open(plain, "pt") as f:
+            if json.loads(f.metadata()["classes"]) != NAMES:
+                sys.exit(f"the export's class names: {f.metadata().get('classes')}")
     if len(result["predictions"]) != len(test):
         sys.exit(f"{len(result['predictions'])} predictions for {len(test)} images")
     worst = 0.0

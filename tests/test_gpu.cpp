@@ -60,6 +60,35 @@ TEST(Gpu, TrainsOnCudaAndMatchesCpuClosely) {
   EXPECT_NEAR(gpu.last_eval.loss, cpu.last_eval.loss, 1e-2);
 }
 
+// Decoding on CUDA under bfloat16 autocast (trainer generate's path): the cached decoder's
+// logits follow the forward pass's within bfloat16 rounding, and greedy tokens are the CPU's.
+TEST(GpuDecode, CachedDecodingOnCudaUnderAutocast) {
+  SKIP_WITHOUT_CUDA();
+  test_support::TempDir dir("gpu");
+  const std::vector<std::string> gpt = {"model.name=gpt",      "model.n_layer=2",
+                                        "model.n_head=2",      "model.n_embd=32",
+                                        "model.block_size=32", "model.vocab_size=64",
+                                        "model.dropout=0",     "data.name=synthetic_tokens",
+                                        "data.num_classes=64", "amp.enabled=true",
+                                        "amp.dtype=bfloat16"};
+  Trainer on_cuda(synthetic_run(dir.path() / "cuda", "cuda", gpt));
+  auto decoder = on_cuda.decoder(/*use_cache=*/true);
+  ASSERT_TRUE(decoder);
+  const auto tokens = torch::randint(64, {1, 12}, torch::kLong).to(on_cuda.device());
+  torch::Tensor full;
+  {
+    torch::NoGradGuard no_grad;
+    nn::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, true);
+    full = on_cuda.model().as<models::NetImpl>()->forward(tokens).to(torch::kFloat);
+  }
+  auto logits = decoder->next_logits(tokens.slice(1, 0, 4));
+  EXPECT_LT((logits - full.select(1, 3)).abs().max().item<double>(), 0.1);
+  for (int64_t t = 4; t < 12; ++t) {
+    logits = decoder->next_logits(tokens.slice(1, t, t + 1));
+    EXPECT_LT((logits - full.select(1, t)).abs().max().item<double>(), 0.1) << t;
+  }
+}
+
 // A run with train.cuda_graph (3 eager steps, then replays of the captured step) trains as the
 // eager run: its losses within float32 rounding of the learning rate, the same skipped steps.
 TEST(GpuGraph, ReplayedStepsTrainAsEagerOnes) {

@@ -94,10 +94,13 @@ int export_command(int argc, char** argv) {
   const std::string format = args["format"].as<std::string>();
   if (format == "hf") return export_hf(path, out, model, weights, config);
   if (format != "pt") throw UsageError("--format: expected pt or hf, got '" + format + "'");
-  write_atomically(out, [&](const ByteSink& sink) {
-    checkpoint::write_safetensors(
-        weights, {{"format", "pt"}, {"model", model}, {"step", step.dump()}}, sink);
-  });
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"model", model}, {"step", step.dump()}};
+  if (state.meta.contains("classes") && !state.meta["classes"].empty()) {
+    metadata["classes"] = state.meta["classes"].dump();  // JSON list of the class names
+  }
+  write_atomically(
+      out, [&](const ByteSink& sink) { checkpoint::write_safetensors(weights, metadata, sink); });
   std::cout << "wrote " << out << ": " << weights.size() << " tensors of " << model << " at step "
             << step.dump() << "\n";
   return 0;

@@ -38,11 +38,36 @@ int64_t Trainer::load_model(const std::string& path) {
   return s_->state.step = s_->checkpointer.load_model(path);
 }
 
+namespace {
+
+// A model's decoder run under the config's autocast, as training and evaluation run it.
+class AutocastDecoder final : public models::Decoder {
+ public:
+  AutocastDecoder(std::unique_ptr<models::Decoder> inner, torch::Device device,
+                  const Precision& precision)
+      : inner_(std::move(inner)), device_(device), precision_(precision) {}
+
+  torch::Tensor next_logits(const torch::Tensor& tokens) override {
+    nn::AutocastGuard autocast(device_.type(), precision_.dtype, precision_.autocast);
+    return inner_->next_logits(tokens).to(torch::kFloat);  // [B, vocab]
+  }
+  void reset() override { inner_->reset(); }
+  int64_t vocabulary() const override { return inner_->vocabulary(); }
+
+ private:
+  std::unique_ptr<models::Decoder> inner_;
+  torch::Device device_;
+  Precision precision_;
+};
+
+}  // namespace
+
 std::unique_ptr<models::Decoder> Trainer::decoder(bool use_cache) {
   const auto& make = models::model_registry().get(s_->loaded.cfg.model.name).decoder;
   if (!make) return nullptr;
-  s_->parts.model->eval();
-  return make(*s_->parts.model, use_cache);
+  auto& p = s_->parts;
+  p.model->eval();
+  return std::make_unique<AutocastDecoder>(make(*p.model, use_cache), p.device, p.precision);
 }
 
 torch::Tensor Trainer::input_from_image(const std::vector<uint8_t>& bytes,
