@@ -56,8 +56,8 @@ TEST(PerfVerdicts, ASlowGpuNamesItsLikelyCauses) {
   EXPECT_TRUE(has(r.fix, "power capped at 400 of 700 W")) << r.fix;
   EXPECT_TRUE(has(r.fix, "SM clock 1000 of 1980 MHz")) << r.fix;
   GpuState hot;
-  hot.throttle_reasons = 0x40;
-  hot.temperature_c = 91;
+  hot.clock_event_reasons = 0x40;
+  hot.temp_c = 91;
   hot.mig = true;
   r = compute_row("bf16", 500, 989.5, &hot);
   EXPECT_TRUE(has(r.fix, "thermal throttling at 91 C") && has(r.fix, "MIG")) << r.fix;

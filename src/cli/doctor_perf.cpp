@@ -26,24 +26,9 @@ namespace {
 namespace fs = std::filesystem;
 
 doctor::GpuState gpu_state(torch::Device device) {
-  doctor::GpuState s;
   std::string why;
   const auto monitor = device.is_cuda() ? GpuMonitor::open(device.index(), &why) : nullptr;
-  if (!monitor) return s;
-  const auto l = monitor->limits();
-  s.sm_clock_mhz = l.sm_clock_mhz;
-  s.max_sm_clock_mhz = l.max_sm_clock_mhz;
-  s.power_limit_w = l.power_limit_w;
-  s.max_power_limit_w = l.max_power_limit_w;
-  s.temperature_c = l.temp_c;
-  s.throttle_reasons = l.clock_event_reasons;
-  s.mig = l.mig;
-  s.pcie_gen = l.pcie_gen;
-  s.pcie_width = l.pcie_width;
-  s.pcie_max_gen = l.pcie_max_gen;
-  s.pcie_max_width = l.pcie_max_width;
-  s.nvlinks_active = l.nvlinks_active;
-  return s;
+  return monitor ? monitor->limits() : doctor::GpuState{};
 }
 
 // Compute and memory rows: a GPU against its spec table entry, the CPU against a roofline of its

@@ -83,9 +83,9 @@ std::string slow_gpu_causes(const GpuState& s) {
   }
   // NVML's clocks-event reasons: 0x20 software thermal, 0x40 hardware thermal, 0x80 power brake,
   // 0x4 software power cap.
-  if (s.throttle_reasons & 0x60)
-    causes.push_back(strprintf("thermal throttling at %.0f C", s.temperature_c));
-  if (s.throttle_reasons & 0x84) causes.push_back("power throttling");
+  if (s.clock_event_reasons & 0x60)
+    causes.push_back(strprintf("thermal throttling at %.0f C", s.temp_c));
+  if (s.clock_event_reasons & 0x84) causes.push_back("power throttling");
   return causes.empty() ? "check clocks, power cap and cooling with nvidia-smi -q -d CLOCK,POWER"
                         : join(causes, "; ");
 }

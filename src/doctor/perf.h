@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "doctor/findings.h"
+#include "util/gpu_monitor.h"
 
 namespace trainer::doctor {
 
@@ -54,16 +55,9 @@ struct PerfRow {
 // Fraction of the expected value below which a row is a warning.
 constexpr double kLowFraction = 0.7;
 
-// NVML's view of one GPU, for the causes of a low compute figure.
-struct GpuState {
-  int sm_clock_mhz = 0, max_sm_clock_mhz = 0;
-  double power_limit_w = 0, max_power_limit_w = 0;
-  double temperature_c = 0;
-  uint64_t throttle_reasons = 0;  // NVML's clocks-event reasons bitmask
-  bool mig = false;
-  int pcie_gen = 0, pcie_width = 0, pcie_max_gen = 0, pcie_max_width = 0;
-  int nvlinks_active = 0;
-};
+// NVML's view of one GPU (clocks, power limits, clock-event reasons, MIG, PCIe link, NVLinks),
+// for the causes of a low compute figure.
+using GpuState = GpuMonitor::Limits;
 
 // The likely causes of a GPU below its peak, from its state (clocks, power cap, thermal, MIG).
 std::string slow_gpu_causes(const GpuState& state);
