@@ -85,17 +85,6 @@ std::optional<std::vector<Entry>> read_manifest(const std::string& dir) {
   return out;
 }
 
-// The step of a checkpoint file name (step_00001234.safetensors), or -1.
-int64_t step_of(const std::string& name) {
-  int64_t step = -1;
-  int used = 0;
-  if (std::sscanf(name.c_str(), "step_%" SCNd64 ".safetensors%n", &step, &used) != 1 ||
-      static_cast<size_t>(used) != name.size() || name != file_name(step)) {
-    return -1;
-  }
-  return step;
-}
-
 State parse(const std::vector<uint8_t>& bytes, const std::string& path) {
   SafetensorsFile f;
   try {
@@ -147,6 +136,16 @@ std::string xxh64_hex(const std::vector<uint8_t>& bytes) {
   return hex64(XXH64(bytes.data(), bytes.size(), /*seed=*/0));
 }
 
+int64_t checkpoint_step(const std::string& name) {
+  int64_t step = -1;
+  int used = 0;
+  if (std::sscanf(name.c_str(), "step_%" SCNd64 ".safetensors%n", &step, &used) != 1 ||
+      static_cast<size_t>(used) != name.size() || name != file_name(step)) {
+    return -1;
+  }
+  return step;
+}
+
 Directory::Directory(std::string dir, int64_t keep_last, std::string keep_best)
     : dir_(std::move(dir)),
       keep_last_(std::max<int64_t>(keep_last, 1)),
@@ -171,7 +170,8 @@ std::vector<Entry> Directory::entries() const {
   if (!dir) return all;
   std::vector<std::string> unlisted;
   while (const dirent* e = ::readdir(dir.get())) {
-    if (step_of(e->d_name) >= 0 && !known.count(e->d_name)) unlisted.emplace_back(e->d_name);
+    if (checkpoint_step(e->d_name) >= 0 && !known.count(e->d_name))
+      unlisted.emplace_back(e->d_name);
   }
   for (const auto& name : unlisted) {
     if (auto entry = adopt(name)) all.push_back(std::move(*entry));
@@ -187,7 +187,7 @@ std::optional<Entry> Directory::adopt(const std::string& name) const {
     parse(bytes, path);  // throws unless it is a whole trainer checkpoint
     Entry entry;
     entry.file = name;
-    entry.step = step_of(name);
+    entry.step = checkpoint_step(name);
     entry.bytes = bytes.size();
     entry.xxh64 = xxh64_hex(bytes);
     return entry;

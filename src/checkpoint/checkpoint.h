@@ -78,6 +78,10 @@ class Directory {
 // (else only its structure, with a warning). Throws CorruptCheckpoint or FormatError.
 State load(const std::string& path);
 
+// The step of a checkpoint's file name (step_00001234.safetensors -> 1234); -1 for any other
+// name.
+int64_t checkpoint_step(const std::string& file_name);
+
 // The xxHash64 of `bytes` as 16 hex digits.
 std::string xxh64_hex(const std::vector<uint8_t>& bytes);
 

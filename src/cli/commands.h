@@ -43,13 +43,6 @@ int eval_command(int argc, char** argv);
 // trainer bench --config FILE [options]; argv[0] is "bench". Returns the exit code.
 int bench_command(int argc, char** argv);
 
-// The checkpoint and the config of --checkpoint PATH|RUN_DIR (eval, generate): a run dir's
-// newest checkpoint that verifies and its config.yaml, or a checkpoint file and the config.yaml
-// of the run dir it lies in; `config` (--config) replaces the config either way. Throws
-// UsageError when either is missing.
-std::pair<std::string, std::string> checkpoint_and_config(const std::string& spec,
-                                                          const std::string& config);
-
 // trainer predict --checkpoint PATH|RUN_DIR --input FILE|DIR [options]; argv[0] is "predict".
 // Returns the exit code.
 int predict_command(int argc, char** argv);

@@ -2,17 +2,12 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/version.h>
 
-#include <filesystem>
-
-#include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "engine/components.h"
 #include "util/log.h"
 
 namespace trainer::cli {
-
-namespace fs = std::filesystem;
 
 std::string cuda_build_version() {
   try {
@@ -21,31 +16,6 @@ std::string cuda_build_version() {
   } catch (const std::exception&) {
     return "cpu";
   }
-}
-
-std::pair<std::string, std::string> checkpoint_and_config(const std::string& spec,
-                                                          const std::string& config) {
-  std::error_code ec;
-  std::string checkpoint = spec;
-  fs::path run_dir;
-  if (fs::is_directory(spec, ec)) {
-    run_dir = spec;
-    const checkpoint::Directory dir((run_dir / "checkpoints").string(), 1, "");
-    const auto latest = dir.load_latest();
-    if (!latest) throw UsageError("--checkpoint: " + spec + " holds no checkpoint (checkpoints/)");
-    checkpoint = latest->first;
-  } else if (fs::is_regular_file(spec, ec)) {
-    run_dir = fs::path(spec).parent_path().parent_path();
-  } else {
-    throw UsageError("--checkpoint: " + spec + " is neither a checkpoint file nor a run dir");
-  }
-  if (!config.empty()) return {checkpoint, config};
-  const fs::path saved = run_dir / "config.yaml";
-  if (!fs::is_regular_file(saved, ec)) {
-    throw UsageError("--checkpoint: no config.yaml in " + run_dir.string() +
-                     " to rebuild the model and data from; give --config FILE");
-  }
-  return {checkpoint, saved.string()};
 }
 
 std::vector<std::string> set_and_device(const cxxopts::ParseResult& args) {

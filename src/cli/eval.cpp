@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "cli/checkpoint_model.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "distributed/env.h"
@@ -16,8 +17,8 @@
 namespace trainer::cli {
 namespace {
 
-nlohmann::json result_json(const engine::EvalResult& e, const std::string& checkpoint,
-                           int64_t step, const std::string& split) {
+nlohmann::json result_json(const engine::EvalResult& e, const std::string& checkpoint, int64_t step,
+                           const std::string& split) {
   nlohmann::json j = {{"checkpoint", checkpoint},
                       {"step", step},
                       {"split", split},
@@ -38,19 +39,11 @@ int eval_command(int argc, char** argv) {
   cxxopts::Options options(
       "trainer eval", "Scores a checkpoint on a split of its data set (validation by default).");
   // clang-format off
+  add_checkpoint_options(options);
   options.add_options()
-      ("checkpoint", "a checkpoint file, or a run dir (its newest checkpoint that verifies)",
-       cxxopts::value<std::string>(), "PATH|RUN_DIR")
-      ("config", "the config to rebuild model and data from (default: the run dir's config.yaml)",
-       cxxopts::value<std::string>(), "FILE")
-      ("set", "override a config key, e.g. --set data.eval_batch_size=256 (repeatable)",
-       cxxopts::value<std::vector<std::string>>(), "KEY.PATH=VALUE")
-      ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
       ("split", "val, or train (its samples as training draws them, each once)",
        cxxopts::value<std::string>()->default_value("val"), "val|train")
       ("json", "print one JSON object instead of the line")
-      ("log-level", "trace|debug|info|warn|error",
-       cxxopts::value<std::string>()->default_value("warn"), "L")
       ("h,help", "print this help");
   // clang-format on
   const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
@@ -60,15 +53,11 @@ int eval_command(int argc, char** argv) {
                  "sample is scored once over the ranks; rank 0 prints.\n";
     return 0;
   }
-  if (!args.count("checkpoint")) throw UsageError("eval: --checkpoint PATH|RUN_DIR is required");
   const distributed::DistEnv job = distributed::read_process_env();
-  setup_logging(args["log-level"].as<std::string>(), job);
-  const auto [checkpoint, config] =
-      checkpoint_and_config(args["checkpoint"].as<std::string>(),
-                            args.count("config") ? args["config"].as<std::string>() : "");
-  const auto loaded = load_config(config, set_and_device(args), engine::config_environment());
-  engine::Trainer trainer(loaded, job);
-  const int64_t step = trainer.load_model(checkpoint);
+  const auto m = load_checkpoint_model(args, job, "eval");
+  auto& trainer = *m.trainer;
+  const std::string& checkpoint = m.checkpoint;
+  const int64_t step = m.step;
   const std::string split = args["split"].as<std::string>();
   if (split != "val" && split != "train") {
     throw UsageError("--split: expected val or train, got '" + split + "'");

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/checkpoint_model.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "data/gpt2_bpe.h"
@@ -55,14 +56,8 @@ cxxopts::Options generate_options() {
   cxxopts::Options options("trainer generate",
                            "Samples text from a language model checkpoint (gpt).");
   // clang-format off
+  add_checkpoint_options(options);
   options.add_options()
-      ("checkpoint", "a checkpoint file, or a run dir (its newest checkpoint that verifies)",
-       cxxopts::value<std::string>(), "PATH|RUN_DIR")
-      ("config", "the config to rebuild the model from (default: the run dir's config.yaml)",
-       cxxopts::value<std::string>(), "FILE")
-      ("set", "override a config key (repeatable)", cxxopts::value<std::vector<std::string>>(),
-       "KEY.PATH=VALUE")
-      ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
       ("tokenizer", "a folder with GPT-2's encoder.json and vocab.bpe: text as GPT-2 BPE tokens "
        "(a model with GPT-2's vocabulary); default: bytes", cxxopts::value<std::string>(), "DIR")
       ("prompt", "the text to continue", cxxopts::value<std::string>()->default_value(""), "TEXT")
@@ -79,8 +74,6 @@ cxxopts::Options generate_options() {
       ("num-samples", "samples, one after another", cxxopts::value<int64_t>()->default_value("1"),
        "N")
       ("no-cache", "recompute the whole sequence for every token (no key/value cache)")
-      ("log-level", "trace|debug|info|warn|error",
-       cxxopts::value<std::string>()->default_value("warn"), "L")
       ("h,help", "print this help");
   // clang-format on
   return options;
@@ -95,16 +88,11 @@ int generate_command(int argc, char** argv) {
     std::cout << options.help();
     return 0;
   }
-  if (!args.count("checkpoint"))
-    throw UsageError("generate: --checkpoint PATH|RUN_DIR is required");
   const auto sampling = sampling_options(args);
-  setup_logging(args["log-level"].as<std::string>(), distributed::DistEnv{});
-  const auto [checkpoint, config] =
-      checkpoint_and_config(args["checkpoint"].as<std::string>(),
-                            args.count("config") ? args["config"].as<std::string>() : "");
-  const auto loaded = load_config(config, set_and_device(args), engine::config_environment());
-  engine::Trainer trainer(loaded);
-  trainer.load_model(checkpoint);
+  const auto m = load_checkpoint_model(args, distributed::DistEnv{}, "generate");
+  auto& trainer = *m.trainer;
+  const std::string& checkpoint = m.checkpoint;
+  const auto& loaded = m.loaded;
   auto decoder = trainer.decoder(/*use_cache=*/args.count("no-cache") == 0);
   if (!decoder) {
     throw UsageError("generate: " + checkpoint + " holds a " + loaded.cfg.model.name +

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
+#include "cli/checkpoint_model.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "data/dataset.h"
@@ -44,34 +44,17 @@ std::vector<std::string> inputs_of(const std::string& input) {
   return files;
 }
 
-// The checkpoint's class names (saved with it), else the data's, else none.
-std::vector<std::string> class_names(const std::string& checkpoint, engine::Trainer& trainer) {
-  const auto meta = checkpoint::load(checkpoint).meta;
-  if (meta.contains("classes") && meta["classes"].is_array() && !meta["classes"].empty()) {
-    return meta["classes"].get<std::vector<std::string>>();
-  }
-  return trainer.class_names();
-}
-
 cxxopts::Options predict_options() {
   cxxopts::Options options("trainer predict", "Classifies image files with a checkpoint.");
   // clang-format off
+  add_checkpoint_options(options);
   options.add_options()
-      ("checkpoint", "a checkpoint file, or a run dir (its newest checkpoint that verifies)",
-       cxxopts::value<std::string>(), "PATH|RUN_DIR")
       ("input", "an image file, or a folder of them (JPEG, PNG; searched recursively)",
        cxxopts::value<std::string>(), "FILE|DIR")
-      ("config", "the config to rebuild model and data from (default: the run dir's config.yaml)",
-       cxxopts::value<std::string>(), "FILE")
-      ("set", "override a config key (repeatable)", cxxopts::value<std::vector<std::string>>(),
-       "KEY.PATH=VALUE")
-      ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
       ("top-k", "the K likeliest classes of each image", cxxopts::value<int64_t>()->default_value("1"),
        "K")
       ("batch-size", "images per forward pass", cxxopts::value<int64_t>()->default_value("32"), "N")
       ("json", "print one JSON object instead of the lines")
-      ("log-level", "trace|debug|info|warn|error",
-       cxxopts::value<std::string>()->default_value("warn"), "L")
       ("h,help", "print this help");
   // clang-format on
   return options;
@@ -88,24 +71,18 @@ int predict_command(int argc, char** argv) {
                  "classes; an unreadable image is reported on stderr and skipped.\n";
     return 0;
   }
-  if (!args.count("checkpoint") || !args.count("input")) {
-    throw UsageError("predict: --checkpoint PATH|RUN_DIR and --input FILE|DIR are required");
-  }
+  if (!args.count("input")) throw UsageError("predict: --input FILE|DIR is required");
   const int64_t top_k = args["top-k"].as<int64_t>(), batch = args["batch-size"].as<int64_t>();
   if (top_k < 1 || batch < 1) throw UsageError("--top-k and --batch-size must be at least 1");
-  setup_logging(args["log-level"].as<std::string>(), distributed::DistEnv{});
   const auto files = inputs_of(args["input"].as<std::string>());
-  const auto [checkpoint, config] =
-      checkpoint_and_config(args["checkpoint"].as<std::string>(),
-                            args.count("config") ? args["config"].as<std::string>() : "");
-  const auto loaded = load_config(config, set_and_device(args), engine::config_environment());
-  engine::Trainer trainer(loaded);
+  const auto m = load_checkpoint_model(args, distributed::DistEnv{}, "predict");
+  auto& trainer = *m.trainer;
   if (trainer.tokens_per_sample() > 0) {
-    throw UsageError("predict: " + checkpoint + " holds a language model (" +
-                     loaded.cfg.model.name + "); use trainer generate");
+    throw UsageError("predict: " + m.checkpoint + " holds a language model (" +
+                     m.loaded.cfg.model.name + "); use trainer generate");
   }
-  trainer.load_model(checkpoint);
-  const auto names = class_names(checkpoint, trainer);
+  // The checkpoint's class names where it saved them, else the data's.
+  const auto& names = trainer.class_names();
   nlohmann::json all = nlohmann::json::array(), skipped = nlohmann::json::array();
   for (size_t first = 0; first < files.size(); first += static_cast<size_t>(batch)) {
     std::vector<torch::Tensor> inputs;
@@ -138,7 +115,7 @@ int predict_command(int argc, char** argv) {
     }
   }
   if (args.count("json")) {
-    std::cout << nlohmann::json{{"checkpoint", checkpoint},
+    std::cout << nlohmann::json{{"checkpoint", m.checkpoint},
                                 {"predictions", all},
                                 {"skipped", skipped}}
                      .dump()

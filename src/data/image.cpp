@@ -38,11 +38,22 @@ tjhandle jpeg_decoder() {
   return handle.get();
 }
 
+// A header's size against the pixel limit, as Pillow's DecompressionBombError does.
+void check_pixels(const std::string& path, int64_t width, int64_t height, int64_t max_pixels) {
+  if (width * height <= max_pixels) return;
+  throw DataError(path + ": " + std::to_string(width) + "x" + std::to_string(height) + " = " +
+                  std::to_string(width * height) + " pixels is more than data.max_image_pixels (" +
+                  std::to_string(max_pixels) +
+                  "): a decompression bomb or a corrupt header; raise data.max_image_pixels if "
+                  "the image is genuine");
+}
+
 struct JpegHeader {
   int width = 0, height = 0, colorspace = 0;
 };
 
-JpegHeader jpeg_header(const std::vector<uint8_t>& bytes, const std::string& path) {
+JpegHeader jpeg_header(const std::vector<uint8_t>& bytes, const std::string& path,
+                       int64_t max_pixels) {
   JpegHeader h;
   int subsamp = 0;
   tjhandle tj = jpeg_decoder();
@@ -54,17 +65,8 @@ JpegHeader jpeg_header(const std::vector<uint8_t>& bytes, const std::string& pat
     throw DataError(path + ": corrupt JPEG: size " + std::to_string(h.width) + "x" +
                     std::to_string(h.height) + " in the header is out of range");
   }
+  check_pixels(path, h.width, h.height, max_pixels);
   return h;
-}
-
-// A header's size against the pixel limit, as Pillow's DecompressionBombError does.
-void check_pixels(const std::string& path, int64_t width, int64_t height, int64_t max_pixels) {
-  if (width * height <= max_pixels) return;
-  throw DataError(path + ": " + std::to_string(width) + "x" + std::to_string(height) + " = " +
-                  std::to_string(width * height) + " pixels is more than data.max_image_pixels (" +
-                  std::to_string(max_pixels) +
-                  "): a decompression bomb or a corrupt header; raise data.max_image_pixels if "
-                  "the image is genuine");
 }
 
 // The smallest DCT scale keeping `region` at least min_side on both sides.
@@ -86,8 +88,8 @@ tjscalingfactor pick_scale(const Rect& region, int64_t min_side) {
 }
 
 Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
-                  int64_t min_side) {
-  const JpegHeader h = jpeg_header(bytes, path);
+                  int64_t min_side, int64_t max_pixels) {
+  const JpegHeader h = jpeg_header(bytes, path, max_pixels);
   const tjscalingfactor sf = min_side > 0 ? pick_scale(region, min_side) : tjscalingfactor{1, 1};
   Image img;
   img.width = TJSCALED(h.width, sf);
@@ -138,20 +140,21 @@ struct SpngDeleter {
 };
 using SpngContext = std::unique_ptr<spng_ctx, SpngDeleter>;
 
-SpngContext png_context(const std::vector<uint8_t>& bytes, const std::string& path,
-                        spng_ihdr& ihdr) {
+SpngContext png_context(const std::vector<uint8_t>& bytes, const std::string& path, spng_ihdr& ihdr,
+                        int64_t max_pixels) {
   SpngContext ctx(spng_ctx_new(0));
   if (!ctx) throw DataError(path + ": out of memory for the PNG decoder");
   spng_set_image_limits(ctx.get(), kMaxSide, kMaxSide);
   int rc = spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size());
   if (rc == 0) rc = spng_get_ihdr(ctx.get(), &ihdr);
   if (rc != 0) throw DataError(path + ": corrupt PNG: " + spng_strerror(rc));
+  check_pixels(path, ihdr.width, ihdr.height, max_pixels);
   return ctx;
 }
 
-Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path) {
+Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path, int64_t max_pixels) {
   spng_ihdr ihdr{};
-  SpngContext ctx = png_context(bytes, path, ihdr);
+  SpngContext ctx = png_context(bytes, path, ihdr, max_pixels);
   // RGBA8 is the output format libspng converts every PNG colour type and depth to.
   size_t size = 0;
   int rc = spng_decoded_image_size(ctx.get(), SPNG_FMT_RGBA8, &size);
@@ -173,26 +176,24 @@ Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path) {
 void image_size(const std::vector<uint8_t>& bytes, const std::string& path, int64_t& width,
                 int64_t& height, int64_t max_pixels) {
   if (is_jpeg(bytes)) {
-    const JpegHeader h = jpeg_header(bytes, path);
+    const JpegHeader h = jpeg_header(bytes, path, max_pixels);
     width = h.width;
     height = h.height;
   } else if (is_png(bytes)) {
     spng_ihdr ihdr{};
-    png_context(bytes, path, ihdr);
+    png_context(bytes, path, ihdr, max_pixels);
     width = ihdr.width;
     height = ihdr.height;
   } else {
     not_an_image(path);
   }
-  check_pixels(path, width, height, max_pixels);
 }
 
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
                    int64_t min_side, int64_t max_pixels) {
-  int64_t width = 0, height = 0;
-  image_size(bytes, path, width, height, max_pixels);
-  if (is_jpeg(bytes)) return decode_jpeg(bytes, path, region, min_side);
-  return decode_png(bytes, path);
+  if (is_jpeg(bytes)) return decode_jpeg(bytes, path, region, min_side, max_pixels);
+  if (is_png(bytes)) return decode_png(bytes, path, max_pixels);
+  not_an_image(path);
 }
 
 Rect random_resized_crop(int64_t width, int64_t height, const std::vector<double>& scale,

@@ -123,22 +123,26 @@ checkpoint::State Checkpointer::snapshot() const {
 }
 
 void Checkpointer::restore(const checkpoint::State& ckpt, const std::string& path) {
-  const auto& meta = ckpt.meta;
-  if (!meta.is_object() || meta.value("format", 0) != kFormat || !meta.contains("config")) {
-    throw checkpoint::CorruptCheckpoint(path + ": not a checkpoint of this trainer version");
-  }
-  check_config(meta.at("config"), path);
+  restore_model(ckpt, path);
   restore_tensors(ckpt, path);
-  restore_position(meta, path);
+  restore_position(ckpt.meta, path);
   resumed_step_ = saved_step_ = state_.step;
   last_ = path;
 }
 
 int64_t Checkpointer::load_model(const std::string& path) {
   const checkpoint::State ckpt = checkpoint::load(path);
+  restore_model(ckpt, path);
+  if (!ckpt.meta.contains("step") || !ckpt.meta["step"].is_number_integer()) {
+    throw checkpoint::CorruptCheckpoint(path + ": no integer 'step' in its metadata");
+  }
+  return ckpt.meta["step"].get<int64_t>();
+}
+
+// The metadata's format and config, the model weights and the class names.
+void Checkpointer::restore_model(const checkpoint::State& ckpt, const std::string& path) {
   const auto& meta = ckpt.meta;
-  if (!meta.is_object() || meta.value("format", 0) != kFormat || !meta.contains("config") ||
-      !meta.contains("step") || !meta["step"].is_number_integer()) {
+  if (!meta.is_object() || meta.value("format", 0) != kFormat || !meta.contains("config")) {
     throw checkpoint::CorruptCheckpoint(path + ": not a checkpoint of this trainer version");
   }
   check_config(meta.at("config"), path);
@@ -149,7 +153,10 @@ int64_t Checkpointer::load_model(const std::string& path) {
                                              "the checkpoint " + path + " does not fit model " +
                                                  loaded_.cfg.model.name + ": " + problems}});
   }
-  return meta["step"].get<int64_t>();
+  // The names the checkpoint was trained with (older checkpoints have none: the data's stay).
+  if (meta.contains("classes") && meta["classes"].is_array() && !meta["classes"].empty()) {
+    parts_.splits.spec.class_names = meta["classes"].get<std::vector<std::string>>();
+  }
 }
 
 // The config: what must match, and what changed harmlessly.
@@ -179,14 +186,6 @@ void Checkpointer::restore_tensors(const checkpoint::State& ckpt, const std::str
       throw checkpoint::CorruptCheckpoint(path + ": no '" + name + "' tensor");
     return it->second;
   };
-  const auto& cfg = loaded_.cfg;
-  const std::string problems =
-      models::load_weights(*parts_.model, model_weights(ckpt), /*skip_head=*/false);
-  if (!problems.empty()) {
-    throw config::ConfigError({config::Issue{
-        loaded_.where("model.name"), "model.name",
-        "the checkpoint " + path + " does not fit model " + cfg.model.name + ": " + problems}});
-  }
   const auto optim_state = checkpoint::with_prefix(ckpt.tensors, kOptimPrefix);
   try {
     parts_.optimizer->load_state({optim_state.begin(), optim_state.end()});

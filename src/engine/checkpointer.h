@@ -33,9 +33,9 @@ class Checkpointer {
   // order (rank 0 picks the file and broadcasts its name).
   bool resume(const std::string& spec);
 
-  // Loads only the model weights of the checkpoint file `path` (verified, its config checked as
-  // resume() checks it) and returns the step it was written at: for evaluation, on any number
-  // of ranks. Each rank reads the file itself.
+  // Loads only the model weights (and class names) of the checkpoint file `path` (verified, its
+  // config checked as resume() checks it) and returns the step it was written at: for
+  // evaluation, on any number of ranks. Each rank reads the file itself.
   int64_t load_model(const std::string& path);
 
   // Saves the state of the current step unless it is saved already, with `eval`'s metrics when
@@ -54,6 +54,7 @@ class Checkpointer {
   checkpoint::State snapshot() const;
   void restore(const checkpoint::State& ckpt, const std::string& path);
   void check_config(const nlohmann::json& saved, const std::string& path) const;
+  void restore_model(const checkpoint::State& ckpt, const std::string& path);
   void restore_tensors(const checkpoint::State& ckpt, const std::string& path);
   void restore_position(const nlohmann::json& meta, const std::string& path);
   // Rank 0 writes; every rank learns whether it could.

@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/checkpoint.h"
 #include "util/log.h"
 
 namespace trainer::engine {
@@ -31,9 +31,7 @@ std::string earlier_run(const fs::path& dir) {
   int64_t newest = -1;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step_", 0) != 0 || e.path().extension() != ".safetensors") continue;
-    newest = std::max<int64_t>(newest, std::atoll(name.c_str() + 5));
+    newest = std::max(newest, checkpoint::checkpoint_step(e.path().filename().string()));
   }
   if (newest >= 0) found = "checkpoints up to step " + std::to_string(newest);
   if (fs::is_regular_file(dir / "metrics.jsonl", ec) &&

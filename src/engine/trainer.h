@@ -108,7 +108,8 @@ class Trainer {
   // The model input [C, H, W] for an image file, as the validation split transforms its samples
   // (data::Dataset::input_from_image); throws data::DataError.
   torch::Tensor input_from_image(const std::vector<uint8_t>& bytes, const std::string& path) const;
-  // The class names of the data, by label; empty where the data set has none.
+  // The class names by label: a loaded checkpoint's where it saved them, else the data set's;
+  // empty where neither has any.
   const std::vector<std::string>& class_names() const;
   // Class probabilities [B, K] of `inputs` [B, ...] on the CPU: the model in eval mode, under
   // the config's autocast. Synchronises the device.

@@ -1,0 +1,33 @@
+// What eval, predict and generate start from: a checkpoint's model, rebuilt from its config.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cli/options.h"
+#include "config/loader.h"
+#include "distributed/env.h"
+#include "engine/trainer.h"
+
+namespace trainer::cli {
+
+// Adds --checkpoint, --config, --set, --device and --log-level to `options`.
+void add_checkpoint_options(cxxopts::Options& options);
+
+struct CheckpointModel {
+  std::string checkpoint;                    // the checkpoint file
+  config::LoadedConfig loaded;               // the config the model and data were built from
+  std::unique_ptr<engine::Trainer> trainer;  // holding the checkpoint's model weights
+  int64_t step = 0;                          // the step the checkpoint was written at
+};
+
+// Sets up logging (--log-level) and loads the model of --checkpoint PATH|RUN_DIR (a run dir:
+// its newest checkpoint that verifies) into a Trainer built from the run dir's config.yaml, or
+// --config, with --set and --device. Throws UsageError, naming `command`, when --checkpoint is
+// missing or names neither a checkpoint nor a run dir with a config. Every rank of `job` must
+// call it.
+CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
+                                      const distributed::DistEnv& job, const std::string& command);
+
+}  // namespace trainer::cli
