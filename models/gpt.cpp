@@ -230,7 +230,8 @@ TORCH_MODULE(GptTiedHead);
 class GptImpl : public NetImpl {
  public:
   GptImpl(const GptOptions& cfg, const nn::CheckpointPolicy& policy, const InputSpec& input)
-      : block_size_(cfg.block_size), dropout_(cfg.dropout), policy_(policy) {
+      : block_size_(cfg.block_size), dropout_(cfg.dropout) {
+    runner_ = nn::BlockRunner(policy);
     const int64_t vocab = cfg.vocab_size > 0 ? cfg.vocab_size : input.num_classes;
     if (vocab <= 0) {
       throw ModelError("model.vocab_size", "gpt needs a vocabulary size > 0");
@@ -259,12 +260,9 @@ class GptImpl : public NetImpl {
     h = drop(h, dropout_, is_training());
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
       const auto block = transformer->blocks[i].ptr();
-      if (policy_.applies(static_cast<int64_t>(i))) {
-        h = nn::checkpoint(
-            *block, [block](const torch::Tensor& in) { return block->forward(in); }, h);
-      } else {
-        h = block->forward(h);  // [B, T, C]
-      }
+      h = runner_.run(
+          static_cast<int64_t>(i), *block,
+          [block](const torch::Tensor& in) { return block->forward(in); }, h);  // [B, T, C]
     }
     h = transformer->ln_f->forward(h);  // [B, T, C]
     return lm_head->forward(h);         // [B, T, vocab]
@@ -283,6 +281,12 @@ class GptImpl : public NetImpl {
     }
     h = transformer->ln_f->forward(h.select(/*dim=*/1, /*index=*/T - 1));  // [B, C]
     return lm_head->forward(h);                                            // [B, vocab]
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (const auto& block : transformer->blocks) out.push_back(block.ptr());
+    return out;
   }
 
   int64_t block_size() const { return block_size_; }
@@ -321,7 +325,6 @@ class GptImpl : public NetImpl {
 
   int64_t block_size_;
   double dropout_;
-  nn::CheckpointPolicy policy_;  // blocks run through activation checkpointing
   GptTransformer transformer{nullptr};
   GptTiedHead lm_head{nullptr};
 };

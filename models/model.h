@@ -20,6 +20,7 @@
 
 #include "config/config.h"
 #include "config/registry.h"
+#include "nn/blocks.h"
 #include "nn/parameters.h"
 
 namespace trainer::models {
@@ -34,6 +35,17 @@ struct InputSpec {
 class NetImpl : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(torch::Tensor x) = 0;
+
+  // The blocks in forward order (transformer layers, residual blocks): the units sharded training
+  // gathers one at a time. None for models without blocks.
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() const { return {}; }
+
+  // Hooks around every block's forward from now on (null: none); they must outlive the model's
+  // use.
+  void set_block_hooks(nn::BlockHooks* hooks) { runner_.set_hooks(hooks); }
+
+ protected:
+  nn::BlockRunner runner_;  // runs the blocks; a model with blocks gives it its checkpoint policy
 };
 using Net = std::shared_ptr<NetImpl>;
 

@@ -135,7 +135,8 @@ class ResNetImpl : public NetImpl {
  public:
   ResNetImpl(const std::string& name, const std::vector<int64_t>& blocks, const ResNetOptions& cfg,
              const nn::CheckpointPolicy& policy, const InputSpec& input)
-      : cifar_stem_(cfg.stem == "cifar"), channels_last_(cfg.channels_last), policy_(policy) {
+      : cifar_stem_(cfg.stem == "cifar"), channels_last_(cfg.channels_last) {
+    runner_ = nn::BlockRunner(policy);
     if (input.sample_shape.size() != 3) {
       throw ModelError("data.shape", name + " needs image samples (C, H, W); got " +
                                          std::to_string(input.sample_shape.size()) + " dims");
@@ -182,6 +183,10 @@ class ResNetImpl : public NetImpl {
     }
   }
 
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override {
+    return {blocks_.begin(), blocks_.end()};
+  }
+
   torch::Tensor forward(torch::Tensor x) override {
     // x: [B, C, H, W]
     if (channels_last_) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
@@ -193,12 +198,9 @@ class ResNetImpl : public NetImpl {
     // x: [B, 64, H', W'] with H' = H (cifar) or H/4 (imagenet)
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const auto& block = blocks_[i];
-      if (policy_.applies(static_cast<int64_t>(i))) {
-        x = nn::checkpoint(
-            *block, [block](const torch::Tensor& in) { return block->forward(in); }, x);
-      } else {
-        x = block->forward(x);
-      }
+      x = runner_.run(
+          static_cast<int64_t>(i), *block,
+          [block](const torch::Tensor& in) { return block->forward(in); }, x);
     }
     // x: [B, 512 e, H'/8, W'/8], e = 1 (basic) or 4 (bottleneck)
     x = torch::adaptive_avg_pool2d(x, /*output_size=*/{1, 1}).flatten(/*start_dim=*/1);
@@ -211,7 +213,6 @@ class ResNetImpl : public NetImpl {
   bool channels_last_;
   torch::nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};
-  nn::CheckpointPolicy policy_;
   std::vector<std::shared_ptr<Block>> blocks_;  // the blocks of layer1..layer4 (registered there)
   torch::nn::Linear fc_{nullptr};
 };

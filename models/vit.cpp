@@ -116,7 +116,8 @@ TORCH_MODULE(EncoderBlock);
 class VitImpl : public NetImpl {
  public:
   VitImpl(const VitOptions& o, const nn::CheckpointPolicy& policy, const InputSpec& input)
-      : embed_dim_(o.embed_dim), dropout_(o.dropout), policy_(policy) {
+      : embed_dim_(o.embed_dim), dropout_(o.dropout) {
+    runner_ = nn::BlockRunner(policy);
     const auto& shape = input.sample_shape;  // [C, H, W]
     if (shape.size() != 3 || shape[1] % o.patch_size != 0 || shape[2] % o.patch_size != 0) {
       throw ModelError("model.patch_size",
@@ -143,6 +144,12 @@ class VitImpl : public NetImpl {
     head = heads->register_module("head", torch::nn::Linear(o.embed_dim, input.num_classes));
   }
 
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (const auto& block : blocks_) out.push_back(block.ptr());
+    return out;
+  }
+
   torch::Tensor forward(torch::Tensor x) override {
     // x: [B, C, H, W]
     const int64_t B = x.size(0);
@@ -151,12 +158,9 @@ class VitImpl : public NetImpl {
     x = drop(x + pos_embedding, dropout_, is_training());
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const auto block = blocks_[i].ptr();
-      if (policy_.applies(static_cast<int64_t>(i))) {
-        x = nn::checkpoint(
-            *block, [block](const torch::Tensor& in) { return block->forward(in); }, x);
-      } else {
-        x = block->forward(x);  // [B, P + 1, D]
-      }
+      x = runner_.run(
+          static_cast<int64_t>(i), *block,
+          [block](const torch::Tensor& in) { return block->forward(in); }, x);  // [B, P + 1, D]
     }
     x = ln->forward(x).select(/*dim=*/1, /*index=*/0);  // [B, D]: the class token
     return apply_linear(head, x);                       // [B, num_classes]
@@ -165,7 +169,6 @@ class VitImpl : public NetImpl {
  private:
   int64_t embed_dim_;
   double dropout_;
-  nn::CheckpointPolicy policy_;  // blocks run through activation checkpointing
   torch::nn::Conv2d conv_proj{nullptr};
   torch::Tensor class_token, pos_embedding;
   std::vector<EncoderBlock> blocks_;  // encoder.layers.encoder_layer_<i>

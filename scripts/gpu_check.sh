@@ -27,6 +27,11 @@
 #                            from a CUDA graph after 3 eager steps)
 #   graph_losses             r50 at batch 32 trained 100 steps eagerly and from a CUDA graph
 #                            (`trainer --config`, not bench): the two loss curves compared
+#   gpt2_fsdp, gpt2_fsdp_ddp gpt2_bf16 with dist.strategy fsdp and ddp under `trainer launch` on
+#                            every GPU (NCCL; world size 1 on a one-GPU machine): step time, held
+#                            bytes per rank, peak memory, bytes communicated per step
+#   fsdp_losses              GPT-2 small trained 50 steps with ddp and with fsdp on every GPU
+#                            (`trainer --config`): the two loss curves compared
 # Before the cases, `trainer doctor --perf --quick --json`: the GPU's matmul TFLOP/s per dtype,
 # HBM copy and PCIe bandwidth against the spec table (kept in results.json, rows in the table).
 # Each case runs `trainer bench` and, for the plain cases, scripts/bench_reference.py (PyTorch,
@@ -181,9 +186,11 @@ if [[ $DRY == 0 ]]; then
   [[ "$(tv available)" == 1 ]] || die "torch sees no CUDA device (use --dry-run on a machine without a GPU)"
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$(tv capability)}
   DEVICE=cuda
+  GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 else
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
   DEVICE=cpu
+  GPUS=2  # Gloo processes standing in for GPUs
 fi
 # LibTorch's CMake files look for the CUDA toolkit (FindTorchSomewhere.cmake tries /usr/local/cuda;
 # else nvcc on PATH, a versioned /usr/local/cuda-*, or the pip packages' nvidia/cu*/bin).
@@ -347,6 +354,9 @@ CASES=(
   "r50_bf16_b32_graph|gpu_resnet50.yaml|10|50|15|trainer|data.batch_size=32|train.cuda_graph=true"
   "r50_bf16_b32_loop|gpu_resnet50.yaml|10|50|15|trainer|data.batch_size=32|optim.impl=loop"
   "graph_losses|gpu_resnet50.yaml|0|100|30|losses|data.batch_size=32"
+  "gpt2_fsdp|gpu_gpt2.yaml|5|20|30|launch_all|dist.strategy=fsdp"
+  "gpt2_fsdp_ddp|gpu_gpt2.yaml|5|20|30|launch_all"
+  "fsdp_losses|gpu_gpt2.yaml|0|50|60|fsdp_losses|data.batch_size=8"
   "gpt2_bf16_graph|gpu_gpt2.yaml|5|20|25|trainer|train.cuda_graph=true"
   "gpt2_bf16_loop|gpu_gpt2.yaml|5|20|25|trainer|optim.impl=loop"
   "r50_bf16_b256_loop|gpu_resnet50.yaml|8|25|25|trainer|optim.impl=loop"
@@ -378,8 +388,13 @@ run_bench() {
   local limit=$((left < RUN_TIMEOUT ? left : RUN_TIMEOUT))
   local cmd=()
   case "$impl" in
-    losses) graph_losses "$base" "$config" "$steps" "$limit" "${sets[@]}"
+    losses) two_curves "$base" "$config" "$steps" "$limit" train.cuda_graph "false true" 0 \
+              "${sets[@]}"
             return 0 ;;
+    fsdp_losses) two_curves "$base" "$config" "$steps" "$limit" dist.strategy "ddp fsdp" "$GPUS" \
+                   "${sets[@]}"
+                 return 0 ;;
+    launch_all) cmd=("$TRAINER" launch --standalone --nproc-per-node "$GPUS" -- bench) ;;
     trainer) cmd=("$TRAINER" bench) ;;
     launch) cmd=("$TRAINER" launch --standalone --nproc-per-node 1 -- bench) ;;
     pytorch) cmd=("$PY" "$ROOT/scripts/bench_reference.py")
@@ -403,31 +418,35 @@ run_bench() {
   fi
 }
 
-# graph_losses BASE CONFIG STEPS LIMIT --set...: STEPS steps of training eagerly and with
-# train.cuda_graph (the same seed and data), their loss curves into BASE.json.
-graph_losses() {
-  local base=$1 config=$2 steps=$3 limit=$4 mode rc=0 t0=$SECONDS
-  shift 4
-  for mode in false true; do
-    (cd "$ROOT" && timeout -k 10 "$limit" "$TRAINER" --config "$config" "$@" \
+# two_curves BASE CONFIG STEPS LIMIT KEY "A B" NPROC --set...: STEPS steps of training with KEY=A and
+# with KEY=B (the same seed and data), by `trainer --config` (NPROC 0) or under `trainer launch`
+# on NPROC processes; the two loss curves compared into BASE.json.
+two_curves() {
+  local base=$1 config=$2 steps=$3 limit=$4 key=$5 modes=$6 nproc=$7 mode rc=0 t0=$SECONDS
+  shift 7
+  local run=("$TRAINER")
+  [[ $nproc == 0 ]] || run=("$TRAINER" launch --standalone --nproc-per-node "$nproc" --)
+  for mode in $modes; do
+    (cd "$ROOT" && timeout -k 10 "$limit" "${run[@]}" --config "$config" "$@" \
       --set train.max_steps="$steps" --set run.log_every=1 --set run.eval_every=0 \
       --set train.eval_at_end=false --set run.checkpoint_every=1000000 \
-      --set train.cuda_graph=$mode --run-dir "$base.$mode") >> "$base.log" 2>&1 || rc=$?
+      --set "$key=$mode" --run-dir "$base.$mode") >> "$base.log" 2>&1 || rc=$?
   done
   echo "$rc $((SECONDS - t0))" > "$base.status"
-  "$PY" - "$base" > "$base.json" 2>> "$base.log" <<'GRAPH' || true
+  "$PY" - "$base" $modes > "$base.json" 2>> "$base.log" <<'CURVES' || true
 import json, sys
-base = sys.argv[1]
+base, a, b = sys.argv[1:4]
 def losses(mode):
     return [r["loss"] for r in map(json.loads, open(base + "." + mode + "/metrics.jsonl"))
             if r["split"] == "train"]
-eager, graph = losses("false"), losses("true")
-diff = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(eager, graph)]
-print(json.dumps({"steps": len(eager), "eager_first_last": [eager[0], eager[-1]],
-                  "graph_first_last": [graph[0], graph[-1]], "max_rel_diff": max(diff),
-                  "mean_rel_diff": sum(diff) / len(diff)}))
-GRAPH
-  say "graph_losses: done in $((SECONDS - t0))s (exit $rc)"
+la, lb = losses(a), losses(b)
+absd = [abs(x - y) for x, y in zip(la, lb)]
+rel = [d / max(abs(x), 1e-12) for d, x in zip(absd, la)]
+print(json.dumps({"steps": len(la), "first_last": {a: [la[0], la[-1]], b: [lb[0], lb[-1]]},
+                  "max_rel_diff": max(rel), "mean_rel_diff": sum(rel) / len(rel),
+                  "max_abs_diff": max(absd), "mean_abs_diff": sum(absd) / len(absd)}))
+CURVES
+  say "$(basename "$base"): done in $((SECONDS - t0))s (exit $rc)"
 }
 
 # Which cases run: $GPU_CHECK_CASES (names), else all; --dry-run: one of each kind.
@@ -448,7 +467,7 @@ for c in "${CASES[@]}"; do
              # float16 autocast is CUDA's alone: the plumbing runs with bfloat16 on the CPU.
              [[ "$name" == *fp16* ]] && sets+=(amp.dtype=bfloat16) ;;
       ddp_*) sets+=("${R50_TINY[@]}" data.batch_size=4) ;;
-      gpt2_*) sets+=("${GPT_TINY[@]}") ;;
+      gpt2_* | fsdp_*) sets+=("${GPT_TINY[@]}") ;;
     esac
   fi
   for impl in "${impls[@]}"; do
@@ -473,7 +492,8 @@ import json, os, sys
 bench, out, header = sys.argv[1:4]
 order = ["r50_bf16_b256", "r50_bf16_b256_loop", "r50_fp16_b256", "r50_bf16_b32",
          "r50_bf16_b32_graph", "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph",
-         "gpt2_bf16_loop", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer", "graph_losses"]
+         "gpt2_bf16_loop", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer", "graph_losses",
+         "gpt2_fsdp", "gpt2_fsdp_ddp", "fsdp_losses"]
 runs = {}
 for f in sorted(os.listdir(bench)):
     if not f.endswith(".status"):
@@ -512,7 +532,7 @@ cols = "%-18s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s %7s %5s"
 print(cols % ("case", "impl", "precision", "samples/s", "tokens/s", "step p50", "step p90",
               "peak MB", "TFLOPS", "MFU", "vs torch", "ops", "syncs"))
 for case in order + sorted({k[0] for k in runs} - set(order)):
-    if case in ("graph_losses", "doctor_perf"):
+    if case in ("graph_losses", "fsdp_losses", "doctor_perf"):
         continue
     for impl in ("trainer", "launch", "pytorch"):
         r = runs.get((case, impl))
@@ -562,6 +582,22 @@ g = runs.get(("graph_losses", "losses"))
 if g and isinstance(g.get("result"), dict):
     print("graph vs eager losses over %d steps: max relative difference %.2g, mean %.2g"
           % (g["result"]["steps"], g["result"]["max_rel_diff"], g["result"]["mean_rel_diff"]))
+
+f = runs.get(("fsdp_losses", "fsdp_losses"))
+if f and isinstance(f.get("result"), dict):
+    print("fsdp vs ddp losses over %d steps: max absolute difference %.2g, mean %.2g"
+          % (f["result"]["steps"], f["result"]["max_abs_diff"], f["result"]["mean_abs_diff"]))
+fs, dd = runs.get(("gpt2_fsdp", "launch_all")), runs.get(("gpt2_fsdp_ddp", "launch_all"))
+if get(fs, "step_time_ms", "p50") is not None and get(dd, "step_time_ms", "p50") is not None:
+    print("fsdp vs ddp (gpt2_bf16, %s ranks): step p50 %s vs %s ms (%s), held %s vs %s MB per "
+          "rank, peak %s vs %s MB, %s MB communicated per step"
+          % (get(fs, "world_size"), num(get(fs, "step_time_ms", "p50"), ".1f"),
+             num(get(dd, "step_time_ms", "p50"), ".1f"),
+             pct(get(fs, "step_time_ms", "p50"), get(dd, "step_time_ms", "p50")),
+             num(get(fs, "held_bytes", "total") / 1e6, ".0f"),
+             num(get(dd, "held_bytes", "total") / 1e6, ".0f"),
+             num(get(fs, "peak_memory_mb"), ".0f"), num(get(dd, "peak_memory_mb"), ".0f"),
+             num(get(fs, "comm_bytes_per_step") / 1e6, ".0f")))
 
 plain = runs.get(("r50_bf16_b256", "trainer"))
 for case, what in (("ddp_ws1", ""), ("ddp_ws1_reducer", ", the reducer at world size 1")):

@@ -6,7 +6,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,6 +36,41 @@ inline std::string read_file(const fs::path& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The float32 tensors of a safetensors file whose names start with `prefix`, by name.
+inline std::map<std::string, std::vector<float>> float_tensors(const fs::path& file,
+                                                               const std::string& prefix = "") {
+  const std::string bytes = read_file(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), sizeof n);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__" || name.rfind(prefix, 0) != 0 || info["dtype"] != "F32") continue;
+    const size_t begin = 8 + n + info["data_offsets"][0].get<size_t>();
+    const size_t end = 8 + n + info["data_offsets"][1].get<size_t>();
+    std::vector<float> v((end - begin) / sizeof(float));
+    std::memcpy(v.data(), bytes.data() + begin, end - begin);
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+// The largest |a - b| over the float32 tensors named `prefix`... of two safetensors files; +inf
+// when their names or sizes differ, or there are none.
+inline double max_abs_diff(const fs::path& a, const fs::path& b, const std::string& prefix = "") {
+  const auto ta = float_tensors(a, prefix), tb = float_tensors(b, prefix);
+  if (ta.empty() || ta.size() != tb.size()) return INFINITY;
+  double worst = 0.0;
+  for (const auto& [name, va] : ta) {
+    const auto it = tb.find(name);
+    if (it == tb.end() || it->second.size() != va.size()) return INFINITY;
+    for (size_t i = 0; i < va.size(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(va[i]) - it->second[i]));
+    }
+  }
+  return worst;
 }
 
 class Cli : public ::testing::Test {

@@ -23,38 +23,11 @@ namespace fs = std::filesystem;
 
 using trainer::free_port;
 
-// The float32 model tensors of a checkpoint (a safetensors file), by name.
-std::map<std::string, std::vector<float>> model_tensors(const fs::path& file) {
-  const std::string bytes = read_file(file);
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), sizeof n);
-  const auto header = nlohmann::json::parse(bytes.substr(8, n));
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, info] : header.items()) {
-    if (name.rfind("model.", 0) != 0 || info["dtype"] != "F32") continue;
-    const size_t begin = 8 + n + info["data_offsets"][0].get<size_t>();
-    const size_t end = 8 + n + info["data_offsets"][1].get<size_t>();
-    std::vector<float> v((end - begin) / sizeof(float));
-    std::memcpy(v.data(), bytes.data() + begin, end - begin);
-    out[name] = std::move(v);
-  }
-  return out;
+// The largest |a - b| over the model tensors of two checkpoints.
+double model_max_abs_diff(const fs::path& a, const fs::path& b) {
+  return trainer::test_support::max_abs_diff(a, b, "model.");
 }
 
-// The largest |a - b| over every model tensor; +inf when the tensors differ in name or size.
-double max_abs_diff(const fs::path& a, const fs::path& b) {
-  const auto ta = model_tensors(a), tb = model_tensors(b);
-  if (ta.empty() || ta.size() != tb.size()) return INFINITY;
-  double worst = 0.0;
-  for (const auto& [name, va] : ta) {
-    auto it = tb.find(name);
-    if (it == tb.end() || it->second.size() != va.size()) return INFINITY;
-    for (size_t i = 0; i < va.size(); ++i) {
-      worst = std::max(worst, std::fabs(static_cast<double>(va[i]) - it->second[i]));
-    }
-  }
-  return worst;
-}
 
 // Plain SGD on Fashion-MNIST without dropout: 2 x B and 1 x 2B see the same samples per step.
 // (At lr 0.05 lenet's rounding differences grow from 4e-8 at step 10 to 3e-4 at step 20 as
@@ -90,7 +63,7 @@ TEST_F(Dist, TwoProcessesEqualOneProcessAtTheGlobalBatch) {
       ASSERT_EQ(r.code, 0) << r.out << r.err;
       EXPECT_NE(r.err.find("[rank0]: "), std::string::npos) << r.err;
       const double diff =
-          max_abs_diff(one / "checkpoints" / step_file(20), two / "checkpoints" / step_file(20));
+          model_max_abs_diff(one / "checkpoints" / step_file(20), two / "checkpoints" / step_file(20));
       EXPECT_LE(diff, 1e-5);
       // The logged losses are averages over the ranks: those of the global batch.
       const auto la = losses(one), lb = losses(two);
@@ -192,8 +165,8 @@ TEST_F(Dist, SyncBatchNormTrainsAsTheGlobalBatch) {
              common + " --set data.batch_size=8 --run-dir '" + local.string() + "'");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto last = one / "checkpoints" / step_file(5);
-  const double synced = max_abs_diff(last, sync / "checkpoints" / step_file(5));
-  const double unsynced = max_abs_diff(last, local / "checkpoints" / step_file(5));
+  const double synced = model_max_abs_diff(last, sync / "checkpoints" / step_file(5));
+  const double unsynced = model_max_abs_diff(last, local / "checkpoints" / step_file(5));
   std::cout << "resnet18, 5 steps, max |w(1 x 16) - w(2 x 8)|: sync_bn " << synced
             << ", per-rank batch norm " << unsynced << "\n";
   EXPECT_LE(synced, 5e-3);
@@ -218,7 +191,7 @@ TEST_F(Dist, AJobOfOneTrainsAsAPlainRun) {
                                                     one.string() + "'");
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(
-        max_abs_diff(plain / "checkpoints" / step_file(3), one / "checkpoints" / step_file(3)),
+        model_max_abs_diff(plain / "checkpoints" / step_file(3), one / "checkpoints" / step_file(3)),
         0.0);
   }
 }
@@ -238,7 +211,7 @@ TEST_F(Dist, CheckpointedBlocksTrainAsPlainOnes) {
              common + " --set model.checkpointing=blocks --run-dir '" + blocks.string() + "'");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(
-      max_abs_diff(plain / "checkpoints" / step_file(3), blocks / "checkpoints" / step_file(3)),
+      model_max_abs_diff(plain / "checkpoints" / step_file(3), blocks / "checkpoints" / step_file(3)),
       0.0);
 }
 
@@ -259,7 +232,7 @@ TEST_F(Dist, EveryWayOfStartingAJobFormsTheSameGroup) {
          port + " -- " + args + " --run-dir '" + (dir_ / "b").string() +
          "' & pids+=($!); done; wait ${pids[0]} && wait ${pids[1]}");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_EQ(max_abs_diff(final_weights("a"), final_weights("b")), 0.0);
+  EXPECT_EQ(model_max_abs_diff(final_weights("a"), final_weights("b")), 0.0);
 
   // SLURM's variables, set by hand as srun would.
   r =
@@ -268,7 +241,7 @@ TEST_F(Dist, EveryWayOfStartingAJobFormsTheSameGroup) {
          std::to_string(free_port()) + " \"$TRAINER\" " + args + " --run-dir '" +
          (dir_ / "c").string() + "' & pids+=($!); done; wait ${pids[0]} && wait ${pids[1]}");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_EQ(max_abs_diff(final_weights("a"), final_weights("c")), 0.0);
+  EXPECT_EQ(model_max_abs_diff(final_weights("a"), final_weights("c")), 0.0);
 
   // torchrun from the project's virtual environment.
   const fs::path torchrun = fs::path(TRAINER_VENV_DIR) / "bin" / "torchrun";
@@ -276,7 +249,7 @@ TEST_F(Dist, EveryWayOfStartingAJobFormsTheSameGroup) {
   r = sh("'" + torchrun.string() + "' --standalone --nproc-per-node 2 --no-python \"$TRAINER\" " +
          args + " --run-dir '" + (dir_ / "d").string() + "'");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_EQ(max_abs_diff(final_weights("a"), final_weights("d")), 0.0);
+  EXPECT_EQ(model_max_abs_diff(final_weights("a"), final_weights("d")), 0.0);
 }
 
 // A job long enough to be hit mid-training, checkpointing every 5 steps.
@@ -327,7 +300,7 @@ TEST_F(Dist, ARestartedJobEndsAsAnUninterruptedOne) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.err.find("restarting"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("resumed from"), std::string::npos) << r.err;
-  EXPECT_EQ(max_abs_diff(a / "checkpoints" / step_file(40), b / "checkpoints" / step_file(40)),
+  EXPECT_EQ(model_max_abs_diff(a / "checkpoints" / step_file(40), b / "checkpoints" / step_file(40)),
             0.0);
   EXPECT_EQ(losses(a), losses(b));
 }

@@ -28,7 +28,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"optim", {"nn", "config", "util"}},
       {"losses", {"config", "util"}},
       {"checkpoint", {"config", "util"}},
-      {"distributed", {"config", "util"}},
+      {"distributed", {"nn", "config", "util"}},
       {"engine",
        {"distributed", "checkpoint", "models", "data", "optim", "losses", "nn", "config", "util"}},
       {"doctor", {"config", "util"}},

@@ -85,6 +85,99 @@ std::optional<std::vector<Entry>> read_manifest(const std::string& dir) {
   return out;
 }
 
+std::string shards_dir(const std::string& dir, int64_t step) {
+  return dir + "/" + strprintf("step_%08" PRId64 ".shards", step);
+}
+
+// Removes a checkpoint's shard directory, if any.
+void remove_shards(const std::string& dir, int64_t step) {
+  const std::string shards = shards_dir(dir, step);
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(shards.c_str()), &::closedir);
+  if (!d) return;
+  while (const dirent* e = ::readdir(d.get())) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") ::unlink((shards + "/" + name).c_str());
+  }
+  ::rmdir(shards.c_str());
+}
+
+// The bytes of `path` after checking their size and checksum; CorruptCheckpoint otherwise.
+std::vector<uint8_t> read_checked(const std::string& path, uint64_t size, const std::string& xxh64,
+                                  const char* against) {
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_bytes(path);
+  } catch (const IoError& e) {
+    throw CorruptCheckpoint(e.what());
+  }
+  if (bytes.size() != size) {
+    throw CorruptCheckpoint(path + ": " + std::to_string(bytes.size()) + " bytes, " + against +
+                            " says " + std::to_string(size) + " (truncated?)");
+  }
+  const std::string sum = hex64(XXH64(bytes.data(), bytes.size(), /*seed=*/0));
+  if (sum != xxh64) {
+    throw CorruptCheckpoint(path + ": checksum " + sum + " differs from " + against + "'s " +
+                            xxh64 + " (the file is corrupt)");
+  }
+  return bytes;
+}
+
+// A tensor being assembled from its pieces.
+struct Assembly {
+  std::vector<int64_t> shape;
+  torch::Tensor flat;
+  int64_t covered = 0;
+};
+
+// Copies the pieces of one verified shard file into `whole`.
+void add_pieces(const nlohmann::json& desc, const std::string& path, const SafetensorsFile& file,
+                std::map<std::string, Assembly>& whole) {
+  std::map<std::string, torch::Tensor> data(file.tensors.begin(), file.tensors.end());
+  for (const auto& p : desc.at("pieces")) {
+    const auto name = p.at(0).get<std::string>();
+    const auto shape = p.at(1).get<std::vector<int64_t>>();
+    const auto offset = p.at(2).get<int64_t>();
+    const auto it = data.find(name);
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    if (it == data.end() || offset < 0 || offset + it->second.numel() > numel) {
+      throw CorruptCheckpoint(path + ": piece '" + name + "' is missing or out of range");
+    }
+    Assembly& a = whole[name];
+    if (!a.flat.defined()) {
+      a.shape = shape;
+      a.flat = torch::empty({numel}, it->second.options());
+    }
+    a.flat.narrow(0, offset, it->second.numel()).copy_(it->second.reshape({-1}));
+    a.covered += it->second.numel();
+  }
+}
+
+// Reads, verifies and assembles the shard files of a sharded checkpoint into `state`.
+void assemble_shards(State& state, const std::string& path) {
+  std::map<std::string, Assembly> whole;
+  for (const auto& desc : state.meta.at("shards")) {
+    const std::string shard = dir_of(path) + "/" + desc.at("file").get<std::string>();
+    const auto bytes = read_checked(shard, desc.at("bytes").get<uint64_t>(),
+                                    desc.at("xxh64").get<std::string>(), path.c_str());
+    SafetensorsFile file;
+    try {
+      file = parse_safetensors(bytes, shard);
+    } catch (const FormatError& e) {
+      throw CorruptCheckpoint(e.what());
+    }
+    add_pieces(desc, shard, file, whole);
+  }
+  for (auto& [name, a] : whole) {
+    if (a.covered < a.flat.numel()) {
+      throw CorruptCheckpoint(path + ": the shards hold only " + std::to_string(a.covered) +
+                              " of the " + std::to_string(a.flat.numel()) + " elements of '" +
+                              name + "'");
+    }
+    state.tensors.emplace_back(name, a.flat.view(a.shape));
+  }
+}
+
 State parse(const std::vector<uint8_t>& bytes, const std::string& path) {
   SafetensorsFile f;
   try {
@@ -110,27 +203,65 @@ State parse(const std::vector<uint8_t>& bytes, const std::string& path) {
 // Loads and verifies one file against its manifest entry (when given).
 State load_verified(const std::string& path, const Entry* entry) {
   std::vector<uint8_t> bytes;
-  try {
-    bytes = read_bytes(path);
-  } catch (const IoError& e) {
-    throw CorruptCheckpoint(e.what());
-  }
   if (entry) {
-    if (bytes.size() != entry->bytes) {
-      throw CorruptCheckpoint(path + ": " + std::to_string(bytes.size()) +
-                              " bytes, the manifest says " + std::to_string(entry->bytes) +
-                              " (truncated?)");
-    }
-    const std::string sum = xxh64_hex(bytes);
-    if (sum != entry->xxh64) {
-      throw CorruptCheckpoint(path + ": checksum " + sum + " differs from the manifest's " +
-                              entry->xxh64 + " (the file is corrupt)");
+    bytes = read_checked(path, entry->bytes, entry->xxh64, "the manifest");
+  } else {
+    try {
+      bytes = read_bytes(path);
+    } catch (const IoError& e) {
+      throw CorruptCheckpoint(e.what());
     }
   }
-  return parse(bytes, path);
+  State state = parse(bytes, path);
+  if (state.meta.is_object() && state.meta.contains("shards")) {
+    try {
+      assemble_shards(state, path);
+    } catch (const nlohmann::json::exception& e) {
+      throw CorruptCheckpoint(path + ": unreadable shard descriptions: " + e.what());
+    }
+  }
+  return state;
 }
 
 }  // namespace
+
+nlohmann::json write_shard(const std::string& dir, int64_t step, int rank, int world,
+                           const std::vector<ShardPiece>& pieces) {
+  const std::string shards = shards_dir(dir, step);
+  for (const auto& d : {dir, shards}) {
+    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw IoError(d + ": cannot create: " + std::strerror(errno));
+    }
+  }
+  const std::string name = strprintf("rank_%05d_of_%05d.safetensors", rank, world);
+  NamedTensors tensors;
+  nlohmann::json index = nlohmann::json::array();
+  for (const auto& p : pieces) {
+    tensors.emplace_back(p.name, p.data);
+    index.push_back({p.name, p.shape, p.offset});
+  }
+  uint64_t bytes = 0;
+  XXH64_state_t* hash = XXH64_createState();
+  XXH64_reset(hash, /*seed=*/0);
+  try {
+    write_atomically(
+        shards + "/" + name, [&](const ByteSink& sink) { write_safetensors(tensors, {}, sink); },
+        [&](const void* data, size_t size) {
+          XXH64_update(hash, data, size);
+          bytes += size;
+        });
+  } catch (...) {
+    XXH64_freeState(hash);
+    throw;
+  }
+  const std::string sum = hex64(XXH64_digest(hash));
+  XXH64_freeState(hash);
+  return {{"file", base_of(shards) + "/" + name},
+          {"rank", rank},
+          {"bytes", bytes},
+          {"xxh64", sum},
+          {"pieces", index}};
+}
 
 std::string xxh64_hex(const std::vector<uint8_t>& bytes) {
   return hex64(XXH64(bytes.data(), bytes.size(), /*seed=*/0));
@@ -269,7 +400,10 @@ std::string Directory::save(int64_t step, const State& state,
   for (auto& e : all) (keep.count(e.file) ? kept : dropped).push_back(std::move(e));
   write_manifest(kept);
   // Only once the manifest no longer names them.
-  for (const auto& e : dropped) ::unlink((dir_ + "/" + e.file).c_str());
+  for (const auto& e : dropped) {
+    ::unlink((dir_ + "/" + e.file).c_str());
+    remove_shards(dir_, e.step);
+  }
   return path;
 }
 

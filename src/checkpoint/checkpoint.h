@@ -17,12 +17,23 @@
 
 #include "checkpoint/safetensors.h"
 
+#include <torch/types.h>
+
 namespace trainer::checkpoint {
 
 // What a checkpoint holds: named tensors and a JSON document (the engine decides both).
 struct State {
   NamedTensors tensors;
   nlohmann::json meta;
+};
+
+// Elements [offset, offset + data.numel()) of the flattened tensor `name` of `shape`: one
+// process's part of a tensor sharded over several.
+struct ShardPiece {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  torch::Tensor data;
 };
 
 // A checkpoint that fails its checksum or cannot be parsed; the message names the file.
@@ -74,8 +85,19 @@ class Directory {
   std::string keep_best_;
 };
 
+// Sharded checkpoints (dist.strategy fsdp): every process writes its pieces of the sharded tensors
+// to <dir>/step_<step>.shards/rank_<rank>_of_<world>.safetensors (atomically) and returns the
+// file's description: its name, size, xxHash64 and the pieces' names, global shapes and offsets.
+// Then one process saves the checkpoint (Directory::save) with the descriptions of every rank's
+// file as meta["shards"]. Throws IoError when writing fails.
+nlohmann::json write_shard(const std::string& dir, int64_t step, int rank, int world,
+                           const std::vector<ShardPiece>& pieces);
+
 // Loads `path`, verifying its checksum against the manifest of its directory when that lists it
-// (else only its structure, with a warning). Throws CorruptCheckpoint or FormatError.
+// (else only its structure, with a warning). A sharded checkpoint's shard files are read and
+// verified against its meta["shards"] and their pieces assembled into whole tensors, so that the
+// State is the same for any number of processes that wrote it. Throws CorruptCheckpoint (a
+// damaged, missing or incomplete shard names its file) or FormatError.
 State load(const std::string& path);
 
 // The step of a checkpoint's file name (step_00001234.safetensors -> 1234); -1 for any other

@@ -66,6 +66,13 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
           {"ops_per_step", r.ops_per_step},
           {"ops_by_name", r.ops_by_name},
           {"host_syncs_per_step", r.host_syncs_per_step},
+          {"strategy", cfg.dist.strategy},
+          {"held_bytes",
+           {{"params", r.held.params},
+            {"grads", r.held.grads},
+            {"optimizer", r.held.optimizer},
+            {"total", r.held.total()}}},
+          {"comm_bytes_per_step", r.comm_bytes_per_step},
           {"versions",
            {{"trainer", TRAINER_VERSION},
             {"torch", TORCH_VERSION},
@@ -107,6 +114,11 @@ std::string result_table(const engine::BenchResult& r, const engine::BenchOption
       "matrix-product peak\n",
       static_cast<double>(r.flops_per_step) / 1e9, r.tflops, 100.0 * r.mfu, r.peak_tflops);
   out += strprintf("  final loss    %.4f\n", r.final_loss);
+  out += strprintf(
+      "  held state    %.1f MiB per rank (%s): parameters %.1f, gradients %.1f, optimizer %.1f; "
+      "%.1f MiB communicated per step\n",
+      r.held.total() / 1048576.0, cfg.dist.strategy.c_str(), r.held.params / 1048576.0,
+      r.held.grads / 1048576.0, r.held.optimizer / 1048576.0, r.comm_bytes_per_step / 1048576.0);
   if (!r.ops_per_step.empty()) {
     const auto& ops = r.ops_per_step;
     out += strprintf(

@@ -66,6 +66,9 @@ CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
                             args.count("config") ? args["config"].as<std::string>() : "");
   CheckpointModel m{std::move(checkpoint),
                     load_config(config, set_and_device(args), engine::config_environment())};
+  // A sharded checkpoint loads whole: every rank uses the whole model, whatever the training
+  // strategy was.
+  m.loaded.cfg.dist.strategy = "ddp";
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
   m.step = m.trainer->load_model(m.checkpoint);
   return m;

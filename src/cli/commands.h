@@ -74,4 +74,13 @@ std::string version_text();
 // trainer launch [options] -- <trainer arguments>; argv[0] is "launch". Returns the exit code.
 int launch_command(int argc, char** argv);
 
+// Runs this trainer binary with `trainer_args` as a local job of `nproc` ranks, as
+// `trainer launch --standalone --nproc-per-node <nproc> -- <trainer_args>` does; returns the
+// launcher's exit code.
+int run_local_job(const std::vector<std::string>& trainer_args, int nproc);
+
+// The processes of launch.nproc_per_node: N, or for auto one per CUDA device (1 with none, or
+// when `device` is cpu).
+int local_processes(const std::string& nproc_per_node, const std::string& device);
+
 }  // namespace trainer::cli

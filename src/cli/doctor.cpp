@@ -1,6 +1,8 @@
 // trainer doctor: what is installed, what LibTorch sees, and what to fix.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -86,8 +88,15 @@ Capacity smallest_device(const doctor::Facts& facts) {
   return c;
 }
 
+// The processes of the job the doctor checks for: WORLD_SIZE when launched, else one per GPU.
+int64_t job_world_size(const doctor::Facts& facts) {
+  const char* env = std::getenv("WORLD_SIZE");
+  if (env && std::atoi(env) > 0) return std::atoi(env);
+  return std::max<int64_t>(static_cast<int64_t>(facts.gpus.size()), 1);
+}
+
 // What would make a step that needs too much fit in `usable` bytes, each with its estimate, in
-// order: gradient accumulation, bfloat16, activation checkpointing, more GPUs.
+// order: gradient accumulation, bfloat16, activation checkpointing, fsdp, more GPUs.
 std::vector<std::string> memory_remedies(engine::Trainer& trainer,
                                          const engine::MemoryEstimate& planned,
                                          const engine::MemoryEstimate& bf16, bool use_bf16,
@@ -117,6 +126,16 @@ std::vector<std::string> memory_remedies(engine::Trainer& trainer,
     }
   }
   for (int64_t gpus = 2; gpus <= 64; gpus *= 2) {
+    if (cfg.dist.strategy != "fsdp" && planned.fsdp_total(batch, gpus) <= usable) {
+      remedies.push_back(strprintf(
+          "dist.strategy fsdp on %" PRId64
+          " GPUs (parameters, gradients and optimizer state sharded; trainer --nproc-per-node "
+          "auto): %s per GPU",
+          gpus, gib(planned.fsdp_total(batch, gpus)).c_str()));
+      break;
+    }
+  }
+  for (int64_t gpus = 2; gpus <= 64; gpus *= 2) {
     if (planned.total(batch / gpus) <= usable) {
       remedies.push_back(strprintf("%" PRId64 " GPUs at data.batch_size %" PRId64 " each: %s", gpus,
                                    batch / gpus, gib(planned.total(batch / gpus)).c_str()));
@@ -130,7 +149,10 @@ std::vector<std::string> memory_remedies(engine::Trainer& trainer,
 // run is built and measured on the CPU (engine/memory.h).
 doctor::Finding memory_finding(const std::string& config_path, const doctor::Facts& facts,
                                int64_t measure_batch, nlohmann::json& out) {
-  const auto loaded = load_config(config_path, {"device=cpu", "data.workers=0"}, {});
+  auto loaded = load_config(config_path, {"device=cpu", "data.workers=0"}, {});
+  // Measured whole in one process; fsdp's figures follow from the measurement.
+  const bool fsdp = loaded.cfg.dist.strategy == "fsdp";
+  loaded.cfg.dist.strategy = "ddp";
   const auto& cfg = loaded.cfg;
   engine::Trainer trainer(loaded);
   const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
@@ -141,8 +163,13 @@ doctor::Finding memory_finding(const std::string& config_path, const doctor::Fac
   const Capacity capacity = smallest_device(facts);
   // A tenth stays free for the CUDA context, library workspaces and fragmentation.
   const int64_t usable = (capacity.mb << 20) / 10 * 9;
-  const bool fits = planned.total(batch) <= usable;
+  const int64_t world = job_world_size(facts);
+  const int64_t needed = fsdp ? planned.fsdp_total(batch, world) : planned.total(batch);
+  const bool fits = needed <= usable;
   out = {{"model", cfg.model.name},
+         {"strategy", fsdp ? "fsdp" : "ddp"},
+         {"world_size", world},
+         {"fsdp_bytes", planned.fsdp_total(batch, world)},
          {"batch_per_process", batch},
          {"float32_bytes", fp32.total(batch)},
          {"bfloat16_bytes", bf16.total(batch)},
@@ -157,7 +184,7 @@ doctor::Finding memory_finding(const std::string& config_path, const doctor::Fac
       cfg.model.checkpointing == "none"
           ? ""
           : " with activation checkpointing " + cfg.model.checkpointing;
-  const std::string message = strprintf(
+  std::string message = strprintf(
       "%s%s at batch %" PRId64
       " per process: %s in float32 (parameters %s, optimizer %s, step %s), %s "
       "with bfloat16 autocast; %s",
@@ -165,6 +192,10 @@ doctor::Finding memory_finding(const std::string& config_path, const doctor::Fac
       gib(fp32.params_bytes).c_str(), gib(fp32.optimizer_bytes).c_str(),
       gib(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
       gib(bf16.total(batch)).c_str(), capacity.where.c_str());
+  if (fsdp || !fits) {
+    message += strprintf("; with dist.strategy fsdp on %" PRId64 " process%s %s per process", world,
+                         world == 1 ? "" : "es", gib(planned.fsdp_total(batch, world)).c_str());
+  }
   if (measure_batch > 0) {
     // One real step at that batch, to check the extrapolation against.
     const int64_t fixed = fp32.params_bytes + fp32.optimizer_bytes;

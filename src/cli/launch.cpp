@@ -3,6 +3,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <iostream>
 #include <stdexcept>
@@ -29,6 +30,20 @@ std::string own_executable() {
 }
 
 }  // namespace
+
+int run_local_job(const std::vector<std::string>& trainer_args, int nproc) {
+  std::vector<std::string> args = {"--standalone", "--nproc-per-node", std::to_string(nproc), "--"};
+  args.insert(args.end(), trainer_args.begin(), trainer_args.end());
+  launch::LaunchCommand command = launch::parse_launch_args(args, cuda_devices);
+  command.options.program = own_executable();
+  return launch::run(command.options, std::cout, std::cerr, std::cerr);
+}
+
+int local_processes(const std::string& nproc_per_node, const std::string& device) {
+  if (nproc_per_node != "auto") return std::stoi(nproc_per_node);
+  if (device == "cpu") return 1;
+  return std::max(cuda_devices(), 1);
+}
 
 int launch_command(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);

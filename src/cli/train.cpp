@@ -45,6 +45,9 @@ cxxopts::Options train_options() {
        "D")
       ("dry-run", "validate, build the model and data, print the config and model summary, exit")
       ("print-config", "print the resolved config as YAML and exit")
+      ("nproc-per-node", "train as a local job of N processes, or one per GPU with auto (same as "
+       "--set launch.nproc_per_node=N): DDP, or FSDP with dist.strategy fsdp, under the hood",
+       cxxopts::value<std::string>(), "N|auto")
       ("resume", "continue from the newest valid checkpoint of the run dir (auto; a fresh start "
        "when there is none) or from a checkpoint file", cxxopts::value<std::string>(), "auto|PATH")
       ("log-level", "trace|debug|info|warn|error", cxxopts::value<std::string>()->default_value("info"),
@@ -81,6 +84,9 @@ std::vector<std::string> overrides_of(const cxxopts::ParseResult& args) {
   if (args.count("set")) overrides = args["set"].as<std::vector<std::string>>();
   if (args.count("run-dir")) overrides.push_back("run.dir=" + args["run-dir"].as<std::string>());
   if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
+  if (args.count("nproc-per-node")) {
+    overrides.push_back("launch.nproc_per_node=" + args["nproc-per-node"].as<std::string>());
+  }
   return overrides;
 }
 
@@ -147,6 +153,14 @@ int train_command(int argc, char** argv) {
   if (args.count("print-config")) {
     std::cout << resolved;
     return 0;
+  }
+  // launch.nproc_per_node above 1: this process becomes the launcher of a local job.
+  const int nproc = local_processes(loaded.cfg.launch.nproc_per_node, loaded.cfg.device);
+  if (!job.launched() && nproc > 1 && !args.count("dry-run")) {
+    log::info("training as a local job of " + std::to_string(nproc) + " processes (" +
+              loaded.cfg.dist.strategy + ", one rank per " +
+              (loaded.cfg.device == "cpu" ? "process" : "GPU") + ")");
+    return run_local_job(std::vector<std::string>(argv + 1, argv + argc), nproc);
   }
   engine::Trainer engine(loaded, job);
   if (args.count("dry-run")) {

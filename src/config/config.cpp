@@ -129,11 +129,24 @@ void AmpConfig::validate(Checks& c) const {
 }
 
 void DistConfig::validate(Checks& c) const {
+  c.one_of("strategy", strategy, {"ddp", "fsdp"});
   c.one_of("backend", backend, {"auto", "nccl", "gloo"});
+  c.one_of("fsdp_param_dtype", fsdp_param_dtype, {"auto", "float32", "bfloat16", "float16"});
+  c.one_of("fsdp_reduce_dtype", fsdp_reduce_dtype, {"float32", "bfloat16", "float16"});
   c.above("bucket_cap_mb", bucket_cap_mb, 0.0);
   c.above("first_bucket_mb", first_bucket_mb, 0.0);
   c.above("init_timeout_s", init_timeout_s, 0.0);
   c.above("timeout_s", timeout_s, 0.0);
+}
+
+void LaunchConfig::validate(Checks& c) const {
+  if (nproc_per_node == "auto") return;
+  const bool digits = !nproc_per_node.empty() && nproc_per_node.size() <= 4 &&
+                      nproc_per_node.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || std::stoi(nproc_per_node) < 1) {
+    c.add("nproc_per_node",
+          "must be a number of processes >= 1 or auto, got '" + nproc_per_node + "'");
+  }
 }
 
 }  // namespace trainer::config

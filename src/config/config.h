@@ -241,6 +241,7 @@ struct AmpConfig {
 };
 
 struct DistConfig {
+  std::string strategy = "ddp";         // ddp (replicated weights)|fsdp (sharded over the ranks)
   std::string backend = "auto";         // auto|nccl|gloo (auto: nccl on CUDA, gloo on the CPU)
   double bucket_cap_mb = 25.0;          // gradient bucket size in MiB
   double first_bucket_mb = 1.0;         // size of the first bucket, reduced early in backward
@@ -248,14 +249,20 @@ struct DistConfig {
   bool broadcast_buffers = true;        // copy rank 0's buffers (batch-norm statistics) each step
   bool sync_bn = false;                 // batch norm over the global batch (statistics all-reduced)
   bool reducer_at_world_size_1 = false;  // the reducer even in a one-process job (to measure it)
-  double init_timeout_s = 300.0;         // rendezvous: how long to wait for every rank
-  double timeout_s = 600.0;              // a collective that takes longer ends the run
+  bool reshard_after_forward = true;     // fsdp: free gathered weights after forward (ZeRO-3)
+  std::string fsdp_param_dtype =
+      "auto";  // fsdp: gathered weights' dtype: auto (amp.dtype)|float32|bfloat16|float16
+  std::string fsdp_reduce_dtype = "float32";  // fsdp: gradients' dtype in the reduce-scatter
+  bool fsdp_prefetch = true;                  // fsdp: gather the next block while one computes
+  double init_timeout_s = 300.0;              // rendezvous: how long to wait for every rank
+  double timeout_s = 600.0;                   // a collective that takes longer ends the run
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
 
   template <class V>
   void visit(V& v) {
+    v("strategy", strategy);
     v("backend", backend);
     v("bucket_cap_mb", bucket_cap_mb);
     v("first_bucket_mb", first_bucket_mb);
@@ -263,8 +270,25 @@ struct DistConfig {
     v("broadcast_buffers", broadcast_buffers);
     v("sync_bn", sync_bn);
     v("reducer_at_world_size_1", reducer_at_world_size_1);
+    v("reshard_after_forward", reshard_after_forward);
+    v("fsdp_param_dtype", fsdp_param_dtype);
+    v("fsdp_reduce_dtype", fsdp_reduce_dtype);
+    v("fsdp_prefetch", fsdp_prefetch);
     v("init_timeout_s", init_timeout_s);
     v("timeout_s", timeout_s);
+  }
+};
+
+// How `trainer --config` starts: in this process, or as a local job of several.
+struct LaunchConfig {
+  std::string nproc_per_node = "1";  // processes to train on: N, or auto (one per local GPU)
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("nproc_per_node", nproc_per_node);
   }
 };
 
@@ -280,6 +304,7 @@ struct Config {
   SchedConfig sched;            // learning-rate schedule
   AmpConfig amp;                // mixed precision
   DistConfig dist;              // distributed data parallel
+  LaunchConfig launch;          // one process, or a local job of several
 
   template <class V>
   void visit(V& v) {
@@ -294,6 +319,7 @@ struct Config {
     v("sched", sched);
     v("amp", amp);
     v("dist", dist);
+    v("launch", launch);
   }
 };
 

@@ -938,6 +938,11 @@ void check_cuda_graph(const Config& c, const Environment& env, Checks& checks) {
   if (!c.data.drop_last) {
     fail("needs batches of one shape; set data.drop_last: true");
   }
+  if (c.dist.strategy == "fsdp") {
+    fail(
+        "cannot capture fsdp's gathers and frees; set dist.strategy: ddp or train.cuda_graph: "
+        "false");
+  }
   if (c.dist.find_unused_parameters || c.dist.reducer_at_world_size_1) {
     fail(
         "cannot capture DDP's reducer; set dist.find_unused_parameters and "

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/parallel.h"
 #include "distributed/process_group.h"
 
 namespace c10d {
@@ -42,7 +43,7 @@ struct DdpOptions {
 // reducer is built (as torchtitan and Lightning train one process without the DDP wrapper), the
 // gradients stay autograd's own, and only the unused-parameter check remains, so that a model
 // fails alone as it would in a larger group.
-class DataParallel {
+class DataParallel final : public DataParallelism {
  public:
   // Every rank must construct it, in the same order (a collective).
   // Broadcasts `model`'s parameters and buffers from rank 0 and registers the reducer's hooks on
@@ -57,14 +58,14 @@ class DataParallel {
 
   // With broadcast_buffers, sends rank 0's buffers to every rank before the first micro-batch.
   // Every rank must call this, in the same order.
-  void before_forward(bool first, bool sync);
+  void before_forward(bool first, bool sync) override;
   // Arms the reducer for the backward pass of `loss` when `sync`; that backward all-reduces the
   // gradients bucket by bucket, so every rank must run it, in the same order.
-  void after_forward(const torch::Tensor& loss, bool sync);
+  void after_forward(const torch::Tensor& loss, bool sync) override;
   // Checks that the reduction finished; throws std::runtime_error naming the parameters that got
   // no gradient (and dist.find_unused_parameters) when it did not.
   // Every rank must call this, in the same order (it waits for the last bucket's all-reduce).
-  void after_backward();
+  void after_backward() override;
 
   // Rank 0's parameters and buffers to every rank (after loading a checkpoint on one rank).
   // Every rank must call this, in the same order.

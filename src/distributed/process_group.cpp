@@ -208,8 +208,9 @@ torch::Device Group::device() const {
 struct Pending::Impl {
   const Group::Impl* group = nullptr;
   c10::intrusive_ptr<c10d::Work> work;
-  std::vector<torch::Tensor> tensors;
+  std::vector<torch::Tensor> tensors;  // kept alive (and averaged) until the collective ends
   bool average = false;
+  const char* what = "all-reduce";
 };
 
 Pending::Pending(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -219,7 +220,7 @@ Pending::~Pending() = default;
 
 void Pending::wait() {
   if (!impl_ || !impl_->work) return;
-  impl_->group->wait(impl_->work, "all-reduce");
+  impl_->group->wait(impl_->work, impl_->what);
   impl_->work.reset();
   if (impl_->average) {
     for (auto& t : impl_->tensors) t.div_(impl_->group->env.world_size);
@@ -249,6 +250,36 @@ Pending Group::all_reduce_async(std::vector<torch::Tensor> tensors, Reduce op) {
 
 void Group::all_reduce(std::vector<torch::Tensor> tensors, Reduce op) {
   all_reduce_async(std::move(tensors), op).wait();
+}
+
+// A collective of one input and one output tensor, started by `start(output, input)`.
+template <class Start>
+Pending one_to_one(Group::Impl* group, const char* what, const torch::Tensor& output,
+                   const torch::Tensor& input, const Start& start) {
+  auto pending = std::make_unique<Pending::Impl>();
+  pending->group = group;
+  pending->what = what;
+  pending->tensors = {output, input};
+  auto out = output;
+  auto in = input;
+  pending->work = start(out, in);
+  return Pending(std::move(pending));
+}
+
+Pending Group::all_gather_into_async(const torch::Tensor& output, const torch::Tensor& input) {
+  return one_to_one(impl_.get(), "all-gather", output, input,
+                    [&](torch::Tensor& out, torch::Tensor& in) {
+                      return impl_->pg->_allgather_base(out, in);
+                    });
+}
+
+Pending Group::reduce_scatter_async(const torch::Tensor& output, const torch::Tensor& input) {
+  return one_to_one(impl_.get(), "reduce-scatter", output, input,
+                    [&](torch::Tensor& out, torch::Tensor& in) {
+                      c10d::ReduceScatterOptions o;
+                      o.reduceOp = c10d::ReduceOp::SUM;
+                      return impl_->pg->_reduce_scatter_base(out, in, o);
+                    });
 }
 
 void Group::all_gather(const torch::Tensor& input, std::vector<torch::Tensor> outputs) {

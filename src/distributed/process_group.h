@@ -73,6 +73,13 @@ class Group {
   Pending all_reduce_async(std::vector<torch::Tensor> tensors, Reduce op);
   // Every rank's `input` into `outputs` (world_size tensors of input's shape, in rank order).
   void all_gather(const torch::Tensor& input, std::vector<torch::Tensor> outputs);
+  // Every rank's `input` (contiguous, n elements) into the contiguous `output` (world_size * n
+  // elements, rank r's at r * n), started without waiting: `input` and `output` must stay
+  // untouched until wait() returns.
+  Pending all_gather_into_async(const torch::Tensor& output, const torch::Tensor& input);
+  // The sum over the ranks of `input` (contiguous, world_size * n elements), rank r receiving
+  // elements [r * n, (r + 1) * n) into `output` (n elements), started without waiting.
+  Pending reduce_scatter_async(const torch::Tensor& output, const torch::Tensor& input);
   // Rank `root`'s values into every rank's `tensors`, coalesced into few messages.
   void broadcast(std::vector<torch::Tensor> tensors, int root = 0);
   // Rank `root`'s `text` on every rank. Synchronises the device (reads the length back).

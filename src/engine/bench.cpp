@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -60,6 +61,7 @@ class PhaseTimer final : public StepObserver {
     if (step_ == warmup_) {  // the first timed step: the warm-up's work finished first
       synchronize(device_);
       if (device_.is_cuda()) reset_cuda_peak(cuda_index(device_));
+      if (on_timed_start) on_timed_start();
       wall_start_ = Clock::now();
     }
     if (step_ >= warmup_) mark(static_cast<int>(Phase::data));
@@ -74,6 +76,8 @@ class PhaseTimer final : public StepObserver {
     }
     ++step_;
   }
+
+  std::function<void()> on_timed_start;  // called as the first timed step begins
 
   // After the last step: waits for the device, then fills the timing fields of `r`.
   void finish(BenchResult& r) {
@@ -223,8 +227,16 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
   r.flops_per_step = 3 * trainer.forward_flops() * cfg.train.grad_accum_steps;
 
   PhaseTimer timer(device, options.warmup);
+  int64_t communicated = 0;  // by fsdp before the timed steps
+  timer.on_timed_start = [&] { communicated = trainer.communicated_bytes(); };
   trainer.run_steps(options.warmup + options.steps, timer, options.fixed_batch);
   timer.finish(r);
+  r.held = trainer.held_state();
+  r.comm_bytes_per_step =
+      trainer.config().dist.strategy == "fsdp"
+          ? static_cast<double>(trainer.communicated_bytes() - communicated) /
+                static_cast<double>(std::max<int64_t>(options.steps, 1))
+          : (trainer.world_size() > 1 ? static_cast<double>(r.held.params) : 0.0);
   count_operators(trainer, options, r);
 
   const double samples = static_cast<double>(options.steps * cfg.data.batch_size *

@@ -46,6 +46,10 @@ struct BenchResult {
   std::map<std::string, std::map<std::string, double>>
       ops_by_name;  // phase -> operator -> per step
   double host_syncs_per_step = 0;
+  HeldState held;                  // this rank's parameters, gradients and optimizer state
+  double comm_bytes_per_step = 0;  // this rank's collectives' payload per timed step (fsdp:
+                                   // all-gathers and reduce-scatters; ddp: the gradients'
+                                   // all-reduce, each gradient once; 0 alone under ddp)
 };
 
 // Runs options.warmup untimed then options.steps timed training steps of `trainer`. In a

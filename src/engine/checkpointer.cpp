@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 
+#include "engine/sharded_state.h"
 #include "nn/rng.h"
 #include "util/device.h"
 #include "util/format.h"
@@ -90,11 +91,15 @@ bool Checkpointer::resume(const std::string& spec) {
 
 checkpoint::State Checkpointer::snapshot() const {
   checkpoint::State out;
+  // Sharded: the parameters and the optimizer's state are in the ranks' shard files.
+  const auto sharded = parts_.fsdp ? parameter_entries(*parts_.model) : std::set<std::string>{};
   for (const auto& [name, tensor] : models::state_dict(*parts_.model)) {
-    out.tensors.emplace_back(kModelPrefix + name, tensor);
+    if (!sharded.count(name)) out.tensors.emplace_back(kModelPrefix + name, tensor);
   }
-  for (auto& [name, tensor] : parts_.optimizer->state()) {
-    out.tensors.emplace_back(kOptimPrefix + name, tensor);
+  if (!parts_.fsdp) {
+    for (auto& [name, tensor] : parts_.optimizer->state()) {
+      out.tensors.emplace_back(kOptimPrefix + name, tensor);
+    }
   }
   out.tensors.emplace_back("rng.cpu", nn::generator_state(nn::cpu_generator()));
   for (int i = 0; i < cuda_device_count(); ++i) {
@@ -147,7 +152,8 @@ void Checkpointer::restore_model(const checkpoint::State& ckpt, const std::strin
   }
   check_config(meta.at("config"), path);
   const std::string problems =
-      models::load_weights(*parts_.model, model_weights(ckpt), /*skip_head=*/false);
+      parts_.fsdp ? load_sharded_weights(parts_, model_weights(ckpt))
+                  : models::load_weights(*parts_.model, model_weights(ckpt), /*skip_head=*/false);
   if (!problems.empty()) {
     throw config::ConfigError({config::Issue{loaded_.where("model.name"), "model.name",
                                              "the checkpoint " + path + " does not fit model " +
@@ -188,7 +194,8 @@ void Checkpointer::restore_tensors(const checkpoint::State& ckpt, const std::str
   };
   const auto optim_state = checkpoint::with_prefix(ckpt.tensors, kOptimPrefix);
   try {
-    parts_.optimizer->load_state({optim_state.begin(), optim_state.end()});
+    std::map<std::string, torch::Tensor> whole(optim_state.begin(), optim_state.end());
+    parts_.optimizer->load_state(parts_.fsdp ? sharded_optimizer_state(parts_, whole) : whole);
   } catch (const std::runtime_error& e) {
     throw checkpoint::CorruptCheckpoint(path + ": " + e.what());
   }
@@ -224,6 +231,30 @@ void Checkpointer::restore_position(const nlohmann::json& meta, const std::strin
   }
 }
 
+nlohmann::json Checkpointer::write_shards(std::string& error) const {
+  std::string mine;
+  try {
+    mine = checkpoint::write_shard(dir_->path(), state_.step, job_.rank, parts_.world_size(),
+                                   sharded_pieces(parts_, kModelPrefix, kOptimPrefix))
+               .dump();
+  } catch (const std::exception& e) {
+    mine = "!rank " + std::to_string(job_.rank) + ": " + e.what();
+  }
+  // Every rank's description (or failure) to rank 0, one rank at a time.
+  nlohmann::json all = nlohmann::json::array();
+  for (int r = 0; r < parts_.world_size(); ++r) {
+    const std::string text =
+        parts_.group ? parts_.group->broadcast_text(job_.rank == r ? mine : "", r) : mine;
+    if (job_.rank != 0) continue;
+    if (!text.empty() && text[0] == '!') {
+      error += (error.empty() ? "" : "; ") + text.substr(1);
+    } else {
+      all.push_back(nlohmann::json::parse(text));
+    }
+  }
+  return all;
+}
+
 void Checkpointer::save(const EvalResult& eval) {
   if (saved_step_ == state_.step) return;
   write(eval);
@@ -238,14 +269,20 @@ void Checkpointer::write(const EvalResult& eval) {
   // The metrics window's losses averaged over the ranks, so that a resumed run logs what an
   // uninterrupted one does.
   if (parts_.group) parts_.group->all_reduce({state_.window_loss}, distributed::Reduce::avg);
-  // Rank 0 writes (every rank holds the same state); the others learn how it went.
+  // Rank 0 writes (every rank holds the same state; sharded, each rank its shard file first); the
+  // others learn how it went.
   enum Status : int64_t { kSaved, kFailedGoOn, kFailedStop };
   int64_t status = kSaved;
   std::string msg;
+  std::string shard_error;
+  const nlohmann::json shards = parts_.fsdp ? write_shards(shard_error) : nlohmann::json();
   if (job_.rank == 0) {
     try {
+      if (!shard_error.empty()) throw std::runtime_error(shard_error);
       const auto start = std::chrono::steady_clock::now();
-      last_ = dir_->save(state_.step, snapshot(), metrics);
+      checkpoint::State state = snapshot();
+      if (parts_.fsdp) state.meta["shards"] = shards;
+      last_ = dir_->save(state_.step, state, metrics);
       struct stat st;
       const double mb = ::stat(last_.c_str(), &st) == 0 ? st.st_size / 1e6 : 0.0;
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;

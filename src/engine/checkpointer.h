@@ -20,7 +20,9 @@ checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt);
 
 // Saves and restores the model, the optimizer's state, the RNGs, the gradient scaler and the
 // TrainingState, keeping run.keep_last checkpoints and the best by run.keep_best. Only rank 0
-// writes; every rank holds the same state.
+// writes, every rank holding the same state; with dist.strategy fsdp each rank writes its shards
+// of the parameters and optimizer state too (checkpoint::write_shard), and a checkpoint loads on
+// any number of ranks under either strategy.
 class Checkpointer {
  public:
   Checkpointer(const config::LoadedConfig& loaded, Components& parts, TrainingState& state,
@@ -59,6 +61,9 @@ class Checkpointer {
   void restore_position(const nlohmann::json& meta, const std::string& path);
   // Rank 0 writes; every rank learns whether it could.
   void write(const EvalResult& eval);
+  // Sharded: every rank writes its shard file; rank 0 gets their descriptions, or `error` naming
+  // the ranks that failed. Every rank must call this, in the same order.
+  nlohmann::json write_shards(std::string& error) const;
 
   const config::LoadedConfig& loaded_;
   Components& parts_;

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <set>
 
 #include "checkpoint/safetensors.h"
 #include "nn/batch_norm.h"
@@ -136,8 +138,53 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
   c.params = models::unique_parameters(*c.model);
 }
 
-// DDP and synchronised batch norm over the group.
+c10::ScalarType dtype_named(const std::string& name) {
+  return name == "bfloat16" ? c10::kBFloat16 : name == "float16" ? c10::kHalf : c10::kFloat;
+}
+
+// The model's parameters by unit: the root's (those in no block), then each block's.
+std::vector<distributed::NamedParams> sharding_units(const models::NetImpl& model) {
+  const auto blocks = model.blocks();
+  std::map<const void*, size_t> unit_of;  // parameter -> its block's unit
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (const auto& p : blocks[i]->parameters(/*recurse=*/true)) {
+      unit_of.emplace(p.unsafeGetTensorImpl(), i + 1);
+    }
+  }
+  std::vector<distributed::NamedParams> units(blocks.size() + 1);
+  for (auto& [name, p] : models::unique_named_parameters(model)) {
+    const auto it = unit_of.find(p.unsafeGetTensorImpl());
+    units[it == unit_of.end() ? 0 : it->second].emplace_back(name, p);
+  }
+  return units;
+}
+
+// dist.strategy fsdp: the parameters sharded over the group (or kept whole alone), the model's
+// blocks gathered one at a time.
+void make_fsdp(Components& c, const config::Config& cfg) {
+  const auto& d = cfg.dist;
+  distributed::FsdpOptions o;
+  o.reshard_after_forward = d.reshard_after_forward;
+  o.param_dtype = dtype_named(d.fsdp_param_dtype != "auto" ? d.fsdp_param_dtype
+                              : cfg.amp.enabled            ? cfg.amp.dtype
+                                                           : "float32");
+  o.reduce_dtype = dtype_named(d.fsdp_reduce_dtype);
+  o.prefetch = d.fsdp_prefetch;
+  std::set<std::string> decay;
+  for (const auto& named : optim::split_parameters(*c.model, cfg.optim).decay) {
+    decay.insert(named.first);
+  }
+  c.fsdp = std::make_unique<distributed::FullyShardedDataParallel>(
+      *c.model, sharding_units(*c.model),
+      [&decay](const std::string& name) { return decay.count(name) > 0; }, c.group.get(), o);
+  c.model->set_block_hooks(c.fsdp.get());
+  c.params.clear();
+  for (const auto& v : c.fsdp->views()) c.params.push_back(v.tensor);
+}
+
+// DDP or FSDP, and synchronised batch norm over the group.
 void make_parallel(Components& c, const config::LoadedConfig& loaded) {
+  if (loaded.cfg.dist.strategy == "fsdp") make_fsdp(c, loaded.cfg);
   if (!c.group) return;
   const auto& d = loaded.cfg.dist;
   distributed::DdpOptions ddp;
@@ -146,8 +193,10 @@ void make_parallel(Components& c, const config::LoadedConfig& loaded) {
   ddp.find_unused_parameters = d.find_unused_parameters;
   ddp.broadcast_buffers = d.broadcast_buffers;
   ddp.reducer_at_world_size_1 = d.reducer_at_world_size_1;
-  c.ddp = std::make_unique<distributed::DataParallel>(
-      *c.model, models::unique_named_parameters(*c.model), *c.group, ddp);
+  if (!c.fsdp) {
+    c.ddp = std::make_unique<distributed::DataParallel>(
+        *c.model, models::unique_named_parameters(*c.model), *c.group, ddp);
+  }
   if (!d.sync_bn) return;
   distributed::Group* group = c.group.get();  // outlives the model (declared before it)
   nn::BatchNormSync sync{group->rank(), group->world_size(), {}};
@@ -165,7 +214,15 @@ void make_parallel(Components& c, const config::LoadedConfig& loaded) {
 
 // Optimizer, schedule, loss and mixed precision.
 void make_training(Components& c, const config::Config& cfg) {
-  c.optimizer = optim::make_optimizer(*c.model, cfg.optim);
+  if (c.fsdp) {
+    optim::ParamGroups shards;
+    for (const auto& v : c.fsdp->views()) {
+      (v.decay ? shards.decay : shards.no_decay).emplace_back(v.name, v.tensor);
+    }
+    c.optimizer = optim::make_optimizer(std::move(shards), cfg.optim);
+  } else {
+    c.optimizer = optim::make_optimizer(*c.model, cfg.optim);
+  }
   config::SchedConfig sched = cfg.sched;
   if (sched.warmup_epochs > 0.0) {
     sched.warmup_steps = std::llround(sched.warmup_epochs * static_cast<double>(c.steps_per_epoch));

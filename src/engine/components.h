@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "distributed/ddp.h"
 #include "distributed/env.h"
+#include "distributed/fsdp.h"
 #include "distributed/process_group.h"
 #include "losses/loss.h"
 #include "models/model.h"
@@ -39,8 +40,10 @@ struct Components {
   int64_t total_steps = 0;                     // optimizer steps of the whole run
   models::InputSpec input;                     // what the model was built for
   models::Net model;
-  std::vector<torch::Tensor> params;               // the model's parameters, tied ones once
-  std::unique_ptr<distributed::DataParallel> ddp;  // gradient averaging; null when alone
+  std::vector<torch::Tensor> params;  // what the optimizer updates: the model's parameters (tied
+                                      // ones once), or with fsdp this rank's shards of them
+  std::unique_ptr<distributed::DataParallel> ddp;  // gradient averaging; null when alone or fsdp
+  std::unique_ptr<distributed::FullyShardedDataParallel> fsdp;  // dist.strategy fsdp, else null
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<optim::Schedule> schedule;
   losses::Loss loss;
@@ -49,6 +52,10 @@ struct Components {
 
   // The processes training together (1 when alone).
   int world_size() const;
+  // What the step calls around its micro-batches: fsdp or ddp; null when neither.
+  distributed::DataParallelism* data_parallel() const {
+    return fsdp ? static_cast<distributed::DataParallelism*>(fsdp.get()) : ddp.get();
+  }
   // Whether the ranks must agree on each step's skip and stop decisions (a group of more than
   // one).
   bool agreeing() const { return world_size() > 1; }
@@ -56,7 +63,8 @@ struct Components {
 
 // Seeds the RNGs, picks the device and builds, in order: the process group (a launched `job`,
 // even a job of one), the data, the model (activation checkpointing inside, model.pretrained
-// weights, DDP and synchronised batch norm in a group), the optimizer, schedule, loss and mixed
+// weights, DDP and synchronised batch norm in a group, or with dist.strategy fsdp its parameters
+// sharded, alone too), the optimizer (over the shards with fsdp), schedule, loss and mixed
 // precision. Every rank of a job must call this, in the same order (it forms the group and
 // broadcasts rank 0's weights). Throws config::ConfigError for settings the model or data
 // reject, data::DataError for unreadable data, distributed::GroupError when the ranks cannot form

@@ -14,8 +14,24 @@ EvalResult evaluate(Components& parts, int64_t& bad_samples) {
   return evaluate(parts, *parts.val_loader, bad_samples);
 }
 
+namespace {
+
+// With fsdp every forward gathers blocks from every rank: the batches this rank lacks against the
+// rank with the most, run on a placeholder and discarded.
+int64_t missing_forwards(Components& parts, data::Loader& loader) {
+  if (!parts.fsdp || !parts.group) return 0;
+  const int64_t mine = loader.batches_per_epoch();
+  auto most = torch::full({1}, mine, torch::dtype(torch::kLong).device(parts.group->device()));
+  parts.group->all_reduce({most}, distributed::Reduce::max);
+  return host_int(most) - mine;
+}
+
+}  // namespace
+
 EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples) {
   torch::NoGradGuard no_grad;
+  if (parts.fsdp) parts.fsdp->gather_root();
+  int64_t extra = missing_forwards(parts, loader);
   auto& model = *parts.model;
   model.eval();
   const auto& device = parts.device;
@@ -46,6 +62,16 @@ EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_sample
     top5 += hit.any(/*dim=*/1).sum();
     predictions += targets.size(0);
   }
+  if (extra > 0) {
+    const auto& spec = parts.splits.spec;
+    std::vector<int64_t> shape{1};
+    shape.insert(shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
+    const auto placeholder = torch::zeros(shape, torch::TensorOptions().device(device).dtype(
+                                                     spec.sequence ? torch::kLong : torch::kFloat));
+    nn::AutocastGuard autocast(device.type(), parts.precision.dtype, parts.precision.autocast);
+    for (; extra > 0; --extra) model.forward(placeholder);
+  }
+  if (parts.fsdp) parts.fsdp->release_root();
   model.train();
   auto sums = torch::stack({loss_sum, top1, top5, torch::full_like(loss_sum, predictions)});
   // Sums over every rank's shard.

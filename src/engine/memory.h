@@ -3,6 +3,7 @@
 // at two small batch sizes and extrapolated linearly in the batch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -16,10 +17,23 @@ struct MemoryEstimate {
   int64_t step_fixed_bytes = 0;       // batch-independent part of the forward/backward peak
   int64_t step_bytes_per_sample = 0;  // activations and gradients' growth per sample
   int64_t measured_batch_small = 0, measured_batch_large = 0;  // the two measured batches
+  int64_t root_bytes = 0;           // parameters outside the model's blocks (fsdp's root unit)
+  int64_t largest_block_bytes = 0;  // the parameters of the model's largest block
 
   // Peak bytes of one training step at `batch` samples per process.
   int64_t total(int64_t batch) const {
     return params_bytes + optimizer_bytes + step_fixed_bytes + step_bytes_per_sample * batch;
+  }
+
+  // The same with dist.strategy fsdp over `world` processes: their shares of the parameters,
+  // gradients (the fixed part of a step holds one set) and optimizer state, the gathered root
+  // and two blocks (one computing, the next prefetched) with their gradients, and the
+  // activations.
+  int64_t fsdp_total(int64_t batch, int64_t world) const {
+    const int64_t activations = std::max<int64_t>(step_fixed_bytes - params_bytes, 0);
+    const int64_t gathered = 2 * (root_bytes + 2 * largest_block_bytes);
+    return (2 * params_bytes + optimizer_bytes) / std::max<int64_t>(world, 1) + gathered +
+           activations + step_bytes_per_sample * batch;
   }
 };
 

@@ -21,11 +21,13 @@ int64_t forward_flops(Components& parts, int64_t batch) {
   // Evaluation mode leaves batch-norm statistics alone; the counted operations are the same.
   torch::NoGradGuard no_grad;
   parts.model->eval();
+  if (parts.fsdp) parts.fsdp->gather_root();  // the blocks are gathered as they run
   const int64_t flops = count_flops([&] {
     nn::AutocastGuard autocast(parts.device.type(), parts.precision.dtype,
                                parts.precision.autocast);
     parts.model->forward(inputs);
   });
+  if (parts.fsdp) parts.fsdp->release_root();
   parts.model->train();
   return flops;
 }
@@ -63,6 +65,16 @@ MemoryEstimate estimate_memory(Components& parts, const config::ModelConfig& mod
     e.params_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
   e.optimizer_bytes = parts.optimizer->state_copies() * e.params_bytes;
+  int64_t in_blocks = 0;
+  for (const auto& block : parts.model->blocks()) {
+    int64_t bytes = 0;
+    for (const auto& p : block->parameters(/*recurse=*/true)) {
+      bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    }
+    in_blocks += bytes;
+    e.largest_block_bytes = std::max(e.largest_block_bytes, bytes);
+  }
+  e.root_bytes = std::max<int64_t>(e.params_bytes - in_blocks, 0);
   // Batch norm needs more than one sample per channel in training mode.
   e.measured_batch_small = 2;
   e.measured_batch_large = 4;

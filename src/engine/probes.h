@@ -16,7 +16,8 @@ namespace trainer::engine {
 data::Batch first_samples(const Components& parts, int64_t batch);
 
 // The floating-point operations of one forward pass over `batch` training samples (engine/flops.h),
-// under autocast when the run uses it. Leaves the model in training mode.
+// under autocast when the run uses it. Leaves the model in training mode. With dist.strategy
+// fsdp in a group every rank must call this, in the same order (the blocks are gathered).
 int64_t forward_flops(Components& parts, int64_t batch);
 
 // The measured CPU peak of one forward/backward of `net` at `batch` training samples (float32 or

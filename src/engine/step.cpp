@@ -17,6 +17,19 @@ void begin(StepObserver* observer, Phase phase) {
 
 }  // namespace
 
+optim::SquaredNormSum sharded_norm_sum(const Components& parts) {
+  if (!parts.fsdp || !parts.group) return {};
+  distributed::Group* group = parts.group.get();
+  const torch::Device device = parts.device;
+  return [group, device](const torch::Tensor& squared) {
+    torch::Tensor sum = squared.defined()
+                            ? squared.clone()
+                            : torch::zeros({}, torch::dtype(torch::kFloat).device(device));
+    group->all_reduce({sum}, distributed::Reduce::sum);
+    return sum;
+  };
+}
+
 void StepFlags::start(const torch::Tensor& loss, bool stop_requested, distributed::Group* group) {
   pending_.reset();
   agreed_ = torch::Tensor();
@@ -52,7 +65,7 @@ StepOutcome TrainStep::run(const std::vector<data::Batch>& micro_batches, bool s
                            StepObserver* observer) {
   const torch::Tensor loss = forward_backward(micro_batches, stop_requested, observer);
   begin(observer, Phase::grad_sync);
-  if (parts_.ddp) parts_.ddp->after_backward();
+  if (auto* parallel = parts_.data_parallel()) parallel->after_backward();
   begin(observer, Phase::optimizer);
   return update(loss);
 }
@@ -60,6 +73,7 @@ StepOutcome TrainStep::run(const std::vector<data::Batch>& micro_batches, bool s
 torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_batches,
                                           bool stop_requested, StepObserver* observer) {
   auto& p = parts_;
+  distributed::DataParallelism* parallel = p.data_parallel();
   const double accum = static_cast<double>(micro_batches.size());
   // Gradients dropped (set to none) rather than zeroed; under DDP they are views of its buckets,
   // which zeroing cannot detach.
@@ -70,7 +84,7 @@ torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_
     begin(observer, Phase::forward);
     auto inputs = micro_batches[m].inputs.to(p.device, /*non_blocking=*/true);    // [B, ...]
     auto targets = micro_batches[m].targets.to(p.device, /*non_blocking=*/true);  // [B] or [B, T]
-    if (p.ddp) p.ddp->before_forward(/*first=*/m == 0, sync);
+    if (parallel) parallel->before_forward(/*first=*/m == 0, sync);
     torch::Tensor loss;  // float32 scalar
     {
       nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
@@ -78,7 +92,7 @@ torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_
       if (accum > 1) loss = loss / accum;
     }
     step_loss = m == 0 ? loss.detach() : step_loss + loss.detach();
-    if (p.ddp) p.ddp->after_forward(loss, sync);
+    if (parallel) parallel->after_forward(loss, sync);
     if (sync) flags_.start(step_loss, stop_requested, p.group.get());
     begin(observer, Phase::backward);
     (p.scaler ? p.scaler->scale(loss) : loss).backward();
@@ -95,13 +109,18 @@ StepOutcome TrainStep::update(const torch::Tensor& loss) {
   torch::Tensor found_inf;
   if (p.scaler) {
     found_inf = kernel_unscales ? p.scaler->check(p.params) : p.scaler->unscale(p.params);
+    // Sharded gradients: inf/NaN in any rank's shard skips the step everywhere.
+    if (p.fsdp && p.group) p.group->all_reduce({found_inf}, distributed::Reduce::max);
   }
   // Decide, the same on every rank: skip the update on inf/NaN gradients (averaged, so equal on
   // every rank) or an inf/NaN loss on any rank.
   StepOutcome out = flags_.finish(loss, found_inf, train_.max_bad_steps > 0);
   if (!out.skipped) {
     optim::KernelInputs device;
-    if (clip) optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, device);
+    if (clip) {
+      optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, device,
+                           sharded_norm_sum(p));
+    }
     if (kernel_unscales) device.grad_scale = p.scaler->scale_tensor();
     p.optimizer->step(p.schedule->lr(state_.updates()), device);
   } else {

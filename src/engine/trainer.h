@@ -22,6 +22,15 @@
 
 namespace trainer::engine {
 
+// What this rank holds of the training state between steps, in bytes: the parameters, their
+// gradients and the optimizer's state (with dist.strategy fsdp, its shards of them).
+struct HeldState {
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer = 0;
+  int64_t total() const { return params + grads + optimizer; }
+};
+
 // What fit() did.
 struct FitResult {
   int64_t steps = 0;            // optimizer steps taken, counted from the start of the run
@@ -117,6 +126,12 @@ class Trainer {
 
   // Optimizer steps taken (or resumed from).
   int64_t step() const;
+  // The training state this rank holds now. Synchronises the device (reads the optimizer state).
+  HeldState held_state() const;
+  // The model's parameter bytes as one rank communicates them per step in a group: with fsdp the
+  // (padded) bytes all-gathered and reduce-scattered so far, counted since construction; with
+  // ddp 0 (its reducer keeps no count: each step all-reduces every gradient once).
+  int64_t communicated_bytes() const;
   // The device the model trains on.
   torch::Device device() const;
   // The job's process group; nullptr when training alone.

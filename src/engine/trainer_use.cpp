@@ -30,6 +30,24 @@ double Trainer::input_samples_per_sec(int64_t steps, double min_seconds) {
   return took > 0 ? static_cast<double>(samples) / took : 0.0;
 }
 
+HeldState Trainer::held_state() const {
+  const auto& p = s_->parts;
+  HeldState h;
+  for (const auto& t : p.params) {
+    h.params += t.numel() * static_cast<int64_t>(t.element_size());
+    if (t.grad().defined())
+      h.grads += t.grad().numel() * static_cast<int64_t>(t.grad().element_size());
+  }
+  for (const auto& named : p.optimizer->state()) {
+    h.optimizer += named.second.numel() * static_cast<int64_t>(named.second.element_size());
+  }
+  return h;
+}
+
+int64_t Trainer::communicated_bytes() const {
+  return s_->parts.fsdp ? s_->parts.fsdp->communicated_bytes() : 0;
+}
+
 distributed::Group* Trainer::group() const {
   return s_->parts.group.get();
 }

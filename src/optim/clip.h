@@ -4,22 +4,28 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <vector>
 
 #include "optim/optimizer.h"
 
 namespace trainer::optim {
 
+// For gradients sharded over processes: the sum over them of this process's squared norm (a
+// float32 scalar, undefined when it holds no gradient), a collective that every process must call.
+using SquaredNormSum = std::function<torch::Tensor(const torch::Tensor& squared)>;
+
 // Scales the defined gradients of `params` by min(1, max_norm / (total + 1e-6)), total being the
-// L2 norm of all of them together, and returns total, a float32 device scalar (undefined when no
-// gradient is defined). Nothing waits for the device.
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
+// L2 norm of all of them together (over every shard with `sum`), and returns total, a float32
+// device scalar (undefined when no gradient is defined). Nothing waits for the device.
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
+                             const SquaredNormSum& sum = {});
 
 // Clips the gradients of `params` as clip_grad_norm does, for a step of `optimizer`: one that
 // takes device inputs gets max(1, (total + 1e-6) / max_norm) as its gradient divisor
 // (`inputs.grad_scale`, which must be undefined) and divides in its kernel, saving a pass over
 // every gradient; any other has its gradients scaled here. Nothing waits for the device.
 void clip_for_step(const Optimizer& optimizer, const std::vector<torch::Tensor>& params,
-                   double max_norm, KernelInputs& inputs);
+                   double max_norm, KernelInputs& inputs, const SquaredNormSum& sum = {});
 
 }  // namespace trainer::optim

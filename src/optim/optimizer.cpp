@@ -99,8 +99,11 @@ ParamGroups split_parameters(const torch::nn::Module& model, const config::Optim
 
 std::unique_ptr<Optimizer> make_optimizer(const torch::nn::Module& model,
                                           const config::OptimConfig& cfg) {
+  return make_optimizer(split_parameters(model, cfg), cfg);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(ParamGroups params, const config::OptimConfig& cfg) {
   const auto& factory = optimizer_registry().get(cfg.name);
-  auto params = split_parameters(model, cfg);
   const auto& any = params.decay.empty() ? params.no_decay : params.decay;
   const torch::Device device =
       any.empty() ? torch::Device(torch::kCPU) : any.front().second.device();

@@ -131,6 +131,10 @@ ParamGroups split_parameters(const torch::nn::Module& model, const config::Optim
 std::unique_ptr<Optimizer> make_optimizer(const torch::nn::Module& model,
                                           const config::OptimConfig& cfg);
 
+// The optimizer named by cfg.name over `params` (sharded ones, distributed/fsdp.h), in cfg.impl
+// resolved for their device.
+std::unique_ptr<Optimizer> make_optimizer(ParamGroups params, const config::OptimConfig& cfg);
+
 // state[name], converted to `like`'s dtype and device and copied; undefined when absent. Throws
 // std::runtime_error when its shape differs from `like`'s (a defined `like`).
 torch::Tensor state_tensor(const std::map<std::string, torch::Tensor>& state,
