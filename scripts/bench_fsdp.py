@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from bench_reference import count_operators, no_phase
 from reference_models import GPT
 
 
@@ -146,14 +147,17 @@ def main():
     data = torch.randint(a.vocab, (a.batch, seq + 1), generator=g)
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()  # [B, T] each
 
-    def step():
+    def step(mark=no_phase):
         opt.zero_grad(set_to_none=True)
-        logits = net(x)  # [B, T, vocab]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
-        if a.clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, a.clip)
-        opt.step()
+        with mark("forward"):
+            logits = net(x)  # [B, T, vocab]
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        with mark("backward"):
+            loss.backward()
+        with mark("optimizer"):
+            if a.clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, a.clip)
+            opt.step()
         return loss.detach()
 
     losses = [step() for _ in range(a.warmup)]
@@ -165,6 +169,8 @@ def main():
         losses.append(step())
         times.append(time.perf_counter() - s)
     seconds = time.perf_counter() - t0
+    # Top-level ATen operators and host reads per step, as `trainer bench` counts them (untimed).
+    ops, syncs = count_operators(step, 3)
 
     mean_losses = torch.stack(losses) if losses else torch.zeros(0)
     dist.all_reduce(mean_losses, op=dist.ReduceOp.AVG)
@@ -195,6 +201,7 @@ def main():
             "state_bytes_per_rank": per_rank, "peak_rss_bytes": rss,
             "peak_rss_bytes_per_rank": rss_all,
             "losses": [float(v) for v in mean_losses], "torch": torch.__version__,
+            "ops_per_step": ops, "host_syncs_per_step": syncs,
         })
         print(line, flush=True)
         if a.json:

@@ -4,8 +4,9 @@
 # (scripts/bench_fsdp.py), same GPT, per-rank batch, optimizer, clipping and threads, one fixed
 # batch per rank (no data loader in the timing). Runs alternate between the two, REPEATS times;
 # prints the medians of the median step times, their ratio, each rank's held bytes (parameters +
-# gradients + optimizer state) and the bytes communicated per step against 3x the parameter
-# bytes, as a markdown table.
+# gradients + optimizer state), the top-level ATen operators and host reads per step (counted
+# over 3 untimed steps on both sides) and the bytes communicated per step against 3x the
+# parameter bytes, as a markdown table.
 #
 #   scripts/bench_fsdp.sh [REPEATS=3] [NPROC=2] [LAYERS=4] [EMBD=128] [HEADS=4] [BATCH=8]
 #                         [SEQ=128] [STEPS=20] [WARMUP=5] [RESULTS=DIR]
@@ -75,6 +76,10 @@ print(f"| fsdp, {nproc} Gloo processes, GPT {p[-1]['n_layer']}x{p[-1]['n_embd']}
 print("| --- | --- | --- | --- |")
 print(f"| step time, ms (median of {repeats} runs' medians) | {ts:.1f} | {ps:.1f} | {ts / ps:.2f} |")
 print(f"| held bytes per rank (params + grads + optimizer) | {th:,} | {ph:,} | {th / ph:.2f} |")
+to, po = t[-1]["ops_per_step"]["total"], p[-1]["ops_per_step"]["total"]
+print(f"| ATen operators per step (top-level) | {to:.0f} | {po:.0f} | {to / po:.2f} |")
+print(f"| host reads per step | {t[-1]['host_syncs_per_step']:.0f} | "
+      f"{p[-1]['host_syncs_per_step']:.0f} | |")
 print(f"| communicated bytes per step / parameter bytes | {tc / params:.3f} | "
       f"{p[-1]['comm_bytes_per_step_theoretical'] / params:.3f} (theoretical) | |")
 PY

@@ -45,7 +45,6 @@ std::string mlp(int steps) {
          "--set data.workers=1 --set run.progress=never --set run.threads=1";
 }
 
-
 class Fsdp : public Cli {
  protected:
   // `args` on `ranks` processes (a plain run for 1) with `batch` samples per rank, into `dir`.
@@ -233,6 +232,11 @@ TEST_F(Fsdp, ARestartedShardedJobEndsAsAnUninterruptedOne) {
   EXPECT_NE(r.err.find("restarting"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("resumed from"), std::string::npos) << r.err;
   expect_same_losses(whole, restarted, 30);
+  // run.keep_last 3: the checkpoints of steps 20, 25, 30 and their shards remain, no others.
+  const fs::path checkpoints = restarted / "checkpoints";
+  EXPECT_TRUE(fs::exists(checkpoints / "step_00000020.shards" / "rank_00000_of_00002.safetensors"));
+  EXPECT_FALSE(fs::exists(checkpoints / "step_00000015.shards"));
+  EXPECT_FALSE(fs::exists(checkpoints / "step_00000010.shards"));
 }
 
 // `trainer doctor --config` prices fsdp at the job's world size (WORLD_SIZE, else one per GPU):

@@ -144,6 +144,36 @@ TEST(GpuDist, NcclGroupOfOneTrainsAsAPlainRun) {
   }
 }
 
+// dist.strategy fsdp on CUDA: alone, and in an NCCL group of one (all-gathers and reduce-scatters
+// through NCCL, gathered buffers allocated and freed by the caching allocator), trains as a plain
+// run; bfloat16 gathers under autocast stay close to autocast over float32 weights.
+TEST(GpuFsdp, ShardedTrainingOnCudaTrainsAsAPlainRun) {
+  SKIP_WITHOUT_CUDA();
+  test_support::TempDir plain_dir("gpu");
+  Trainer plain(synthetic_run(plain_dir.path(), "cuda"));
+  const auto a = plain.fit();
+  for (const bool group : {false, true}) {
+    SCOPED_TRACE(group ? "NCCL group of one" : "alone");
+    test_support::TempDir dir("gpu");
+    distributed::DistEnv job;
+    if (group) {
+      job.source = "torchrun";
+      job.master_port = free_port();
+    }
+    Trainer fsdp(synthetic_run(dir.path(), "cuda", {"dist.strategy=fsdp"}), job);
+    const auto b = fsdp.fit();
+    EXPECT_EQ(b.steps, 16);
+    EXPECT_NEAR(a.last_eval.loss, b.last_eval.loss, 1e-4);
+  }
+  test_support::TempDir amp_plain_dir("gpu"), amp_fsdp_dir("gpu");
+  const std::vector<std::string> amp = {"amp.enabled=true", "amp.dtype=bfloat16"};
+  auto fsdp_amp = amp;
+  fsdp_amp.push_back("dist.strategy=fsdp");
+  Trainer amp_plain(synthetic_run(amp_plain_dir.path(), "cuda", amp));
+  Trainer amp_fsdp(synthetic_run(amp_fsdp_dir.path(), "cuda", fsdp_amp));
+  EXPECT_NEAR(amp_plain.fit().last_eval.loss, amp_fsdp.fit().last_eval.loss, 2e-2);
+}
+
 TEST(GpuAmp, Float16AutocastAndTheScalerOnCuda) {
   SKIP_WITHOUT_CUDA();
   torch::nn::Linear lin(16, 4);

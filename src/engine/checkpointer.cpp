@@ -284,9 +284,13 @@ void Checkpointer::write(const EvalResult& eval) {
       if (parts_.fsdp) state.meta["shards"] = shards;
       last_ = dir_->save(state_.step, state, metrics);
       struct stat st;
-      const double mb = ::stat(last_.c_str(), &st) == 0 ? st.st_size / 1e6 : 0.0;
+      double mb = ::stat(last_.c_str(), &st) == 0 ? st.st_size / 1e6 : 0.0;
+      for (const auto& shard : shards) mb += shard.value("bytes", uint64_t{0}) / 1e6;
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      log::info(strprintf("checkpoint %s (%.1f MB in %.3f s)", last_.c_str(), mb, took.count()));
+      log::info(
+          strprintf("checkpoint %s (%.1f MB%s in %.3f s)", last_.c_str(), mb,
+                    shards.empty() ? "" : strprintf(" with %zu shards", shards.size()).c_str(),
+                    took.count()));
     } catch (const std::exception& e) {
       msg = "checkpoint at step " + std::to_string(state_.step) + " not saved: " + e.what() +
             (last_.empty() ? "; no earlier checkpoint of this run exists"
