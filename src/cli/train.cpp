@@ -157,9 +157,8 @@ int train_command(int argc, char** argv) {
   // launch.nproc_per_node above 1: this process becomes the launcher of a local job.
   const int nproc = local_processes(loaded.cfg.launch.nproc_per_node, loaded.cfg.device);
   if (!job.launched() && nproc > 1 && !args.count("dry-run")) {
-    log::info("training as a local job of " + std::to_string(nproc) + " processes (" +
-              loaded.cfg.dist.strategy + ", one rank per " +
-              (loaded.cfg.device == "cpu" ? "process" : "GPU") + ")");
+    log::info("training as a local job of " + std::to_string(nproc) + " processes (dist.strategy " +
+              loaded.cfg.dist.strategy + "), as trainer launch --standalone starts it");
     return run_local_job(std::vector<std::string>(argv + 1, argv + argc), nproc);
   }
   engine::Trainer engine(loaded, job);

@@ -275,11 +275,11 @@ void Checkpointer::write(const EvalResult& eval) {
   int64_t status = kSaved;
   std::string msg;
   std::string shard_error;
+  const auto start = std::chrono::steady_clock::now();
   const nlohmann::json shards = parts_.fsdp ? write_shards(shard_error) : nlohmann::json();
   if (job_.rank == 0) {
     try {
       if (!shard_error.empty()) throw std::runtime_error(shard_error);
-      const auto start = std::chrono::steady_clock::now();
       checkpoint::State state = snapshot();
       if (parts_.fsdp) state.meta["shards"] = shards;
       last_ = dir_->save(state_.step, state, metrics);
