@@ -61,25 +61,21 @@ struct FullyShardedDataParallel::Unit {
 
 FullyShardedDataParallel::FullyShardedDataParallel(
     torch::nn::Module& model, std::vector<NamedParams> units,
-    const std::function<bool(const std::string&)>& decay, Group* group, const FsdpOptions& options)
+    const std::function<bool(const std::string&)>& decay, Group* group, torch::Device device,
+    const FsdpOptions& options)
     : group_(group), options_(options) {
   world_ = group ? group->world_size() : 1;
   rank_ = group ? group->rank() : 0;
   size_t count = 0;
   for (const auto& unit : units) count += unit.size();
   if (count == 0) throw std::runtime_error("FSDP: the model has no parameters");
-  for (const auto& unit : units) {
-    if (!unit.empty()) device_ = unit.front().second.device();
-  }
+  device_ = device;
   if (group && world_ > 1) {
-    // Rank 0's weights everywhere, as DDP starts.
-    std::vector<torch::Tensor> state;
-    for (const auto& unit : units) {
-      for (const auto& named : unit) state.push_back(named.second.detach());
-    }
-    for (const auto& b : model.buffers(/*recurse=*/true)) state.push_back(b);
+    // Rank 0's buffers everywhere (its weights follow unit by unit), as DDP starts.
+    std::vector<torch::Tensor> buffers;
+    for (const auto& b : model.buffers(/*recurse=*/true)) buffers.push_back(b);
     torch::NoGradGuard no_grad;
-    group->broadcast(state, /*root=*/0);
+    group->broadcast(buffers, /*root=*/0);
   }
   for (size_t i = 0; i < units.size(); ++i) build_unit(i, std::move(units[i]), decay);
   for (size_t i = 0; i < units_.size(); ++i) register_grad_hooks(i);
@@ -110,6 +106,7 @@ void FullyShardedDataParallel::build_unit(size_t index, NamedParams params,
   for (const auto& s : u->slots) {
     flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
   }
+  if (group_ && world_ > 1) group_->broadcast({flat}, /*root=*/0);            // rank 0's weights
   u->shard = flat.narrow(0, rank_ * u->shard_numel, u->shard_numel).clone();  // [S]
   flat = torch::Tensor();
   u->full = torch::empty({u->padded}, on.dtype(options_.param_dtype));

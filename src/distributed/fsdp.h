@@ -66,13 +66,16 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
  public:
   // `units[0]` are the root's parameters, `units[i + 1]` block i's, by name (each parameter once;
   // those that do not require gradients too). `decay(name)`: whether weight decay applies.
-  // `group` null: a job of one (nothing communicated). Broadcasts rank 0's parameters and
-  // `model`'s buffers, keeps this rank's shard of each unit and frees the rest: from now on the
-  // parameters may be read only while gathered (in forward and backward, between gather_root()
-  // and release_root(), or through pieces()). Every rank must construct it, in the same order.
+  // `group` null: a job of one (nothing communicated). The parameters may be on any device (the
+  // host, so that the whole model never occupies the training device) and `model`'s buffers must
+  // be on `device` already. Broadcasts rank 0's parameters and buffers, keeps this rank's shard
+  // of each unit on `device` and makes the parameters views of the unit's gathered buffer there,
+  // freed: from now on they may be read only while gathered (in forward and backward, between
+  // gather_root() and release_root(), or through pieces()), and their former memory is released.
+  // Every rank must construct it, in the same order.
   FullyShardedDataParallel(torch::nn::Module& model, std::vector<NamedParams> units,
                            const std::function<bool(const std::string&)>& decay, Group* group,
-                           const FsdpOptions& options);
+                           torch::Device device, const FsdpOptions& options);
   ~FullyShardedDataParallel() override;
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;

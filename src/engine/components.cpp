@@ -134,7 +134,14 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
     config_error(loaded, e.key(), e.what());
   }
   if (!cfg.model.pretrained.empty()) load_pretrained(c, loaded);
-  c.model->to(c.device);
+  if (cfg.dist.strategy != "fsdp") {
+    c.model->to(c.device);
+  } else {
+    // fsdp moves the parameters to the device a shard at a time (make_fsdp): the whole model
+    // never occupies it.
+    torch::NoGradGuard no_grad;
+    for (auto& b : c.model->buffers(/*recurse=*/true)) b.set_data(b.to(c.device));
+  }
   c.params = models::unique_parameters(*c.model);
 }
 
@@ -176,7 +183,8 @@ void make_fsdp(Components& c, const config::Config& cfg) {
   }
   c.fsdp = std::make_unique<distributed::FullyShardedDataParallel>(
       *c.model, sharding_units(*c.model),
-      [&decay](const std::string& name) { return decay.count(name) > 0; }, c.group.get(), o);
+      [&decay](const std::string& name) { return decay.count(name) > 0; }, c.group.get(), c.device,
+      o);
   c.model->set_block_hooks(c.fsdp.get());
   c.params.clear();
   for (const auto& v : c.fsdp->views()) c.params.push_back(v.tensor);
