@@ -152,6 +152,10 @@ TEST_F(Fsdp, ACorruptShardFallsBackToThePreviousCheckpoint) {
     f.seekp(-5, std::ios::end);
     f.put('\x5a');
   }
+  // The shards of a save that ended before its checkpoint file: removed by the next save.
+  const fs::path orphan = run_dir / "checkpoints" / "step_00000011.shards";
+  fs::create_directories(orphan);
+  std::ofstream(orphan / "rank_00000_of_00002.safetensors") << "partial";
   const auto r = run("launch --standalone --nproc-per-node 2 -- " + args +
                      " --set data.batch_size=8 --set train.max_steps=12 --resume auto --run-dir '" +
                      run_dir.string() + "'");
@@ -160,6 +164,8 @@ TEST_F(Fsdp, ACorruptShardFallsBackToThePreviousCheckpoint) {
   EXPECT_NE(r.err.find("resumed from " + (run_dir / "checkpoints" / step_file(5)).string()),
             std::string::npos)
       << r.err;
+  EXPECT_FALSE(fs::exists(orphan));
+  EXPECT_TRUE(fs::exists(run_dir / "checkpoints" / "step_00000012.shards"));
 }
 
 // What each rank holds of parameters, gradients and AdamW's state: a quarter of DDP's on 4 ranks

@@ -400,11 +400,27 @@ std::string Directory::save(int64_t step, const State& state,
   for (auto& e : all) (keep.count(e.file) ? kept : dropped).push_back(std::move(e));
   write_manifest(kept);
   // Only once the manifest no longer names them.
-  for (const auto& e : dropped) {
-    ::unlink((dir_ + "/" + e.file).c_str());
-    remove_shards(dir_, e.step);
-  }
+  for (const auto& e : dropped) ::unlink((dir_ + "/" + e.file).c_str());
+  remove_unkept_shards(kept);
   return path;
+}
+
+void Directory::remove_unkept_shards(const std::vector<Entry>& kept) const {
+  // Those of dropped checkpoints, and those of a save that ended before its checkpoint file.
+  std::set<int64_t> steps;
+  for (const auto& e : kept) steps.insert(e.step);
+  std::vector<int64_t> unkept;
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(dir_.c_str()), &::closedir);
+  if (!dir) return;
+  while (const dirent* e = ::readdir(dir.get())) {
+    int64_t step = -1;
+    int used = 0;
+    if (std::sscanf(e->d_name, "step_%" SCNd64 ".shards%n", &step, &used) == 1 &&
+        static_cast<size_t>(used) == std::strlen(e->d_name) && !steps.count(step)) {
+      unkept.push_back(step);
+    }
+  }
+  for (const int64_t step : unkept) remove_shards(dir_, step);
 }
 
 std::optional<std::pair<std::string, State>> Directory::load_latest() const {

@@ -60,7 +60,8 @@ class Directory {
   const std::string& path() const { return dir_; }
 
   // Writes the checkpoint of `step` and the manifest, then removes checkpoints no longer kept
-  // (unlisted checkpoint files too, by the same rule).
+  // (unlisted checkpoint files too, by the same rule) and every shard folder of a step not kept
+  // (a sharded save: the caller wrote the shards of `step` first).
   // Throws IoError (util/fileio.h) when writing fails; the previous checkpoints stay intact.
   std::string save(int64_t step, const State& state, const std::map<std::string, double>& metrics);
 
@@ -79,6 +80,8 @@ class Directory {
   std::optional<Entry> adopt(const std::string& name) const;
   void write_manifest(const std::vector<Entry>& entries) const;
   void remove_stale_temporaries() const;
+  // Removes the shard folders (step_N.shards) of every step `kept` does not list.
+  void remove_unkept_shards(const std::vector<Entry>& kept) const;
 
   std::string dir_;
   int64_t keep_last_;
