@@ -2,7 +2,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -10,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "config/loader.h"
+#include "distributed/env.h"
 #include "doctor/probe.h"
 #include "engine/components.h"
 #include "engine/trainer.h"
@@ -88,10 +88,11 @@ Capacity smallest_device(const doctor::Facts& facts) {
   return c;
 }
 
-// The processes of the job the doctor checks for: WORLD_SIZE when launched, else one per GPU.
+// The processes of the job the doctor checks for: the launcher's world size (torchrun, SLURM,
+// Open MPI variables), else one per GPU.
 int64_t job_world_size(const doctor::Facts& facts) {
-  const char* env = std::getenv("WORLD_SIZE");
-  if (env && std::atoi(env) > 0) return std::atoi(env);
+  const distributed::DistEnv job = distributed::read_process_env();
+  if (job.launched()) return job.world_size;
   return std::max<int64_t>(static_cast<int64_t>(facts.gpus.size()), 1);
 }
 

@@ -44,6 +44,7 @@ DataParallel::DataParallel(torch::nn::Module& model,
   }
   for (const auto& b : model.buffers(/*recurse=*/true)) buffers_.push_back(b);
   if (params_.empty()) throw std::runtime_error("DDP: the model has no trainable parameters");
+  for (const auto& p : params_) gradient_bytes_ += static_cast<int64_t>(p.nbytes());
   if (group.world_size() == 1 && !options.reducer_at_world_size_1) return;
   broadcast_state();
 
@@ -112,6 +113,7 @@ void DataParallel::before_forward(bool first, bool sync) {
 
 void DataParallel::after_forward(const torch::Tensor& loss, bool sync) {
   if (!sync || !reducer_) return;
+  if (group_.world_size() > 1) communicated_bytes_ += gradient_bytes_;
   reducer_->prepare_for_backward(options_.find_unused_parameters ? std::vector<torch::Tensor>{loss}
                                                                  : std::vector<torch::Tensor>{});
 }

@@ -66,6 +66,8 @@ class DataParallel final : public DataParallelism {
   // no gradient (and dist.find_unused_parameters) when it did not.
   // Every rank must call this, in the same order (it waits for the last bucket's all-reduce).
   void after_backward() override;
+  // Every gradient's bytes per synchronising step (0 without a reducer: nothing is sent).
+  int64_t communicated_bytes() const override { return communicated_bytes_; }
 
   // Rank 0's parameters and buffers to every rank (after loading a checkpoint on one rank).
   // Every rank must call this, in the same order.
@@ -88,6 +90,8 @@ class DataParallel final : public DataParallelism {
   std::vector<torch::Tensor> buffers_;
   std::shared_ptr<c10d::Reducer> reducer_;  // null in a group of one (see reducer_at_world_size_1)
   std::shared_ptr<c10d::Logger> logger_;    // the reducer reports to it (and needs one)
+  int64_t gradient_bytes_ = 0;              // of every averaged gradient
+  int64_t communicated_bytes_ = 0;          // all-reduced so far
 };
 
 }  // namespace trainer::distributed

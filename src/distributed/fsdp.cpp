@@ -187,7 +187,7 @@ void FullyShardedDataParallel::after_forward(const torch::Tensor& loss, bool /*s
   reshard(0);
   // Gathered again when backward begins, the last block right behind it.
   const_cast<torch::Tensor&>(loss).register_hook([this](const torch::Tensor& /*grad*/) {
-    pre_backward(0);
+    wait_gather(0);
     if (options_.prefetch && units_.size() > 1) start_gather(units_.size() - 1);
   });
 }
@@ -203,15 +203,11 @@ void FullyShardedDataParallel::after_block(int64_t index, const torch::Tensor& o
   const bool training = torch::GradMode::is_enabled() && output.requires_grad();
   if (training) {
     const_cast<torch::Tensor&>(output).register_hook([this, unit](const torch::Tensor& /*grad*/) {
-      pre_backward(unit);
+      wait_gather(unit);
       if (options_.prefetch && unit > 1) start_gather(unit - 1);
     });
   }
   if (!training || options_.reshard_after_forward) reshard(unit);
-}
-
-void FullyShardedDataParallel::pre_backward(size_t unit) {
-  wait_gather(unit);
 }
 
 void FullyShardedDataParallel::on_gradient(size_t index) {
@@ -276,6 +272,13 @@ void FullyShardedDataParallel::after_backward() {
     units_[i]->reduced_grad = torch::Tensor();
     reshard(i);
   }
+}
+
+torch::Tensor FullyShardedDataParallel::reduce_over_shards(const torch::Tensor& value, Reduce op) {
+  torch::Tensor out =
+      value.defined() ? value : torch::zeros({}, torch::dtype(torch::kFloat).device(device_));
+  if (group_ && world_ > 1) group_->all_reduce({out}, op);
+  return out;
 }
 
 void FullyShardedDataParallel::gather_root() {

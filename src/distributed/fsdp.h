@@ -91,6 +91,11 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
   void before_block(int64_t index) override;
   void after_block(int64_t index, const torch::Tensor& output) override;
 
+  // `value` (a scalar of this rank's shards; undefined: zero) reduced in place over the ranks,
+  // for what depends on every shard: the gradient norm, inf/NaN in the gradients. Every rank must
+  // call this, in the same order.
+  torch::Tensor reduce_over_shards(const torch::Tensor& value, Reduce op);
+
   // Gathers the root unit and keeps it (blocks come and go as in forward): for running the model
   // outside a training step (evaluation). Every rank must call these, in the same order.
   void gather_root();
@@ -118,9 +123,9 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
   torch::Tensor view_from_full(size_t view,
                                const std::function<torch::Tensor(const std::string&)>& full) const;
 
-  // Bytes sent through all-gathers and reduce-scatters so far, counted as the gathered (padded)
-  // buffers' sizes: per step 3x the parameters' bytes with reshard_after_forward, 2x without.
-  int64_t communicated_bytes() const { return communicated_bytes_; }
+  // Counted as the gathered (padded) buffers' sizes of the all-gathers and reduce-scatters: per
+  // step 3x the parameters' bytes with reshard_after_forward, 2x without.
+  int64_t communicated_bytes() const override { return communicated_bytes_; }
   // The model's parameter bytes in param_dtype, padded as communicated.
   int64_t padded_parameter_bytes() const;
   int64_t units() const { return static_cast<int64_t>(units_.size()); }
@@ -134,7 +139,6 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
   void start_gather(size_t unit);
   void wait_gather(size_t unit);
   void reshard(size_t unit);
-  void pre_backward(size_t unit);
   void on_gradient(size_t unit);
   void start_reduce(size_t unit);
   void finish_reduce(size_t unit);

@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/components.h"
 #include "engine/memory.h"
 #include "engine/op_count.h"
 #include "util/device.h"
@@ -227,16 +228,13 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
   r.flops_per_step = 3 * trainer.forward_flops() * cfg.train.grad_accum_steps;
 
   PhaseTimer timer(device, options.warmup);
-  int64_t communicated = 0;  // by fsdp before the timed steps
+  int64_t communicated = 0;  // before the timed steps
   timer.on_timed_start = [&] { communicated = trainer.communicated_bytes(); };
   trainer.run_steps(options.warmup + options.steps, timer, options.fixed_batch);
   timer.finish(r);
   r.held = trainer.held_state();
-  r.comm_bytes_per_step =
-      trainer.config().dist.strategy == "fsdp"
-          ? static_cast<double>(trainer.communicated_bytes() - communicated) /
-                static_cast<double>(std::max<int64_t>(options.steps, 1))
-          : (trainer.world_size() > 1 ? static_cast<double>(r.held.params) : 0.0);
+  r.comm_bytes_per_step = static_cast<double>(trainer.communicated_bytes() - communicated) /
+                          static_cast<double>(std::max<int64_t>(options.steps, 1));
   count_operators(trainer, options, r);
 
   const double samples = static_cast<double>(options.steps * cfg.data.batch_size *
@@ -252,9 +250,7 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
     r.peak_memory_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
     r.peak_memory_kind = "cpu_rss";
   }
-  const c10::ScalarType dtype = !cfg.amp.enabled             ? torch::kFloat32
-                                : cfg.amp.dtype == "float16" ? torch::kHalf
-                                                             : torch::kBFloat16;
+  const c10::ScalarType dtype = cfg.amp.enabled ? dtype_named(cfg.amp.dtype) : torch::kFloat32;
   r.tflops = static_cast<double>(r.flops_per_step) / (r.step_ms.mean / 1e3) / 1e12;
   r.peak_tflops = matmul_peak_tflops(device, dtype);
   r.mfu = r.peak_tflops > 0 ? r.tflops / r.peak_tflops : 0.0;

@@ -145,10 +145,6 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
   c.params = models::unique_parameters(*c.model);
 }
 
-c10::ScalarType dtype_named(const std::string& name) {
-  return name == "bfloat16" ? c10::kBFloat16 : name == "float16" ? c10::kHalf : c10::kFloat;
-}
-
 // The model's parameters by unit: the root's (those in no block), then each block's.
 std::vector<distributed::NamedParams> sharding_units(const models::NetImpl& model) {
   const auto blocks = model.blocks();
@@ -238,7 +234,7 @@ void make_training(Components& c, const config::Config& cfg) {
   c.schedule = std::make_unique<optim::Schedule>(sched, cfg.optim.lr, c.total_steps);
   c.loss = losses::loss_registry().get(cfg.train.loss)(cfg.train);
   c.precision.autocast = cfg.amp.enabled;
-  c.precision.dtype = cfg.amp.dtype == "float16" ? c10::kHalf : c10::kBFloat16;
+  c.precision.dtype = dtype_named(cfg.amp.dtype);
   const bool float16 = cfg.amp.enabled && cfg.amp.dtype == "float16";
   if (cfg.amp.scaler == "on" || (cfg.amp.scaler == "auto" && float16)) {
     optim::GradScalerOptions scaler;
@@ -251,6 +247,10 @@ void make_training(Components& c, const config::Config& cfg) {
 }
 
 }  // namespace
+
+c10::ScalarType dtype_named(const std::string& name) {
+  return name == "bfloat16" ? c10::kBFloat16 : name == "float16" ? c10::kHalf : c10::kFloat;
+}
 
 int Components::world_size() const {
   return group ? group->world_size() : 1;

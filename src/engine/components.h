@@ -71,6 +71,9 @@ struct Components {
 // their group.
 Components build_components(const config::LoadedConfig& loaded, const distributed::DistEnv& job);
 
+// The dtype of a config's name for one: bfloat16, float16, else float32.
+c10::ScalarType dtype_named(const std::string& name);
+
 // What the data set of `cfg` is built for: the run's seed and the model's context length.
 data::DataContext data_context(const config::Config& cfg);
 

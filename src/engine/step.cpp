@@ -17,19 +17,6 @@ void begin(StepObserver* observer, Phase phase) {
 
 }  // namespace
 
-optim::SquaredNormSum sharded_norm_sum(const Components& parts) {
-  if (!parts.fsdp || !parts.group) return {};
-  distributed::Group* group = parts.group.get();
-  const torch::Device device = parts.device;
-  return [group, device](const torch::Tensor& squared) {
-    torch::Tensor sum = squared.defined()
-                            ? squared.clone()
-                            : torch::zeros({}, torch::dtype(torch::kFloat).device(device));
-    group->all_reduce({sum}, distributed::Reduce::sum);
-    return sum;
-  };
-}
-
 void StepFlags::start(const torch::Tensor& loss, bool stop_requested, distributed::Group* group) {
   pending_.reset();
   agreed_ = torch::Tensor();
@@ -110,7 +97,7 @@ StepOutcome TrainStep::update(const torch::Tensor& loss) {
   if (p.scaler) {
     found_inf = kernel_unscales ? p.scaler->check(p.params) : p.scaler->unscale(p.params);
     // Sharded gradients: inf/NaN in any rank's shard skips the step everywhere.
-    if (p.fsdp && p.group) p.group->all_reduce({found_inf}, distributed::Reduce::max);
+    if (p.fsdp) found_inf = p.fsdp->reduce_over_shards(found_inf, distributed::Reduce::max);
   }
   // Decide, the same on every rank: skip the update on inf/NaN gradients (averaged, so equal on
   // every rank) or an inf/NaN loss on any rank.
@@ -118,8 +105,13 @@ StepOutcome TrainStep::update(const torch::Tensor& loss) {
   if (!out.skipped) {
     optim::KernelInputs device;
     if (clip) {
-      optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, device,
-                           sharded_norm_sum(p));
+      optim::SquaredNormSum over_shards;  // sharded gradients: the norm over every rank's
+      if (p.fsdp) {
+        over_shards = [&p](const torch::Tensor& squared) {
+          return p.fsdp->reduce_over_shards(squared, distributed::Reduce::sum);
+        };
+      }
+      optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, device, over_shards);
     }
     if (kernel_unscales) device.grad_scale = p.scaler->scale_tensor();
     p.optimizer->step(p.schedule->lr(state_.updates()), device);

@@ -12,7 +12,6 @@
 #include "distributed/process_group.h"
 #include "engine/components.h"
 #include "engine/state.h"
-#include "optim/clip.h"
 
 namespace trainer::engine {
 
@@ -66,10 +65,6 @@ class StepFlags {
   torch::Tensor agreed_;                         // [loss, stop] summed over the ranks
   std::optional<distributed::Pending> pending_;  // its all-reduce
 };
-
-// The gradient norm's sum over the shards with dist.strategy fsdp in a group (every rank must
-// call it, in the same order); empty otherwise.
-optim::SquaredNormSum sharded_norm_sum(const Components& parts);
 
 // Runs training steps over the components, counting them in a TrainingState.
 class Stepper {

@@ -128,9 +128,9 @@ class Trainer {
   int64_t step() const;
   // The training state this rank holds now. Synchronises the device (reads the optimizer state).
   HeldState held_state() const;
-  // The model's parameter bytes as one rank communicates them per step in a group: with fsdp the
-  // (padded) bytes all-gathered and reduce-scattered so far, counted since construction; with
-  // ddp 0 (its reducer keeps no count: each step all-reduces every gradient once).
+  // The bytes this rank's gradient and parameter collectives have moved so far: with fsdp the
+  // (padded) buffers all-gathered and reduce-scattered, with ddp in a group every gradient once
+  // per step; 0 alone under ddp.
   int64_t communicated_bytes() const;
   // The device the model trains on.
   torch::Device device() const;

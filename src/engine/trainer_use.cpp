@@ -45,7 +45,8 @@ HeldState Trainer::held_state() const {
 }
 
 int64_t Trainer::communicated_bytes() const {
-  return s_->parts.fsdp ? s_->parts.fsdp->communicated_bytes() : 0;
+  const auto* parallel = s_->parts.data_parallel();
+  return parallel ? parallel->communicated_bytes() : 0;
 }
 
 distributed::Group* Trainer::group() const {
