@@ -256,7 +256,6 @@ void FullyShardedDataParallel::finish_reduce(size_t index) {
     u.reducing->wait();
     u.reducing.reset();
   }
-  u.reduced = false;
 }
 
 void FullyShardedDataParallel::after_backward() {

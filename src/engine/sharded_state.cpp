@@ -9,7 +9,7 @@ namespace {
 
 // Every name of each parameter: its canonical one (unique_named_parameters) -> all its state-dict
 // names.
-std::map<std::string, std::vector<std::string>> parameter_names(const models::NetImpl& model) {
+std::map<std::string, std::vector<std::string>> parameter_names(const torch::nn::Module& model) {
   std::map<const void*, std::string> canonical;
   for (const auto& [name, p] : models::unique_named_parameters(model)) {
     canonical.emplace(p.unsafeGetTensorImpl(), name);
@@ -25,12 +25,9 @@ std::map<std::string, std::vector<std::string>> parameter_names(const models::Ne
 }  // namespace
 
 std::set<std::string> parameter_entries(const torch::nn::Module& model) {
-  std::set<const void*> params;
-  for (const auto& p : model.parameters(/*recurse=*/true)) params.insert(p.unsafeGetTensorImpl());
   std::set<std::string> out;
-  for (const auto& [name, t] : models::state_dict(model)) {
-    if (params.count(t.unsafeGetTensorImpl())) out.insert(name);
-  }
+  for (const auto& [canonical, names] : parameter_names(model))
+    out.insert(names.begin(), names.end());
   return out;
 }
 
