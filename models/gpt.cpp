@@ -4,9 +4,9 @@
 // The vocabulary is `model.vocab_size`; when that is 0 the InputSpec's num_classes is used instead.
 // Token samples longer than block_size, or ids beyond a set vocab_size, are rejected at build.
 //
-// lm_head's weight is tied to transformer.wte.weight: the same tensor, registered under both
-// names (as in a PyTorch state_dict), so Module::parameters() lists it twice; parameter_count()
-// counts it once.
+// lm_head's weight is tied to transformer.wte.weight (model.tie_embeddings, the default): the same
+// tensor, registered under both names (as in a PyTorch state_dict), so Module::parameters() lists
+// it twice; parameter_count() counts it once. Untied, lm_head has a weight of its own.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -26,6 +26,7 @@ struct GptOptions {
   int64_t vocab_size = 50257;  // vocabulary size; 0 = the data's class count
   bool bias = true;            // biases in linear layers and layer norms
   double dropout = 0.0;        // dropout rate on embeddings, attention and residuals
+  bool tie_embeddings = true;  // lm_head's weight is transformer.wte's (GPT-2's tie)
 
   template <class V>
   void visit(V& v) {
@@ -36,6 +37,7 @@ struct GptOptions {
     v("vocab_size", vocab_size);
     v("bias", bias);
     v("dropout", dropout);
+    v("tie_embeddings", tie_embeddings);
   }
   void validate(config::Checks& c) const {
     c.at_least("n_layer", n_layer, 1);
@@ -209,23 +211,27 @@ class GptTransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptTransformer);
 
-// A bias-free linear layer whose weight is owned by another module (weight tying).
-class GptTiedHeadImpl : public torch::nn::Module {
+// The bias-free output layer: its weight [vocab, C] is the token embedding's (tied: owned by
+// another module) or its own.
+class GptHeadImpl : public torch::nn::Module {
  public:
-  explicit GptTiedHeadImpl(torch::Tensor tied_weight) {
-    weight = register_parameter("weight", std::move(tied_weight));
+  GptHeadImpl(torch::Tensor weight, bool tied) : tied_(tied) {
+    this->weight = register_parameter("weight", std::move(weight));
   }
 
   torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight); }
 
   void pretty_print(std::ostream& stream) const override {
     stream << "Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0)
-           << ", bias=false, tied)";
+           << ", bias=false" << (tied_ ? ", tied" : "") << ")";
   }
 
   torch::Tensor weight;
+
+ private:
+  bool tied_;
 };
-TORCH_MODULE(GptTiedHead);
+TORCH_MODULE(GptHead);
 
 class GptImpl : public NetImpl {
  public:
@@ -246,7 +252,10 @@ class GptImpl : public NetImpl {
                                            std::to_string(cfg.n_head) + ")");
     }
     transformer = register_module("transformer", GptTransformer(cfg, vocab));
-    lm_head = register_module("lm_head", GptTiedHead(transformer->wte->weight));
+    lm_head = register_module(
+        "lm_head", cfg.tie_embeddings
+                       ? GptHead(transformer->wte->weight, /*tied=*/true)
+                       : GptHead(torch::empty({vocab, cfg.n_embd}), /*tied=*/false));
     init_weights(cfg.n_layer);
   }
 
@@ -326,7 +335,7 @@ class GptImpl : public NetImpl {
   int64_t block_size_;
   double dropout_;
   GptTransformer transformer{nullptr};
-  GptTiedHead lm_head{nullptr};
+  GptHead lm_head{nullptr};
 };
 TORCH_MODULE(Gpt);
 
@@ -388,6 +397,7 @@ void register_gpt(ModelRegistry& registry) {
     return cfg.own<GptOptions>().block_size;
   };
   kind.hf = gpt2_hf_format();
+  kind.untie_hint = "model.tie_embeddings: false gives lm_head a weight of its own";
   kind.decoder = [](NetImpl& net, bool use_cache) -> std::unique_ptr<Decoder> {
     return std::make_unique<GptDecoder>(dynamic_cast<GptImpl&>(net), use_cache);
   };

@@ -1,6 +1,7 @@
 // gpt's weights in Hugging Face Transformers' GPT-2 layout (GPT2LMHeadModel): the same names as
 // nanoGPT's, but the four projections are Conv1D weights, [in, out], the transpose of a Linear's;
-// the tied lm_head.weight is not stored; every linear layer and layer norm has a bias.
+// lm_head.weight is stored only when it is not tied to wte (tie_word_embeddings: false); every
+// linear layer and layer norm has a bias.
 #include <torch/torch.h>
 
 #include <string>
@@ -35,21 +36,24 @@ bool is_hf(const NamedWeights& weights) {
 
 NamedWeights from_hf(const NamedWeights& weights) {
   NamedWeights out;
-  torch::Tensor wte;
+  torch::Tensor wte, head;
   for (const auto& [hf_name, t] : weights) {
     // GPT2Model's names lack the "transformer." of GPT2LMHeadModel's; the causal masks some
     // versions store are not weights.
     const std::string name = hf_name.rfind("transformer.", 0) == 0 || hf_name == "lm_head.weight"
                                  ? hf_name
                                  : "transformer." + hf_name;
-    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
-        name == "lm_head.weight") {
+    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;
+    if (name == "lm_head.weight") {
+      head = t;
       continue;
     }
     out.emplace_back(name, conv1d_weight(name) ? t.t().contiguous() : t);
     if (name == "transformer.wte.weight") wte = t;
   }
-  if (wte.defined()) out.emplace_back("lm_head.weight", wte);  // tied
+  // The file's head where it stores one (an untied model's, or a tied one's copy), else wte's:
+  // loading checks that a tied model gets equal tensors.
+  if (head.defined() || wte.defined()) out.emplace_back("lm_head.weight", head.defined() ? head : wte);
   return out;
 }
 
@@ -59,7 +63,7 @@ void add_zero_biases(NamedWeights& out) {
   NamedWeights extra;
   for (const auto& [name, t] : out) {
     if (!ends_with(name, ".weight") || name == "transformer.wte.weight" ||
-        name == "transformer.wpe.weight") {
+        name == "transformer.wpe.weight" || name == "lm_head.weight") {
       continue;
     }
     const std::string bias = name.substr(0, name.size() - 6) + "bias";
@@ -79,14 +83,17 @@ std::pair<NamedWeights, nlohmann::json> to_hf(const NamedWeights& weights,
                                               const std::map<std::string, std::string>& config) {
   NamedWeights out;
   int64_t layers = 0, vocab = 0, positions = 0, width = 0;
+  const bool tied = !config.count("model.tie_embeddings") || config.at("model.tie_embeddings") != "false";
   for (const auto& [name, t] : weights) {
-    if (name == "lm_head.weight") continue;  // tied to wte; from_pretrained ties it again
+    // Tied to wte: from_pretrained ties it again.
+    if (name == "lm_head.weight" && tied) continue;
     out.emplace_back(name, conv1d_weight(name) ? t.t().contiguous() : t.contiguous());
     if (ends_with(name, ".ln_1.weight")) ++layers;
     if (name == "transformer.wte.weight") vocab = t.size(0), width = t.size(1);
     if (name == "transformer.wpe.weight") positions = t.size(0);
   }
   add_zero_biases(out);
+  const nlohmann::json end_of_text = vocab > 50256 ? nlohmann::json(50256) : nlohmann::json();
   const double dropout = config.count("model.dropout") ? std::stod(config.at("model.dropout")) : 0;
   const nlohmann::json hf_config = {{"architectures", {"GPT2LMHeadModel"}},
                                     {"model_type", "gpt2"},
@@ -103,9 +110,10 @@ std::pair<NamedWeights, nlohmann::json> to_hf(const NamedWeights& weights,
                                     {"attn_pdrop", dropout},
                                     {"layer_norm_epsilon", 1e-5},
                                     {"initializer_range", 0.02},
-                                    {"tie_word_embeddings", true},
-                                    {"bos_token_id", 50256},
-                                    {"eos_token_id", 50256},
+                                    {"tie_word_embeddings", tied},
+                                    // GPT-2's <|endoftext|>, where the vocabulary has it.
+                                    {"bos_token_id", end_of_text},
+                                    {"eos_token_id", end_of_text},
                                     {"torch_dtype", "float32"}};
   return {out, hf_config};
 }

@@ -106,6 +106,9 @@ struct ModelKind {
   std::function<std::unique_ptr<Decoder>(NetImpl& net, bool use_cache)> decoder;
   // Hugging Face's layout of this model's weights; none for most models.
   std::optional<ForeignFormat> hf;
+  // The option that unties weights the model ties (gpt: lm_head and wte), for messages about
+  // files whose tied tensors differ; "" when it ties none.
+  std::string untie_hint;
 };
 using ModelRegistry = Registry<ModelKind>;
 
@@ -139,13 +142,15 @@ using nn::unique_parameters;
 std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::Module& module);
 
 // Copies `weights` into the parameters and buffers of `module` by name, converting dtype and
-// device. Every name must match in both directions with equal shapes; with `skip_head`, the
-// tensors of the final layer (the prefix of the last parameter, e.g. `fc.`) may be missing or
-// differ in shape and keep their initial values. Returns "" on success, else a description of
-// every missing, unexpected and mis-shaped name, and then copies nothing.
+// device. Every name must match in both directions with equal shapes, and the names of one tied
+// tensor must be given equal values; with `skip_head`, the tensors of the final layer (the prefix
+// of the last parameter, e.g. `fc.`) may be missing or differ in shape and keep their initial
+// values. Returns "" on success, else a description of every missing, unexpected and mis-shaped
+// name and of tied names given different values (followed by `untie_hint`), and then copies
+// nothing.
 std::string load_weights(torch::nn::Module& module,
                          const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                         bool skip_head);
+                         bool skip_head, const std::string& untie_hint = "");
 
 // One line per direct submodule plus `parameters: <N>`.
 std::string summary(const torch::nn::Module& module, const std::string& name);

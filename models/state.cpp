@@ -35,9 +35,36 @@ std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::M
   return out;
 }
 
+namespace {
+
+// "a and b" for the names that share one tensor in `own` but whose values in `weights` differ.
+std::string differing_tied_names(
+    const std::vector<std::pair<std::string, torch::Tensor>>& own,
+    const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
+  std::map<std::string, torch::Tensor> given(weights.begin(), weights.end());
+  std::map<const void*, std::string> first;  // a tensor's first name in `own`
+  std::vector<std::string> differ;
+  for (const auto& [name, tensor] : own) {
+    const auto [it, fresh] = first.emplace(tensor.unsafeGetTensorImpl(), name);
+    if (fresh) continue;
+    const auto ga = given.find(it->second), gb = given.find(name);
+    if (ga == given.end() || gb == given.end()) continue;  // a skipped head keeps its values
+    const auto& a = ga->second;
+    const auto& b = gb->second;
+    if (a.sizes() != b.sizes() || !torch::equal(a, b.to(a.device(), a.scalar_type()))) {
+      differ.push_back(it->second + " and " + name);
+    }
+  }
+  std::string out;
+  for (const auto& d : differ) out += (out.empty() ? "" : ", ") + d;
+  return out;
+}
+
+}  // namespace
+
 std::string load_weights(torch::nn::Module& module,
                          const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                         bool skip_head) {
+                         bool skip_head, const std::string& untie_hint) {
   const auto own = state_dict(module);
   std::string head;
   const auto params = module.named_parameters(/*recurse=*/true);
@@ -78,6 +105,11 @@ std::string load_weights(torch::nn::Module& module,
   add("unexpected", unexpected);
   add("with other shapes", mismatched);
   if (!problems.empty()) return problems;
+  const std::string tied = differing_tied_names(own, weights);
+  if (!tied.empty()) {
+    return tied + ": one tensor in the model (tied), two different ones in the file" +
+           (untie_hint.empty() ? "" : "; " + untie_hint);
+  }
   torch::NoGradGuard no_grad;
   for (auto& [dst, src] : copies) dst.copy_(src);
   return "";

@@ -363,6 +363,30 @@ def count_operators(step, steps):
     return per_step, syncs / steps
 
 
+def profile_steps(step, steps, folder, rank, cuda):
+    """`steps` more steps under torch.profiler (CPU and CUDA activity), their Chrome trace in
+    folder/pytorch[_rank<N>].trace.json and the operators by self CPU time, then the kernels by
+    device time, printed."""
+    from torch.profiler import ProfilerActivity, profile
+    os.makedirs(folder, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step(record_phase)
+        if cuda:
+            torch.cuda.synchronize()
+    name = "pytorch.trace.json" if rank == 0 else f"pytorch_rank{rank}.trace.json"
+    prof.export_chrome_trace(os.path.join(folder, name))
+    if rank == 0:
+        averages = prof.key_averages()
+        print(f"profile: {os.path.join(folder, name)} ({steps} steps)")
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=25))
+        if cuda:
+            print(averages.table(sort_by="self_device_time_total", row_limit=25))
+
+
 def record_phase(name):
     return torch.profiler.record_function(PHASE + name)
 
@@ -449,6 +473,9 @@ def parse_args():
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--fixed-batch", action="store_true")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="after the timed steps, record 3 more with torch.profiler into "
+                         "DIR/pytorch.trace.json and print the operators by self time")
     ap.add_argument("--device")
     ap.add_argument("--counted", type=int, default=3,
                     help="steps after the timed ones whose operators are counted")
@@ -625,6 +652,8 @@ def main():
     final_loss = float(records[-1][1])
 
     ops_per_step, syncs_per_step = count_operators(step, args.counted)
+    if args.profile:
+        profile_steps(step, 3, args.profile, rank, cuda)
     timed = [marks for marks, _ in records[args.warmup:]]
     step_ms = [clock.ms(mk[0], mk[-1]) for mk in timed]
     phases = phase_means(timed, accum, clock.ms)

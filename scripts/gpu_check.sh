@@ -63,6 +63,10 @@
 # GPU_CHECK_CASES (case names to run, space-separated; default all, --dry-run: r50_bf16_b256
 # r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1, with float16 replaced by bfloat16 on the CPU),
 # GPU_CHECK_FORCE_WHEELS=1 (install the bundle's wheels even when torchvision and yaml import),
+# GPU_CHECK_CTEST_REGEX (only the CUDA tests whose names match, ctest -R),
+# GPU_CHECK_PROFILE=1 (the plain trainer and pytorch runs also record 3 steps with the Kineto
+# profiler / torch.profiler: their operator tables in the bench logs, the Chrome traces gzipped
+# into logs.tar.gz under profiles/),
 # TORCH_CUDA_ARCH_LIST (default: the GPU's compute capability; 9.0 with --dry-run).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -318,7 +322,8 @@ say "ctest -L gpu"
 T0=$SECONDS
 left=$((BUDGET - (SECONDS - START) - 60))
 timeout -k 10 "$((left > 240 ? 240 : (left > 30 ? left : 30)))" \
-  ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 180 -j 4 > "$WORK/ctest.log" 2>&1 || true
+  ctest --test-dir "$BUILD" -L gpu ${GPU_CHECK_CTEST_REGEX:+-R "$GPU_CHECK_CTEST_REGEX"} \
+    --output-on-failure --timeout 180 -j 4 > "$WORK/ctest.log" 2>&1 || true
 CTEST_S=$((SECONDS - T0))
 c_pass=$(grep -c ' Passed ' "$WORK/ctest.log" || true)
 c_skip=$(grep -c '\*\*\*Skipped' "$WORK/ctest.log" || true)
@@ -407,9 +412,13 @@ run_bench() {
   # DeepLearningExamples' synthetic-data figures measure it, without the loader in the loop.
   cmd+=(--config "$config" --fixed-batch "${sets[@]}" --warmup "$warmup" --steps "$steps"
         --json "$base.json")
+  if [[ "${GPU_CHECK_PROFILE:-0}" == 1 && ( $impl == trainer || $impl == pytorch ) ]]; then
+    cmd+=(--profile "$WORK/profiles/$name.$impl")
+  fi
   local t0=$SECONDS rc=0
   (cd "$ROOT" && timeout -k 10 "$limit" "${cmd[@]}") > "$base.log" 2>&1 || rc=$?
   echo "$rc $((SECONDS - t0))" > "$base.status"
+  find "$WORK/profiles" -name '*.json' -exec gzip -9 {} + 2>/dev/null || true
   if [[ $rc == 0 && -s "$base.json" ]]; then
     say "$name/$impl: done in $((SECONDS - t0))s"
   else
@@ -433,13 +442,23 @@ two_curves() {
       --set "$key=$mode" --run-dir "$base.$mode") >> "$base.log" 2>&1 || rc=$?
   done
   echo "$rc $((SECONDS - t0))" > "$base.status"
-  "$PY" - "$base" $modes > "$base.json" 2>> "$base.log" <<'CURVES' || true
+  # The logs come back small: the runs' metrics and logs, not their checkpoints.
+  for mode in $modes; do rm -rf "$base.$mode/checkpoints" "$base.$mode/tb"; done
+  "$PY" - "$base" "$steps" $modes > "$base.json" 2>> "$base.log" <<'CURVES' || echo "1 $((SECONDS - t0))" > "$base.status"
 import json, sys
-base, a, b = sys.argv[1:4]
+base, steps, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def losses(mode):
-    return [r["loss"] for r in map(json.loads, open(base + "." + mode + "/metrics.jsonl"))
-            if r["split"] == "train"]
+    try:
+        return [r["loss"] for r in map(json.loads, open(base + "." + mode + "/metrics.jsonl"))
+                if r["split"] == "train"]
+    except OSError:
+        return []
 la, lb = losses(a), losses(b)
+# Curves of unequal length, or shorter than asked, compare nothing: the comparison fails.
+if len(la) != steps or len(lb) != steps:
+    print(json.dumps({"steps": min(len(la), len(lb)), "error": "%s: %d steps, %s: %d steps, %d asked"
+                      % (a, len(la), b, len(lb), steps)}))
+    sys.exit(1)
 absd = [abs(x - y) for x, y in zip(la, lb)]
 rel = [d / max(abs(x), 1e-12) for d, x in zip(absd, la)]
 print(json.dumps({"steps": len(la), "first_last": {a: [la[0], la[-1]], b: [lb[0], lb[-1]]},
@@ -579,12 +598,16 @@ for case in ("r50_bf16_b32", "gpt2_bf16"):
         print("CUDA graph (%s): samples/s %s (graph vs eager)"
               % (case, pct(get(graph, "samples_per_sec"), get(eager, "samples_per_sec"))))
 g = runs.get(("graph_losses", "losses"))
-if g and isinstance(g.get("result"), dict):
+if g and isinstance(g.get("result"), dict) and "error" in g["result"]:
+    print("graph vs eager losses: FAILED: " + g["result"]["error"])
+elif g and isinstance(g.get("result"), dict):
     print("graph vs eager losses over %d steps: max relative difference %.2g, mean %.2g"
           % (g["result"]["steps"], g["result"]["max_rel_diff"], g["result"]["mean_rel_diff"]))
 
 f = runs.get(("fsdp_losses", "fsdp_losses"))
-if f and isinstance(f.get("result"), dict):
+if f and isinstance(f.get("result"), dict) and "error" in f["result"]:
+    print("fsdp vs ddp losses: FAILED: " + f["result"]["error"])
+elif f and isinstance(f.get("result"), dict):
     print("fsdp vs ddp losses over %d steps: max absolute difference %.2g, mean %.2g"
           % (f["result"]["steps"], f["result"]["max_abs_diff"], f["result"]["mean_abs_diff"]))
 fs, dd = runs.get(("gpt2_fsdp", "launch_all")), runs.get(("gpt2_fsdp_ddp", "launch_all"))

@@ -7,9 +7,13 @@ Interop.Gpt2WeightsMoveBetweenTrainerAndTransformers).
 1. A small random GPT2LMHeadModel, saved by save_pretrained, loaded by the trainer's gpt (the
    model.pretrained path: Conv1D weights transposed, the tied head): logits on the same tokens
    equal transformers' within 1e-4.
-2. A gpt trained a few steps by the trainer, with and without biases (model.bias), exported with
-   `trainer export --format hf`: GPT2LMHeadModel.from_pretrained loads it with no missing or
-   unexpected keys, and its logits equal the trainer's within 1e-4.
+2. A gpt trained a few steps by the trainer, with and without biases (model.bias) and with an
+   untied head (model.tie_embeddings: false), exported with `trainer export --format hf`:
+   GPT2LMHeadModel.from_pretrained loads it with no missing or unexpected keys, and its logits
+   equal the trainer's within 1e-4.
+3. A GPT2LMHeadModel whose lm_head differs from wte (tie_word_embeddings: false): a tied gpt
+   refuses it with exit 2 naming both tensors and model.tie_embeddings; an untied one loads it
+   and computes transformers' logits.
 Exits 77 (skipped) when transformers or safetensors is not installed.
 """
 import json
@@ -58,31 +62,69 @@ def hf_to_trainer(tool, tokens, work):
     compare("transformers -> trainer", ours, theirs)
 
 
-def trainer_to_hf(trainer, tool, tokens, work, bias):
-    run = os.path.join(work, f"run_{bias}")
+def untied_hf_to_trainer(trainer, tool, tokens, work):
+    torch.manual_seed(2)
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=CTX, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS,
+                     tie_word_embeddings=False)
+    model = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.05)
+    assert not torch.equal(model.lm_head.weight, model.transformer.wte.weight)
+    folder = os.path.join(work, "hf_untied")
+    model.save_pretrained(folder, safe_serialization=True)
+    weights = os.path.join(folder, "model.safetensors")
+    assert "lm_head.weight" in load_file(weights)
+    with torch.no_grad():
+        theirs = model(tokens).logits
+    args = [trainer, "--config", "configs/synthetic.yaml", "--set", "model.name=gpt",
+            "--set", "data.name=synthetic_tokens", "--set", f"data.num_classes={VOCAB}",
+            "--set", "train.max_steps=1", "--set", "run.progress=never",
+            "--set", f"model.pretrained={weights}", "--run-dir", os.path.join(work, "untied_run")]
+    for s in SIZES:
+        args += ["--set", "model." + s]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 2 or "lm_head.weight" not in r.stderr or "model.tie_embeddings" not in r.stderr:
+        sys.exit(f"a tied gpt loading an untied head: exit {r.returncode}, {r.stderr!r}")
+    print("tied gpt refuses an untied head:", r.stderr.strip().splitlines()[-1])
+    ours = trainer_logits(tool, weights, tokens, work, ["tie_embeddings=false"])
+    compare("transformers (untied) -> trainer", ours, theirs)
+
+
+def trainer_to_hf(trainer, tool, tokens, work, bias, tie="true"):
+    run = os.path.join(work, f"run_{bias}_{tie}")
     common = ["--config", "configs/synthetic.yaml", "--set", "model.name=gpt",
               "--set", "data.name=synthetic_tokens", "--set", f"data.num_classes={VOCAB}",
               "--set", "train.max_steps=3", "--set", "run.progress=never",
-              "--set", f"model.bias={bias}", "--set", "model.dropout=0"]
+              "--set", f"model.bias={bias}", "--set", "model.dropout=0",
+              "--set", f"model.tie_embeddings={tie}"]
     for s in SIZES:
         common += ["--set", "model." + s]
     subprocess.run([trainer, *common, "--run-dir", run], check=True, capture_output=True)
     ckpt = os.path.join(run, "checkpoints", "step_00000003.safetensors")
-    folder = os.path.join(work, f"export_{bias}")
+    folder = os.path.join(work, f"export_{bias}_{tie}")
     subprocess.run([trainer, "export", "--checkpoint", ckpt, "--out", folder, "--format", "hf"],
                    check=True)
-    plain = os.path.join(work, f"plain_{bias}.safetensors")
+    plain = os.path.join(work, f"plain_{bias}_{tie}.safetensors")
     subprocess.run([trainer, "export", "--checkpoint", ckpt, "--out", plain], check=True)
     model, info = GPT2LMHeadModel.from_pretrained(folder, output_loading_info=True)
     problems = {k: v for k, v in info.items() if v}
     if problems:
         sys.exit(f"from_pretrained(bias={bias}) reported {problems}")
     with open(os.path.join(folder, "config.json")) as f:
-        assert json.load(f)["n_head"] == HEADS
+        hf_config = json.load(f)
+    assert hf_config["n_head"] == HEADS
+    assert hf_config["tie_word_embeddings"] == (tie == "true"), hf_config
+    # No token id beyond the vocabulary: transformers' generate() runs on the export.
+    assert hf_config["eos_token_id"] is None or hf_config["eos_token_id"] < VOCAB, hf_config
+    generated = model.eval().generate(tokens[:, :4], max_new_tokens=3, do_sample=False,
+                                      pad_token_id=0)
+    assert generated.shape == (2, 7), generated.shape
+    if tie == "false":
+        assert not torch.equal(model.lm_head.weight, model.transformer.wte.weight)
     with torch.no_grad():
         theirs = model.eval()(tokens).logits
-    ours = trainer_logits(tool, plain, tokens, work, [f"bias={bias}"])
-    compare(f"trainer (bias={bias}) -> transformers", ours, theirs)
+    ours = trainer_logits(tool, plain, tokens, work, [f"bias={bias}", f"tie_embeddings={tie}"])
+    compare(f"trainer (bias={bias}, tie_embeddings={tie}) -> transformers", ours, theirs)
 
 
 def main():
@@ -90,8 +132,10 @@ def main():
     tokens = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as work:
         hf_to_trainer(tool, tokens, work)
+        untied_hf_to_trainer(trainer, tool, tokens, work)
         for bias in ("true", "false"):
             trainer_to_hf(trainer, tool, tokens, work, bias)
+        trainer_to_hf(trainer, tool, tokens, work, "true", tie="false")
     print("OK")
 
 

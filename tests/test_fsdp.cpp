@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -137,6 +138,57 @@ TEST_F(Fsdp, ShardedCheckpointsResumeOnOtherRankCountsAndUnderDdp) {
   train(1, 16, args + " --set dist.strategy=fsdp --set train.stop_at_step=30 --resume auto", parts);
   train(1, 16, args + " --set dist.strategy=ddp --resume auto", parts);
   expect_same_losses(whole, parts, 40);
+}
+
+// Resuming on other numbers of ranks. At the global batch of the checkpoint a run continues at its
+// sample, 1 -> 2 -> 3 -> 4 ranks, with the losses of the uninterrupted run. At another global
+// batch (1 -> 2 and 2 -> 3 ranks keeping the per-rank batch, 4 -> 2 keeping it too) it exits 2
+// naming ranks x batch x accumulation of both and the batch size to set, and trains nothing. A
+// step saved again by a job of another size keeps no shard file of the earlier job.
+TEST_F(Fsdp, ResumeOnOtherRankCountsContinuesAtTheSampleOrNamesWhatDiffers) {
+  const std::string args = gpt(24) +
+                           " --set dist.strategy=fsdp --set run.checkpoint_every=6 "
+                           "--set run.keep_last=10";
+  const fs::path whole = dir_ / "whole", parts = dir_ / "parts";
+  train(1, 12, args, whole);
+  train(1, 12, args + " --set train.stop_at_step=6", parts);
+  const auto refused = [&](int ranks, int batch, const std::string& then, const std::string& now,
+                           const std::string& fix) {
+    const size_t logged = losses(parts).size();
+    const auto r = run("launch --standalone --nproc-per-node " + std::to_string(ranks) + " -- " +
+                       args + " --set data.batch_size=" + std::to_string(batch) +
+                       " --resume auto --run-dir '" + parts.string() + "'");
+    EXPECT_EQ(r.code, 2) << r.err;
+    for (const auto& text : {then, now, fix}) EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
+    EXPECT_EQ(losses(parts).size(), logged);
+  };
+  refused(2, 12, "1 rank x data.batch_size 12 x train.grad_accum_steps 1 = 12 samples per step",
+          "2 ranks x data.batch_size 12 x train.grad_accum_steps 1 = 24", "set data.batch_size to 6");
+  train(2, 6, args + " --set train.stop_at_step=12 --resume auto", parts);
+  refused(3, 6, "2 ranks x data.batch_size 6 x train.grad_accum_steps 1 = 12", "= 18",
+          "set data.batch_size to 4");
+  train(3, 4, args + " --set train.stop_at_step=18 --resume auto", parts);
+  train(4, 3, args + " --resume auto", parts);
+  expect_same_losses(whole, parts, 24);
+  refused(2, 3, "4 ranks x data.batch_size 3 x train.grad_accum_steps 1 = 12", "= 6",
+          "set data.batch_size to 6");
+
+  // From step 6 again on 4 ranks: step 12, written by 2, is saved anew by 4.
+  const fs::path step12 = parts / "checkpoints" / "step_00000012.shards";
+  ASSERT_TRUE(fs::exists(step12 / "rank_00001_of_00002.safetensors"));
+  train(4, 3,
+        args + " --set train.stop_at_step=12 --resume '" +
+            (parts / "checkpoints" / step_file(6)).string() + "'",
+        parts);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(step12)) files.push_back(e.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{
+                       "rank_00000_of_00004.safetensors", "rank_00001_of_00004.safetensors",
+                       "rank_00002_of_00004.safetensors", "rank_00003_of_00004.safetensors"}));
+  const auto again = losses(parts), ref = losses(whole);
+  ASSERT_EQ(again.size(), 12u);
+  for (size_t i = 0; i < again.size(); ++i) EXPECT_NEAR(again[i], ref[i], 1e-5) << "step " << i + 1;
 }
 
 // A shard that fails its checksum makes the checkpoint unusable: resume takes the previous one.

@@ -402,7 +402,35 @@ std::string Directory::save(int64_t step, const State& state,
   // Only once the manifest no longer names them.
   for (const auto& e : dropped) ::unlink((dir_ + "/" + e.file).c_str());
   remove_unkept_shards(kept);
+  remove_unlisted_shard_files(step, state.meta);
   return path;
+}
+
+void Directory::remove_unlisted_shard_files(int64_t step, const nlohmann::json& meta) const {
+  // A step saved again by a job of another size: the earlier job's shard files beside the new.
+  const std::string shards = shards_dir(dir_, step);
+  std::set<std::string> listed;
+  if (meta.contains("shards") && meta["shards"].is_array()) {
+    for (const auto& s : meta["shards"]) {
+      if (s.is_object() && s.contains("file") && s["file"].is_string()) {
+        listed.insert(dir_ + "/" + s["file"].get<std::string>());
+      }
+    }
+  }
+  if (listed.empty()) {
+    remove_shards(dir_, step);  // saved whole: no shard of this step is used
+    return;
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(shards.c_str()), &::closedir);
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d.get())) {
+    const std::string name = e->d_name;
+    if (name != "." && name != ".." && !listed.count(shards + "/" + name)) {
+      stale.push_back(shards + "/" + name);
+    }
+  }
+  for (const auto& path : stale) ::unlink(path.c_str());
 }
 
 void Directory::remove_unkept_shards(const std::vector<Entry>& kept) const {

@@ -61,7 +61,8 @@ class Directory {
 
   // Writes the checkpoint of `step` and the manifest, then removes checkpoints no longer kept
   // (unlisted checkpoint files too, by the same rule) and every shard folder of a step not kept
-  // (a sharded save: the caller wrote the shards of `step` first).
+  // (a sharded save: the caller wrote the shards of `step` first) and the files of `step`'s shard
+  // folder that its meta["shards"] does not list.
   // Throws IoError (util/fileio.h) when writing fails; the previous checkpoints stay intact.
   std::string save(int64_t step, const State& state, const std::map<std::string, double>& metrics);
 
@@ -82,6 +83,9 @@ class Directory {
   void remove_stale_temporaries() const;
   // Removes the shard folders (step_N.shards) of every step `kept` does not list.
   void remove_unkept_shards(const std::vector<Entry>& kept) const;
+  // Removes the files in step_<step>.shards that `meta`'s "shards" does not list (all of them,
+  // and the folder, when it lists none).
+  void remove_unlisted_shard_files(int64_t step, const nlohmann::json& meta) const;
 
   std::string dir_;
   int64_t keep_last_;

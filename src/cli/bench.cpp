@@ -2,6 +2,7 @@
 // percentiles, the time per phase, peak memory and the FLOP rate, as a table and as JSON.
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -73,6 +74,12 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
             {"optimizer", r.held.optimizer},
             {"total", r.held.total()}}},
           {"comm_bytes_per_step", r.comm_bytes_per_step},
+          {"profile",
+           r.profile_trace.empty()
+               ? nlohmann::json(nullptr)
+               : nlohmann::json{{"trace", r.profile_trace},
+                                {"steps", o.profiled},
+                                {"ops_per_step", r.profiled_ops_per_step}}},
           {"versions",
            {{"trainer", TRAINER_VERSION},
             {"torch", TORCH_VERSION},
@@ -149,6 +156,10 @@ int bench_command(int argc, char** argv) {
        "speed without the data loader")
       ("json", "also write the figures as one JSON object to FILE", cxxopts::value<std::string>(),
        "FILE")
+      ("profile", "after the timed steps, record 3 more with the Kineto profiler into "
+       "DIR/rank_<N>.trace.json (Chrome trace) and print the operators by self time",
+       cxxopts::value<std::string>(), "DIR")
+      ("profile-shapes", "with --profile: record the operators' input shapes")
       ("log-level", "trace|debug|info|warn|error",
        cxxopts::value<std::string>()->default_value("warn"), "L")
       ("h,help", "print this help");
@@ -170,6 +181,16 @@ int bench_command(int argc, char** argv) {
   if (opts.warmup < 0) {
     throw UsageError("--warmup must not be negative, got " + std::to_string(opts.warmup));
   }
+  if (args.count("profile")) {
+    opts.profile_dir = args["profile"].as<std::string>();
+    opts.profile_shapes = args.count("profile-shapes") > 0;
+    std::error_code ec;
+    std::filesystem::create_directories(opts.profile_dir, ec);
+    if (!std::filesystem::is_directory(opts.profile_dir)) {
+      throw UsageError("--profile: cannot create the directory " + opts.profile_dir +
+                       (ec ? ": " + ec.message() : ""));
+    }
+  }
   const distributed::DistEnv job = distributed::read_process_env();
   setup_logging(args["log-level"].as<std::string>(), job);
 
@@ -180,6 +201,9 @@ int bench_command(int argc, char** argv) {
   const auto result = engine::run_bench(trainer, opts);
   if (job.rank != 0) return 0;
   std::cout << result_table(result, opts, trainer) << std::flush;
+  if (!result.profile_trace.empty()) {
+    std::cout << "\nprofile: " << result.profile_trace << "\n" << result.profile_table << std::flush;
+  }
   if (args.count("json")) {
     write_text_atomically(args["json"].as<std::string>(),
                           result_json(result, opts, trainer, config_path).dump(2) + "\n");

@@ -57,7 +57,8 @@ void add_checkpoint_options(cxxopts::Options& options) {
 }
 
 CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
-                                      const distributed::DistEnv& job, const std::string& command) {
+                                      const distributed::DistEnv& job, const std::string& command,
+                                      engine::LabelUse labels) {
   if (!args.count("checkpoint"))
     throw UsageError(command + ": --checkpoint PATH|RUN_DIR is required");
   setup_logging(args["log-level"].as<std::string>(), job);
@@ -70,7 +71,7 @@ CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
   // strategy was.
   m.loaded.cfg.dist.strategy = "ddp";
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
-  m.step = m.trainer->load_model(m.checkpoint);
+  m.step = m.trainer->load_model(m.checkpoint, labels);
   return m;
 }
 

@@ -24,10 +24,12 @@ struct CheckpointModel {
 
 // Sets up logging (--log-level) and loads the model of --checkpoint PATH|RUN_DIR (a run dir:
 // its newest checkpoint that verifies) into a Trainer built from the run dir's config.yaml, or
-// --config, with --set and --device. Throws UsageError, naming `command`, when --checkpoint is
+// --config, with --set and --device; `labels` says whether the data's labels are used (eval), so
+// that they must mean the checkpoint's classes. Throws UsageError, naming `command`, when --checkpoint is
 // missing or names neither a checkpoint nor a run dir with a config. Every rank of `job` must
 // call it.
 CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
-                                      const distributed::DistEnv& job, const std::string& command);
+                                      const distributed::DistEnv& job, const std::string& command,
+                                      engine::LabelUse labels = engine::LabelUse::none);
 
 }  // namespace trainer::cli

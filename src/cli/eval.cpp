@@ -54,7 +54,7 @@ int eval_command(int argc, char** argv) {
     return 0;
   }
   const distributed::DistEnv job = distributed::read_process_env();
-  const auto m = load_checkpoint_model(args, job, "eval");
+  const auto m = load_checkpoint_model(args, job, "eval", engine::LabelUse::train_and_score);
   auto& trainer = *m.trainer;
   const std::string& checkpoint = m.checkpoint;
   const int64_t step = m.step;

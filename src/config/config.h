@@ -93,6 +93,8 @@ struct DataConfig {
   bool drop_last = true;           // drop the last incomplete training batch
   bool normalize = true;           // scale inputs to zero mean and unit variance
   std::string on_error = "skip";   // an unreadable sample: skip (warn, count, substitute) or fail
+  bool remap_classes = false;      // a checkpoint's classes in another order than the data's are
+                                   // matched by name (else that is an error)
   std::vector<double> mean;        // per-channel normalisation mean; empty = the dataset's own
   std::vector<double> stdev;       // (key `std`) per-channel normalisation std; empty = dataset's
   Entries options;  // each data set's own keys (data.shape, data.seq_len, ...), in its file
@@ -119,6 +121,7 @@ struct DataConfig {
     v("drop_last", drop_last);
     v("normalize", normalize);
     v("on_error", on_error);
+    v("remap_classes", remap_classes);
     v("mean", mean);
     v("std", stdev);
     v("", options);

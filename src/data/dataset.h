@@ -59,6 +59,10 @@ class Dataset {
   virtual Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const = 0;
 };
 
+// `dataset` with each class label t of its targets [B] replaced by to_model[t].
+std::shared_ptr<const Dataset> with_labels(std::shared_ptr<const Dataset> dataset,
+                                           std::vector<int64_t> to_model);
+
 // Throws std::out_of_range naming `dataset` when an index is outside [0, size).
 void check_indices(const std::vector<int64_t>& indices, int64_t size, const std::string& dataset);
 

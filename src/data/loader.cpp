@@ -83,6 +83,39 @@ void check_indices(const std::vector<int64_t>& indices, int64_t size, const std:
   }
 }
 
+namespace {
+
+// A data set whose class labels are mapped onto another order (data.remap_classes).
+class Relabelled final : public Dataset {
+ public:
+  Relabelled(std::shared_ptr<const Dataset> inner, std::vector<int64_t> to_model)
+      : inner_(std::move(inner)), to_model_(torch::tensor(to_model, torch::kInt64)) {}
+
+  int64_t size() const override { return inner_->size(); }
+  torch::Tensor input_from_image(const std::vector<uint8_t>& bytes,
+                                 const std::string& path) const override {
+    return inner_->input_from_image(bytes, path);
+  }
+
+ protected:
+  Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const override {
+    Batch b = inner_->get(indices, epoch);
+    b.targets = to_model_.index_select(/*dim=*/0, b.targets.reshape({-1})).view_as(b.targets);
+    return b;
+  }
+
+ private:
+  std::shared_ptr<const Dataset> inner_;
+  torch::Tensor to_model_;  // [K] int64: the model's label of each data label
+};
+
+}  // namespace
+
+std::shared_ptr<const Dataset> with_labels(std::shared_ptr<const Dataset> dataset,
+                                           std::vector<int64_t> to_model) {
+  return std::make_shared<Relabelled>(std::move(dataset), std::move(to_model));
+}
+
 torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
                            const std::string& dataset) {
   check_indices(indices, size, dataset);

@@ -17,6 +17,7 @@
 #include "engine/components.h"
 #include "engine/memory.h"
 #include "engine/op_count.h"
+#include "engine/profiler.h"
 #include "util/device.h"
 #include "util/gpu_monitor.h"
 
@@ -177,6 +178,23 @@ void count_operators(Trainer& trainer, const BenchOptions& options, BenchResult&
   r.host_syncs_per_step = static_cast<double>(count.host_syncs()) / n;
 }
 
+// Runs options.profiled more steps under the Kineto profiler, writing its trace.
+void profile_steps(Trainer& trainer, const BenchOptions& options, BenchResult& r) {
+  if (options.profile_dir.empty() || options.profiled <= 0) return;
+  ProfileOptions p;
+  p.record_shapes = options.profile_shapes;
+  StepProfiler profiler(p, trainer.device());
+  PhaseRanges ranges;
+  synchronize(trainer.device());
+  profiler.start();
+  trainer.run_steps(options.profiled, ranges, options.fixed_batch);
+  synchronize(trainer.device());
+  r.profile_trace = options.profile_dir + "/rank_" + std::to_string(trainer.rank()) + ".trace.json";
+  const auto summary = profiler.stop(r.profile_trace, options.profiled);
+  r.profile_table = summary.table();
+  r.profiled_ops_per_step = summary.top_level_ops;
+}
+
 }  // namespace
 
 const char* phase_name(Phase phase) {
@@ -236,6 +254,7 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
   r.comm_bytes_per_step = static_cast<double>(trainer.communicated_bytes() - communicated) /
                           static_cast<double>(std::max<int64_t>(options.steps, 1));
   count_operators(trainer, options, r);
+  profile_steps(trainer, options, r);
 
   const double samples = static_cast<double>(options.steps * cfg.data.batch_size *
                                              cfg.train.grad_accum_steps * trainer.world_size());

@@ -18,6 +18,10 @@ struct BenchOptions {
   int64_t warmup = 10;       // untimed steps before them
   bool fixed_batch = false;  // every step on the first batch, kept on the device (no loader)
   int64_t counted = 3;       // steps after the timed ones whose operators are counted
+  std::string profile_dir;   // non-empty: `profiled` more steps recorded by Kineto into
+                             // <profile_dir>/rank_<N>.trace.json
+  int64_t profiled = 3;
+  bool profile_shapes = false;  // the profiled operators' input shapes
 };
 
 // Milliseconds per step over the timed steps.
@@ -47,6 +51,9 @@ struct BenchResult {
       ops_by_name;  // phase -> operator -> per step
   double host_syncs_per_step = 0;
   HeldState held;                  // this rank's parameters, gradients and optimizer state
+  std::string profile_trace;       // the Chrome trace written (BenchOptions::profile_dir)
+  std::string profile_table;       // its summary: operators by self time, kernels by time
+  double profiled_ops_per_step = 0;  // top-level ATen operators per profiled step
   double comm_bytes_per_step = 0;  // this rank's collectives' payload per timed step (fsdp:
                                    // all-gathers and reduce-scatters; ddp: the gradients'
                                    // all-reduce, each gradient once; 0 alone under ddp)

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -124,20 +125,30 @@ checkpoint::State Checkpointer::snapshot() const {
   ToJson to_json{out.meta};
   TrainingState counters = state_;
   counters.visit(to_json);
+  const DataPosition here = position_now();
+  out.meta["data_position"] = {{"epoch_samples", state_.step_in_epoch * here.global_batch()},
+                               {"world_size", here.world_size},
+                               {"batch_size", here.batch_size},
+                               {"grad_accum_steps", here.grad_accum_steps}};
   return out;
 }
 
+Checkpointer::DataPosition Checkpointer::position_now() const {
+  const auto& cfg = loaded_.cfg;
+  return {parts_.world_size(), cfg.data.batch_size, cfg.train.grad_accum_steps};
+}
+
 void Checkpointer::restore(const checkpoint::State& ckpt, const std::string& path) {
-  restore_model(ckpt, path);
+  restore_model(ckpt, path, LabelUse::train_and_score);
   restore_tensors(ckpt, path);
   restore_position(ckpt.meta, path);
   resumed_step_ = saved_step_ = state_.step;
   last_ = path;
 }
 
-int64_t Checkpointer::load_model(const std::string& path) {
+int64_t Checkpointer::load_model(const std::string& path, LabelUse labels) {
   const checkpoint::State ckpt = checkpoint::load(path);
-  restore_model(ckpt, path);
+  restore_model(ckpt, path, labels);
   if (!ckpt.meta.contains("step") || !ckpt.meta["step"].is_number_integer()) {
     throw checkpoint::CorruptCheckpoint(path + ": no integer 'step' in its metadata");
   }
@@ -145,7 +156,8 @@ int64_t Checkpointer::load_model(const std::string& path) {
 }
 
 // The metadata's format and config, the model weights and the class names.
-void Checkpointer::restore_model(const checkpoint::State& ckpt, const std::string& path) {
+void Checkpointer::restore_model(const checkpoint::State& ckpt, const std::string& path,
+                                 LabelUse labels) {
   const auto& meta = ckpt.meta;
   if (!meta.is_object() || meta.value("format", 0) != kFormat || !meta.contains("config")) {
     throw checkpoint::CorruptCheckpoint(path + ": not a checkpoint of this trainer version");
@@ -159,10 +171,72 @@ void Checkpointer::restore_model(const checkpoint::State& ckpt, const std::strin
                                              "the checkpoint " + path + " does not fit model " +
                                                  loaded_.cfg.model.name + ": " + problems}});
   }
-  // The names the checkpoint was trained with (older checkpoints have none: the data's stay).
-  if (meta.contains("classes") && meta["classes"].is_array() && !meta["classes"].empty()) {
-    parts_.splits.spec.class_names = meta["classes"].get<std::vector<std::string>>();
+  match_classes(saved_classes(meta, path), path, labels);
+}
+
+std::vector<std::string> Checkpointer::saved_classes(const nlohmann::json& meta,
+                                                     const std::string& path) const {
+  if (!meta.contains("classes")) return {};  // older checkpoints have none
+  const auto& classes = meta["classes"];
+  std::vector<std::string> out;
+  const std::string fix = "; restore the file, or give --config with the data it was trained on";
+  if (!classes.is_array()) {
+    throw checkpoint::CorruptCheckpoint(path + ": its metadata's classes are not a list" + fix);
   }
+  for (const auto& c : classes) {
+    if (!c.is_string()) {
+      throw checkpoint::CorruptCheckpoint(path + ": its metadata's classes hold " + c.dump() +
+                                          ", not a name" + fix);
+    }
+    out.push_back(c.get<std::string>());
+  }
+  const int64_t k = parts_.input.num_classes;
+  if (!out.empty() && !parts_.splits.spec.sequence && static_cast<int64_t>(out.size()) != k) {
+    throw checkpoint::CorruptCheckpoint(strprintf(
+        "%s: its metadata names %zu classes for a model of %" PRId64 " outputs%s", path.c_str(),
+        out.size(), k, fix.c_str()));
+  }
+  return out;
+}
+
+void Checkpointer::match_classes(const std::vector<std::string>& saved, const std::string& path,
+                                 LabelUse labels) {
+  auto& names = parts_.splits.spec.class_names;
+  if (saved.empty() || saved == names) return;
+  // The model predicts the checkpoint's classes; the data's names matter where its labels do.
+  if (names.empty() || labels == LabelUse::none) {
+    names = saved;
+    return;
+  }
+  const auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& n : v) out += (out.empty() ? "" : ", ") + nlohmann::json(n).dump();
+    return "[" + out + "]";
+  };
+  const std::string both = "the data's classes " + list(names) +
+                           " differ from the classes the checkpoint " + path +
+                           " was trained on, " + list(saved);
+  if (!loaded_.cfg.data.remap_classes) {
+    throw config::ConfigError({config::Issue{
+        loaded_.where("data.remap_classes"), "data.remap_classes",
+        both + ": each label would mean another class; use the data it was trained on, or set "
+               "data.remap_classes: true to match the classes by name"}});
+  }
+  std::vector<int64_t> to_saved;  // data label -> checkpoint label
+  for (const auto& n : names) {
+    const auto it = std::find(saved.begin(), saved.end(), n);
+    if (it == saved.end() || saved.size() != names.size()) {
+      throw config::ConfigError({config::Issue{
+          loaded_.where("data.remap_classes"), "data.remap_classes",
+          both + ": matching by name needs the same names, in any order (" +
+              nlohmann::json(n).dump() + " is not among the checkpoint's, or the counts differ)"}});
+    }
+    to_saved.push_back(it - saved.begin());
+  }
+  relabel(parts_, loaded_.cfg, job_, to_saved);
+  names = saved;
+  log::info("data.remap_classes: the data's labels mapped by name onto the checkpoint's " +
+            list(saved));
 }
 
 // The config: what must match, and what changed harmlessly.
@@ -222,13 +296,102 @@ void Checkpointer::restore_tensors(const checkpoint::State& ckpt, const std::str
 void Checkpointer::restore_position(const nlohmann::json& meta, const std::string& path) {
   FromJson from_json{meta, path};
   state_.visit(from_json);
+  const DataPosition now = position_now();
+  const DataPosition then = saved_position(meta, path);
+  if (then.global_batch() != now.global_batch()) {
+    throw config::ConfigError({config::Issue{loaded_.where("data.batch_size"), "data.batch_size",
+                                             position_mismatch(then, now, path)}});
+  }
+  const auto& saved = meta.contains("data_position") ? meta["data_position"] : nlohmann::json();
+  if (saved.is_object() && saved.value("epoch_samples", int64_t{-1}) !=
+                               state_.step_in_epoch * then.global_batch()) {
+    throw checkpoint::CorruptCheckpoint(path + ": its data position (" +
+                                        saved.value("epoch_samples", nlohmann::json()).dump() +
+                                        " samples) disagrees with its step_in_epoch");
+  }
+  // The same global batch takes the same samples per step on any number of ranks (each rank's
+  // shard interleaves the epoch's order), so the step in the epoch carries over.
   if (state_.step_in_epoch > parts_.steps_per_epoch) {
     throw config::ConfigError({config::Issue{
-        loaded_.where("data.batch_size"), "data.batch_size",
-        "the checkpoint " + path + " stopped after step " + std::to_string(state_.step_in_epoch) +
-            " of an epoch, which now has only " + std::to_string(parts_.steps_per_epoch) +
-            " steps; resume with the batch size and data it was written with"}});
+        loaded_.where("data.name"), "data.name",
+        "the checkpoint " + path + " stopped after " +
+            std::to_string(state_.step_in_epoch * then.global_batch()) +
+            " samples of an epoch, which now has only " +
+            std::to_string(parts_.steps_per_epoch * now.global_batch()) +
+            " training samples; resume with the data it was written with"}});
   }
+  if (then.world_size != now.world_size) {
+    log::info(strprintf("resuming a run of %d ranks on %d, at sample %" PRId64 " of epoch %" PRId64
+                        " (the global batch of %" PRId64 " unchanged)",
+                        then.world_size, now.world_size,
+                        state_.step_in_epoch * now.global_batch(), state_.epoch,
+                        now.global_batch()));
+  }
+}
+
+Checkpointer::DataPosition Checkpointer::saved_position(const nlohmann::json& meta,
+                                                        const std::string& path) const {
+  const auto& p = meta.contains("data_position") ? meta["data_position"] : nlohmann::json();
+  if (p.is_object()) {
+    DataPosition out;
+    for (auto [key, field] : {std::pair<const char*, int64_t*>{"batch_size", &out.batch_size},
+                              {"grad_accum_steps", &out.grad_accum_steps}}) {
+      if (!p.contains(key) || !p[key].is_number_integer() || p[key].get<int64_t>() < 1) {
+        throw checkpoint::CorruptCheckpoint(path + ": no positive integer '" + key +
+                                            "' in its data_position");
+      }
+      *field = p[key].get<int64_t>();
+    }
+    if (!p.contains("world_size") || !p["world_size"].is_number_integer() ||
+        p["world_size"].get<int64_t>() < 1) {
+      throw checkpoint::CorruptCheckpoint(path + ": no positive integer 'world_size' in its " +
+                                          "data_position");
+    }
+    out.world_size = static_cast<int>(p["world_size"].get<int64_t>());
+    return out;
+  }
+  // Written before checkpoints recorded the data position: its config's batch settings, and the
+  // ranks of this job (the only resume those versions supported alike).
+  DataPosition out = position_now();
+  const auto& config = meta.at("config");
+  for (auto [key, field] : {std::pair<const char*, int64_t*>{"data.batch_size", &out.batch_size},
+                            {"train.grad_accum_steps", &out.grad_accum_steps}}) {
+    if (config.contains(key) && config[key].is_string()) {
+      try {
+        *field = std::stoll(config[key].get<std::string>());
+      } catch (const std::exception&) {
+        throw checkpoint::CorruptCheckpoint(path + ": its config's " + key + " is not a number");
+      }
+    }
+  }
+  return out;
+}
+
+std::string Checkpointer::position_mismatch(const DataPosition& then, const DataPosition& now,
+                                            const std::string& path) {
+  const auto text = [](const DataPosition& p) {
+    return strprintf("%d rank%s x data.batch_size %" PRId64 " x train.grad_accum_steps %" PRId64
+                     " = %" PRId64 " samples per step",
+                     p.world_size, p.world_size == 1 ? "" : "s", p.batch_size, p.grad_accum_steps,
+                     p.global_batch());
+  };
+  const int64_t want = then.global_batch();
+  std::string fix;
+  if (want % (now.world_size * now.grad_accum_steps) == 0) {
+    fix = strprintf("set data.batch_size to %" PRId64,
+                    want / (now.world_size * now.grad_accum_steps));
+  } else if (want % (now.world_size * now.batch_size) == 0) {
+    fix = strprintf("set train.grad_accum_steps to %" PRId64,
+                    want / (now.world_size * now.batch_size));
+  } else if (want % now.world_size == 0) {
+    fix = strprintf("set data.batch_size to %" PRId64 " and train.grad_accum_steps to 1",
+                    want / now.world_size);
+  } else {
+    fix = strprintf("resume on a number of ranks that divides %" PRId64, want);
+  }
+  return "the checkpoint " + path + " was written by " + text(then) + ", this job has " +
+         text(now) + "; resuming would skip or repeat data: " + fix +
+         " (the same samples per step), or start a new run";
 }
 
 nlohmann::json Checkpointer::write_shards(std::string& error) const {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
@@ -17,6 +18,10 @@ namespace trainer::engine {
 
 // The model weights in a checkpoint the trainer wrote, under their state-dict names.
 checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt);
+
+// Whether the data's labels are used with a checkpoint's model: for training and scoring they
+// must mean the classes the model was trained on; prediction names the model's own.
+enum class LabelUse { train_and_score, none };
 
 // Saves and restores the model, the optimizer's state, the RNGs, the gradient scaler and the
 // TrainingState, keeping run.keep_last checkpoints and the best by run.keep_best. Only rank 0
@@ -37,8 +42,11 @@ class Checkpointer {
 
   // Loads only the model weights (and class names) of the checkpoint file `path` (verified, its
   // config checked as resume() checks it) and returns the step it was written at: for
-  // evaluation, on any number of ranks. Each rank reads the file itself.
-  int64_t load_model(const std::string& path);
+  // evaluation, on any number of ranks. Each rank reads the file itself. With `labels`
+  // train_and_score, the data's class names must be the checkpoint's (data.remap_classes maps
+  // them by name), else config::ConfigError; with none (prediction) the checkpoint's names are
+  // taken.
+  int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score);
 
   // Saves the state of the current step unless it is saved already, with `eval`'s metrics when
   // it was evaluated at this step. A failed save stops the run (throws) unless
@@ -53,10 +61,31 @@ class Checkpointer {
   int64_t resumed_step() const { return resumed_step_; }
 
  private:
+  // How many samples a step takes: the ranks, each rank's batch, the micro-batches.
+  struct DataPosition {
+    int world_size = 1;
+    int64_t batch_size = 1;
+    int64_t grad_accum_steps = 1;
+    int64_t global_batch() const { return world_size * batch_size * grad_accum_steps; }
+  };
+  // This job's, and the one a checkpoint was written with (older checkpoints: its config's batch
+  // settings at this job's world size).
+  DataPosition position_now() const;
+  DataPosition saved_position(const nlohmann::json& meta, const std::string& path) const;
+  // What differs between `then` and `now`, and what to set.
+  static std::string position_mismatch(const DataPosition& then, const DataPosition& now,
+                                       const std::string& path);
+
   checkpoint::State snapshot() const;
   void restore(const checkpoint::State& ckpt, const std::string& path);
   void check_config(const nlohmann::json& saved, const std::string& path) const;
-  void restore_model(const checkpoint::State& ckpt, const std::string& path);
+  void restore_model(const checkpoint::State& ckpt, const std::string& path, LabelUse labels);
+  // The class names in a checkpoint's metadata (none in older ones); CorruptCheckpoint when they
+  // are not a list of names, one per model output.
+  std::vector<std::string> saved_classes(const nlohmann::json& meta, const std::string& path) const;
+  // Checks the data's class names against the checkpoint's `saved` (see load_model).
+  void match_classes(const std::vector<std::string>& saved, const std::string& path,
+                     LabelUse labels);
   void restore_tensors(const checkpoint::State& ckpt, const std::string& path);
   void restore_position(const nlohmann::json& meta, const std::string& path);
   // Rank 0 writes; every rank learns whether it could.

@@ -57,14 +57,8 @@ std::unique_ptr<distributed::Group> make_group(const config::Config& cfg,
   return std::make_unique<distributed::Group>(job, group);
 }
 
-// The splits, this rank's loaders and the run's length in steps.
-void make_data(Components& c, const config::LoadedConfig& loaded, const distributed::DistEnv& job) {
-  const auto& cfg = loaded.cfg;
-  try {
-    c.splits = data::dataset_registry().get(cfg.data.name)(cfg.data, data_context(cfg));
-  } catch (const data::DataConfigError& e) {
-    config_error(loaded, e.key(), e.message());
-  }
+// This rank's loaders over the splits.
+void make_loaders(Components& c, const config::Config& cfg, const distributed::DistEnv& job) {
   data::LoaderOptions train;
   train.batch_size = cfg.data.batch_size;
   train.shuffle = cfg.data.shuffle;
@@ -83,6 +77,17 @@ void make_data(Components& c, const config::LoadedConfig& loaded, const distribu
   val.even = false;  // each validation sample counted once over the ranks
   c.train_loader = std::make_unique<data::Loader>(c.splits.train, train);
   c.val_loader = std::make_unique<data::Loader>(c.splits.val, val);
+}
+
+// The splits, this rank's loaders and the run's length in steps.
+void make_data(Components& c, const config::LoadedConfig& loaded, const distributed::DistEnv& job) {
+  const auto& cfg = loaded.cfg;
+  try {
+    c.splits = data::dataset_registry().get(cfg.data.name)(cfg.data, data_context(cfg));
+  } catch (const data::DataConfigError& e) {
+    config_error(loaded, e.key(), e.message());
+  }
+  make_loaders(c, cfg, job);
   c.steps_per_epoch = c.train_loader->batches_per_epoch() / cfg.train.grad_accum_steps;
   if (c.steps_per_epoch == 0) {
     config_error(loaded, "data.batch_size",
@@ -105,8 +110,9 @@ void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
     config_error(loaded, "model.pretrained", e.what());
   }
   // Hugging Face's layout of the model, where it has one, is converted first.
-  const std::string problems = models::load_weights(
-      *c.model, models::to_trainer_layout(m.name, weights.tensors), m.pretrained_skip_head);
+  const std::string problems =
+      models::load_weights(*c.model, models::to_trainer_layout(m.name, weights.tensors),
+                           m.pretrained_skip_head, models::model_registry().get(m.name).untie_hint);
   if (!problems.empty()) {
     config_error(loaded, "model.pretrained",
                  m.pretrained + " does not fit model " + m.name + ": " + problems +
@@ -247,6 +253,13 @@ void make_training(Components& c, const config::Config& cfg) {
 }
 
 }  // namespace
+
+void relabel(Components& c, const config::Config& cfg, const distributed::DistEnv& job,
+             const std::vector<int64_t>& to_model) {
+  c.splits.train = data::with_labels(c.splits.train, to_model);
+  c.splits.val = data::with_labels(c.splits.val, to_model);
+  make_loaders(c, cfg, job);
+}
 
 c10::ScalarType dtype_named(const std::string& name) {
   return name == "bfloat16" ? c10::kBFloat16 : name == "float16" ? c10::kHalf : c10::kFloat;

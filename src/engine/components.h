@@ -71,6 +71,11 @@ struct Components {
 // their group.
 Components build_components(const config::LoadedConfig& loaded, const distributed::DistEnv& job);
 
+// The splits' class labels mapped through `to_model` (data label -> model label), their loaders
+// built anew: a checkpoint's classes in another order than the data's (data.remap_classes).
+void relabel(Components& c, const config::Config& cfg, const distributed::DistEnv& job,
+             const std::vector<int64_t>& to_model);
+
 // The dtype of a config's name for one: bfloat16, float16, else float32.
 c10::ScalarType dtype_named(const std::string& name);
 

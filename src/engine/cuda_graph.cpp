@@ -31,7 +31,10 @@ class CudaGraph final : public StepGraph {
   void capture(const std::function<void()>& work) override {
     c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeDevice(index_);
     on_side_stream([&] {
-      graph_.capture_begin();
+      // Thread-local capture: the loader's threads may pin memory and copy meanwhile (global mode
+      // would make their CUDA calls invalidate the capture); this thread makes none but the
+      // step's own.
+      graph_.capture_begin(/*pool=*/{0, 0}, cudaStreamCaptureModeThreadLocal);
       work();
       graph_.capture_end();
     });

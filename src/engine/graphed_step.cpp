@@ -47,12 +47,21 @@ GraphedStep::GraphedStep(Components& parts, const config::TrainConfig& train, Tr
   lr_ = torch::zeros({}, torch::TensorOptions().device(parts.device));
 }
 
-StepOutcome GraphedStep::run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
-                             StepObserver* observer) {
+Settled GraphedStep::run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+                         StepObserver* observer) {
   if (state_.step < warmup_ && !captured_) {
-    StepOutcome out;
+    Settled out;
     graph_->warm_up([&] { out = eager_.run(micro_batches, stop_requested, observer); });
     return out;
+  }
+  // The outcomes of the steps before: the learning rate of this one counts their skips.
+  Settled settled;
+  settled.outcomes = settle();
+  for (const auto& o : settled.outcomes) {
+    if (ends_run(o, state_, train_)) {
+      settled.abandoned = true;
+      return settled;
+    }
   }
   if (observer) observer->begin(Phase::forward);
   copy_in(micro_batches);
@@ -65,14 +74,24 @@ StepOutcome GraphedStep::run(const std::vector<data::Batch>& micro_batches, bool
   }
   graph_->replay();
   if (observer) observer->begin(Phase::optimizer);
-  const auto host = read_to_host(flags_);
-  const float* f = host.data_ptr<float>();
-  StepOutcome out{flags_[0]};
-  out.bad_loss = !std::isfinite(f[0]);
-  out.skipped = f[1] != 0.0f;
-  if (out.skipped) ++state_.skipped_steps;
+  if (!state_.window_loss.defined()) state_.window_loss = torch::zeros({}, loss_.options());
+  state_.window_loss.add_(torch::where(bad_.to(torch::kBool), torch::zeros_like(loss_), loss_));
   ++state_.step;
+  flags_.queue(state_.step);
+  return settled;
+}
+
+std::vector<StepOutcome> GraphedStep::settle() {
+  std::vector<StepOutcome> out = eager_.settle();  // the last eager warm-up step's
+  if (flags_.pending()) {
+    out.push_back(flags_.read());
+    count_outcome(out.back(), state_);
+  }
   return out;
+}
+
+const torch::Tensor& GraphedStep::last_loss() const {
+  return captured_ ? loss_ : eager_.last_loss();
 }
 
 void GraphedStep::copy_in(const std::vector<data::Batch>& micro_batches) {
@@ -102,20 +121,20 @@ void GraphedStep::work() {
   const bool clip = train_.clip_grad_norm > 0;
   // The fused kernel divides the gradients by the scale unless clipping needs them unscaled.
   const bool kernel_unscales = p.scaler && !clip;
-  const torch::Tensor found_inf = !p.scaler         ? torch::zeros({}, loss.options())
+  const torch::Tensor found_inf = !p.scaler         ? torch::Tensor()
                                   : kernel_unscales ? p.scaler->check(p.params)
                                                     : p.scaler->unscale(p.params);
   // Skipped on the device: an inf/NaN gradient or loss.
-  const torch::Tensor skip =
-      torch::maximum(found_inf, loss.isfinite().logical_not().to(torch::kFloat));
+  const auto decision = flags_.decide(loss, found_inf, train_.max_bad_steps > 0);
   optim::KernelInputs in;
   in.lr = lr_;
-  in.found_inf = skip;
+  in.found_inf = decision.skip;
   if (clip) optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, in);
   if (kernel_unscales) in.grad_scale = p.scaler->scale_tensor();
   p.optimizer->step(/*lr=*/0.0, in);
   if (p.scaler) p.scaler->update(found_inf);
-  flags_ = torch::stack({loss, skip});
+  loss_ = loss;
+  bad_ = decision.bad;
 }
 
 }  // namespace trainer::engine

@@ -5,8 +5,9 @@
 // optimizer update and scaler update are captured over static batch buffers. Each later step
 // copies its batches into them, sets the learning rate in a device tensor and replays. Whether to
 // skip an update (an inf/NaN loss or gradient) is decided on the device, as the fused kernels'
-// found_inf; one host read per step fetches the loss and that decision. Dropout draws from the
-// default CUDA generator, whose state a CUDA graph advances at each replay.
+// found_inf; the decision reaches the host a step late through pinned memory (StepFlags), before
+// the next replay, whose learning rate counts the skipped steps. Dropout draws from the default
+// CUDA generator, whose state a CUDA graph advances at each replay.
 #pragma once
 
 #include <torch/types.h>
@@ -46,9 +47,12 @@ class GraphedStep final : public Stepper {
 
   // Warm-up steps run eagerly; the first step after them captures, every step replays. The batches
   // must have the shapes of the first replayed step's. `observer` sees the replay as the forward
-  // phase and the host read as the optimizer phase. Synchronises the device (one host read).
-  StepOutcome run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
-                  StepObserver* observer) override;
+  // phase. Reads the previous step's flags from pinned memory (waiting for their copy) before the
+  // replay.
+  Settled run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+              StepObserver* observer) override;
+  std::vector<StepOutcome> settle() override;
+  const torch::Tensor& last_loss() const override;
 
  private:
   // Copies `micro_batches` into the static buffers (made at the first call).
@@ -65,7 +69,8 @@ class GraphedStep final : public Stepper {
   bool captured_ = false;
   std::vector<data::Batch> static_;  // the static batches on the device
   torch::Tensor lr_;                 // float32 learning rate on the device, set before each replay
-  torch::Tensor flags_;              // [loss, skip] written by each replay
+  StepFlags flags_;                  // the skip decision, computed by each replay
+  torch::Tensor loss_, bad_;         // written by each replay: the mean loss, the bad-loss flag
 };
 
 }  // namespace trainer::engine

@@ -81,7 +81,8 @@ class MetricsLog {
   // Around each step: the window's CUDA peak (host bookkeeping only).
   void begin_step();
   void end_step();
-  // A step with a finite loss, into the window.
+  // A step with a finite loss, counted in the window (the step adds its loss to
+  // TrainingState::window_loss on the device).
   void add(const StepOutcome& outcome);
 
   // Writes the train record of the window ending at this step and starts the next window. Throws

@@ -63,21 +63,21 @@ class Run {
   // here (a stop, train.stop_at_step or train.stop_at_top1).
   bool step(const std::vector<data::Batch>& micro_batches) {
     log_.count(micro_batches);
-    const StepOutcome outcome = train(micro_batches);
-    ++s_.state.step_in_epoch;
-    if (outcome.bad_loss) {
-      on_bad_loss();
-    } else {
-      s_.state.bad_steps_in_row = 0;
-      log_.add(outcome);
-    }
+    const Settled settled = train(micro_batches);
+    if (!settled.abandoned) ++s_.state.step_in_epoch;
+    for (const auto& outcome : settled.outcomes) take(outcome);
     const int64_t step = s_.state.step;
-    if (step % cfg_.run.log_every == 0 || step == s_.parts.total_steps) log_.train(s_.state.epoch);
+    const bool log_due = step % cfg_.run.log_every == 0 || step == s_.parts.total_steps;
+    const bool eval_due = cfg_.run.eval_every > 0 && step % cfg_.run.eval_every == 0;
+    const bool checkpoint_due = cfg_.run.checkpoint_every > 0 && step % cfg_.run.checkpoint_every == 0;
+    // What reads the step's outcome waits for its flags; other steps read them a step late.
+    if (log_due || eval_due || checkpoint_due || settled.abandoned || stops_here()) settle();
+    if (log_due) log_.train(s_.state.epoch);
     log_.progress(s_.state.epoch);
-    if (cfg_.run.eval_every > 0 && step % cfg_.run.eval_every == 0) evaluate(s_.state.epoch);
-    if (cfg_.run.checkpoint_every > 0 && step % cfg_.run.checkpoint_every == 0) checkpoint();
+    if (eval_due) evaluate(s_.state.epoch);
+    if (checkpoint_due) checkpoint();
     if (result_.reached_target) return false;
-    return !stops_after(outcome);
+    return !stops_after();
   }
 
   // At an epoch's end (or the run's last step): the evaluation and checkpoint due then.
@@ -114,6 +114,7 @@ class Run {
 
   // The evaluation at the end (unless stopped early) and the last checkpoint.
   FitResult finish() {
+    settle();
     const auto& st = s_.state;
     if (!result_.stopped && cfg_.train.eval_at_end && st.last_eval_step != st.step) {
       evaluate(s_.parts.total_steps > 0 ? (st.step - 1) / s_.parts.steps_per_epoch : 0);
@@ -128,13 +129,13 @@ class Run {
  private:
   // One step, its failures explained: out of memory with the batch settings and the remedies; in
   // a group, any failure with the collective timeout as a possible cause.
-  StepOutcome train(const std::vector<data::Batch>& micro_batches) {
+  Settled train(const std::vector<data::Batch>& micro_batches) {
     const bool stop_requested = stop_ && stop_->load();
     try {
       log_.begin_step();
-      const StepOutcome outcome = s_.step->run(micro_batches, stop_requested, nullptr);
+      Settled settled = s_.step->run(micro_batches, stop_requested, nullptr);
       log_.end_step();
-      return outcome;
+      return settled;
     } catch (const c10::OutOfMemoryError& e) {
       log_.clear();
       throw std::runtime_error(
@@ -150,22 +151,57 @@ class Run {
     }
   }
 
-  // Whether the run stops after this step: a signal (agreed by a group's ranks in the step's
-  // flags; alone, at once) or train.stop_at_step.
-  bool stops_after(const StepOutcome& outcome) {
-    const int64_t step = s_.state.step;
-    const bool stop_here =
-        cfg_.train.stop_at_step > 0 && step == cfg_.train.stop_at_step && steps_left();
-    const bool signalled = s_.parts.agreeing() ? outcome.stop : stop_ && stop_->load();
-    if (!signalled && !stop_here) return false;
+  // The outcomes of the steps still in flight.
+  void settle() {
+    for (const auto& outcome : s_.step->settle()) take(outcome);
+  }
+
+  // A step's outcome as it reaches the host (counted in the state by the stepper): a finite loss
+  // into the metrics window; an inf/NaN one warned about, and ending the run after
+  // train.max_bad_steps in a row; a stop agreed by a group's ranks.
+  void take(const StepOutcome& outcome) {
+    if (outcome.stop) stop_agreed_ = true;
+    if (!outcome.bad_loss) {
+      log_.add(outcome);
+      return;
+    }
+    const auto& st = s_.state;
     log_.clear();
-    log::warn(strprintf("stopping after step %" PRId64 " (%s); resume with --resume auto", step,
-                        stop_here ? "train.stop_at_step" : "signal"));
+    log::warn(strprintf("step %" PRId64 ": the loss is inf/NaN; update skipped (%" PRId64
+                        " in a row, train.max_bad_steps %" PRId64 ")",
+                        outcome.step, st.bad_steps_in_row, cfg_.train.max_bad_steps));
+    if (st.bad_steps_in_row < cfg_.train.max_bad_steps) return;
+    settle();
+    checkpoint();
+    throw std::runtime_error(strprintf(
+        "the training loss was inf/NaN in %" PRId64 " steps in a row, steps %" PRId64 " to %" PRId64
+        "; the model is as after step %" PRId64
+        ", saved in %s; lower optim.lr, set train.clip_grad_norm, or use amp.dtype bfloat16",
+        st.bad_steps_in_row, outcome.step - st.bad_steps_in_row + 1, outcome.step,
+        outcome.step - st.bad_steps_in_row, s_.checkpointer.last().c_str()));
+  }
+
+  // Whether train.stop_at_step ends the run at this step.
+  bool stops_here() const {
+    return cfg_.train.stop_at_step > 0 && s_.state.step == cfg_.train.stop_at_step && steps_left();
+  }
+
+  // Whether the run stops after this step: a signal (agreed by a group's ranks in the steps'
+  // flags; alone, at once) or train.stop_at_step.
+  bool stops_after() {
+    const bool stop_here = stops_here();
+    const bool signalled = s_.parts.agreeing() ? stop_agreed_ : stop_ && stop_->load();
+    if (!signalled && !stop_here) return false;
+    settle();
+    log_.clear();
+    log::warn(strprintf("stopping after step %" PRId64 " (%s); resume with --resume auto",
+                        s_.state.step, stop_here ? "train.stop_at_step" : "signal"));
     result_.stopped = true;
     return true;
   }
 
   void evaluate(int64_t epoch) {
+    settle();
     log_.clear();
     last_eval_ = result_.last_eval = engine::evaluate(s_.parts, s_.state.bad_samples);
     s_.state.last_eval_step = s_.state.step;
@@ -179,25 +215,9 @@ class Run {
     }
   }
 
-  void checkpoint() { s_.checkpointer.save(last_eval_); }
-
-  // A step whose loss was inf/NaN was skipped; too many in a row end the run with a checkpoint.
-  void on_bad_loss() {
-    auto& st = s_.state;
-    ++st.bad_steps_in_row;
-    log_.clear();
-    log::warn(strprintf("step %" PRId64 " epoch %" PRId64
-                        ": the loss is inf/NaN; update skipped (%" PRId64
-                        " in a row, train.max_bad_steps %" PRId64 ")",
-                        st.step, st.epoch, st.bad_steps_in_row, cfg_.train.max_bad_steps));
-    if (st.bad_steps_in_row < cfg_.train.max_bad_steps) return;
-    checkpoint();
-    throw std::runtime_error(strprintf(
-        "the training loss was inf/NaN in %" PRId64 " steps in a row, steps %" PRId64 " to %" PRId64
-        "; the model is as after step %" PRId64
-        ", saved in %s; lower optim.lr, set train.clip_grad_norm, or use amp.dtype bfloat16",
-        st.bad_steps_in_row, st.step - st.bad_steps_in_row + 1, st.step,
-        st.step - st.bad_steps_in_row, s_.checkpointer.last().c_str()));
+  void checkpoint() {
+    settle();
+    s_.checkpointer.save(last_eval_);
   }
 
   Trainer::State& s_;
@@ -206,6 +226,7 @@ class Run {
   MetricsLog log_;
   FitResult result_;
   EvalResult last_eval_;  // the latest evaluation, for the checkpoint of its step
+  bool stop_agreed_ = false;  // a group's ranks agreed to stop (a step's flags)
 };
 
 }  // namespace
@@ -247,10 +268,11 @@ void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch)
       }
     }
     const auto& micro = fixed_batch ? fixed : batches.next();
-    const auto outcome = s_->step->run(micro, /*stop_requested=*/false, &observer);
+    s_->step->run(micro, /*stop_requested=*/false, &observer);
     ++s_->state.step_in_epoch;
-    observer.end_step(outcome.loss);
+    observer.end_step(s_->step->last_loss());
   }
+  s_->step->settle();
 }
 
 std::string Trainer::summary() const {

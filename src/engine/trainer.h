@@ -61,9 +61,10 @@ class Trainer {
   // order.
   bool resume(const std::string& spec);
 
-  // Loads the model weights of a checkpoint file for evaluation (Checkpointer::load_model) and
-  // returns its step. Every rank must call this.
-  int64_t load_model(const std::string& path);
+  // Loads the model weights of a checkpoint file for evaluation or prediction
+  // (Checkpointer::load_model, which checks the data's classes when `labels` says they are used)
+  // and returns its step. Every rank must call this.
+  int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score);
 
   // Trains to the end (or until *stop becomes true, or train.stop_at_step), evaluating, logging
   // and checkpointing as configured; a stop writes a checkpoint first. Writes

@@ -53,8 +53,8 @@ distributed::Group* Trainer::group() const {
   return s_->parts.group.get();
 }
 
-int64_t Trainer::load_model(const std::string& path) {
-  return s_->state.step = s_->checkpointer.load_model(path);
+int64_t Trainer::load_model(const std::string& path, LabelUse labels) {
+  return s_->state.step = s_->checkpointer.load_model(path, labels);
 }
 
 namespace {

@@ -2,52 +2,138 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "losses/xent_kernel.h"
+
+#ifdef TRAINER_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace trainer::losses {
 namespace {
+
+#ifdef TRAINER_WITH_CUDA
+bool gpu_kernel_built() {
+  return true;
+}
+
+void launch_on_current_stream(const XentArgs& a, torch::Device device) {
+  const auto stream = c10::cuda::getCurrentCUDAStream(device.index());
+  const std::string error = launch_softmax_xent(a, stream.stream());
+  if (!error.empty()) throw std::runtime_error("cross_entropy: the CUDA kernel failed: " + error);
+}
+#else
+bool gpu_kernel_built() {
+  return false;
+}
+
+void launch_on_current_stream(const XentArgs& /*a*/, torch::Device /*device*/) {
+  throw std::logic_error("cross_entropy: built without the CUDA kernel");
+}
+#endif
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Mean softmax cross-entropy with label smoothing over logits [N, K] and int64 targets [N], in
-// float32 at least. It keeps only the softmax for backward and turns it into the gradient in
-// place: one [N, K] tensor alive in backward where log_softmax + nll_loss hold three, which is
-// what bounds the memory of language models with large vocabularies.
+// Mean softmax cross-entropy with label smoothing over logits [N, K] and int64 targets [N]. In
+// training its forward computes each row's gradient along with its loss and writes it over the
+// logits (their own memory: nothing reads logits after the loss), so backward only scales it by
+// the incoming gradient: the one [N, K] tensor alive in backward is the logits', in their dtype,
+// where log_softmax + nll_loss over a float32 copy hold three float32 ones; that bounds the memory
+// of language models with large vocabularies. On a GPU one fused kernel (losses/xent_cuda.cu)
+// reads each logit twice and writes it once; on the CPU blocks of rows go through float32.
 class SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntropy> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets, double smoothing) {
-    const bool upcast =
-        logits.scalar_type() != torch::kDouble && logits.scalar_type() != torch::kFloat;
-    const auto x = upcast ? logits.to(torch::kFloat) : logits;
-    const auto lse = x.logsumexp(/*dim=*/1, /*keepdim=*/true);    // [N, 1]
-    auto loss = lse - x.gather(/*dim=*/1, targets.unsqueeze(1));  // [N, 1]
-    if (smoothing > 0.0) loss = (1.0 - smoothing) * loss + smoothing * (lse - x.mean(1, true));
-    auto probs = (x - lse).exp_();  // [N, K] softmax
-    ctx->save_for_backward({probs, targets});
-    ctx->saved_data["smoothing"] = smoothing;
-    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
-    return loss.mean();
+    const bool training = logits.requires_grad();
+    // Written in place: the logits' own memory when contiguous and produced by the model (a leaf,
+    // or a view of one, is the caller's tensor and is copied).
+    const bool own = !logits.is_leaf() && !(logits.is_view() && logits._base().is_leaf());
+    auto x = logits.is_contiguous() && own ? logits : logits.contiguous().clone();  // [N, K]
+    const auto t = targets.to(x.device(), torch::kLong).contiguous();  // [N]
+    auto row_loss = x.is_cuda() && gpu_kernel_built()
+                        ? rows_on_gpu(x, t, smoothing, training)
+                        : rows_on_cpu(x, t, smoothing, training);  // [N] float32
+    if (training) ctx->save_for_backward({x});
+    return row_loss.mean();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    auto grad = saved[0];  // the softmax, overwritten: backward runs once
-    const auto& targets = saved[1];
-    const double smoothing = ctx->saved_data["smoothing"].toDouble();
-    const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
-    const int64_t n = grad.size(0), k = grad.size(1);
-    // d mean / d x = (softmax - (1 - s) onehot - s / K) / N, times the incoming gradient.
-    grad.scatter_add_(/*dim=*/1, targets.unsqueeze(1),
-                      torch::full({n, 1}, -(1.0 - smoothing), grad.options()));
-    if (smoothing > 0.0) grad.sub_(smoothing / static_cast<double>(k));
-    grad.mul_(grad_outputs[0] / static_cast<double>(n));
-    return {grad.scalar_type() == dtype ? grad : grad.to(dtype), torch::Tensor(), torch::Tensor()};
+    auto grad = ctx->get_saved_variables()[0];  // the rows' gradients, scaled once: backward runs once
+    const auto n = static_cast<double>(grad.size(0));
+    grad.mul_(grad_outputs[0] / n);
+    return {grad, torch::Tensor(), torch::Tensor()};
   }
+
+ private:
+  // Rows of float32 at a time: about 64 MiB of them.
+  static torch::Tensor rows_on_cpu(torch::Tensor& x, const torch::Tensor& t, double smoothing,
+                                   bool training) {
+    const int64_t n = x.size(0), k = x.size(1);
+    const int64_t block = std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(k, 1));
+    auto row_loss = torch::empty(
+        {n}, x.options().dtype(x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat));
+    for (int64_t r = 0; r < n; r += block) {
+      const int64_t e = std::min(n, r + block);
+      auto rows = x.slice(/*dim=*/0, r, e);                           // [b, K]
+      const auto tt = t.slice(/*dim=*/0, r, e).unsqueeze(1);           // [b, 1]
+      const auto f = rows.scalar_type() == torch::kDouble ? rows : rows.to(torch::kFloat);
+      const auto lse = f.logsumexp(/*dim=*/1, /*keepdim=*/true);      // [b, 1]
+      auto loss = lse - f.gather(/*dim=*/1, tt);                      // [b, 1]
+      if (smoothing > 0.0) loss = (1.0 - smoothing) * loss + smoothing * (lse - f.mean(1, true));
+      row_loss.slice(/*dim=*/0, r, e).copy_(loss.squeeze(1));
+      if (!training) continue;
+      auto g = (f - lse).exp_();  // [b, K] softmax
+      g.scatter_add_(/*dim=*/1, tt, torch::full({e - r, 1}, -(1.0 - smoothing), g.options()));
+      if (smoothing > 0.0) g.sub_(smoothing / static_cast<double>(k));
+      rows.copy_(g);
+    }
+    return row_loss;
+  }
+
+  static torch::Tensor rows_on_gpu(torch::Tensor& x, const torch::Tensor& t, double smoothing,
+                                   bool training);
 };
 
-// From this many classes on, the memory-lean cross-entropy above; below, ATen's own
+// On the CPU, from this many classes on, the memory-lean cross-entropy above; below, ATen's own
 // (cross_entropy_loss: one operator forward, two backward), whose extra [N, K] tensor is small.
+// On a GPU the fused kernel always: it moves a sixth of the bytes.
 constexpr int64_t kLeanFromClasses = 8192;
+
+torch::Tensor SoftmaxCrossEntropy::rows_on_gpu(torch::Tensor& x, const torch::Tensor& t,
+                                               double smoothing, bool training) {
+  auto row_loss = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat));
+  XentArgs a;
+  a.logits = x.data_ptr();
+  a.grad = training ? x.data_ptr() : nullptr;
+  a.targets = t.data_ptr<int64_t>();
+  a.row_loss = row_loss.data_ptr<float>();
+  a.rows = x.size(0);
+  a.cols = x.size(1);
+  a.row_stride = x.stride(0);
+  a.smoothing = static_cast<float>(smoothing);
+  switch (x.scalar_type()) {
+    case torch::kFloat:
+      a.dtype = XentDtype::float32;
+      break;
+    case torch::kBFloat16:
+      a.dtype = XentDtype::bfloat16;
+      break;
+    case torch::kHalf:
+      a.dtype = XentDtype::float16;
+      break;
+    default:
+      throw std::invalid_argument("cross_entropy: logits of dtype " +
+                                  std::string(c10::toString(x.scalar_type())) +
+                                  " on a GPU; float32, bfloat16 or float16 expected");
+  }
+  launch_on_current_stream(a, x.device());
+  return row_loss;
+}
 
 }  // namespace
 
@@ -61,7 +147,9 @@ const LossRegistry& loss_registry() {
         const bool flat = targets.dim() == 1;
         const auto t = flat ? targets : targets.flatten();                      // [N]
         auto x = flat ? logits : logits.reshape({t.size(0), logits.size(-1)});  // [N, K]
-        if (x.size(1) >= kLeanFromClasses) return SoftmaxCrossEntropy::apply(x, t, smoothing);
+        if ((x.is_cuda() && gpu_kernel_built()) || x.size(1) >= kLeanFromClasses) {
+          return SoftmaxCrossEntropy::apply(x, t, smoothing);
+        }
         // In float32 at least, as autocast runs cross_entropy.
         if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kDouble) {
           x = x.to(torch::kFloat);

@@ -147,6 +147,14 @@ class Sgd final : public Optimizer {
     }
     std::vector<size_t> fresh, stepped;
     for (size_t i : members) (buffers_[i].defined() ? stepped : fresh).push_back(i);
+    if (device.found_inf.defined()) {
+      // The device may skip this step: a zero buffer stepped as any other starts from the
+      // gradient as is_first_step does (dampening 0) and stays zero when the step is skipped.
+      for (size_t i : fresh) buffers_[i] = torch::zeros_like(params_[i]);
+      stepped.insert(stepped.end(), fresh.begin(), fresh.end());
+      std::sort(stepped.begin(), stepped.end());
+      fresh.clear();
+    }
     for (size_t i : fresh) buffers_[i] = torch::empty_like(params_[i]);
     if (!fresh.empty()) {
       fused_call(fresh, pick(buffers_, fresh), weight_decay, lr, /*first=*/true, device);
