@@ -10,7 +10,8 @@
 #
 # PREFIX then holds everything the runtime stage copies, and nothing that points back to the
 # build machine:
-#   bin/trainer                      RUNPATH $ORIGIN/../lib/torch/lib
+#   bin/trainer                      RUNPATH $ORIGIN/../lib/torch/lib (and the wheel's CUDA
+#                                    runtime's folder, lib/nvidia/<cu13>/lib, when it has one)
 #   lib/torch/lib/                   LibTorch's libraries (the torch wheel's, without the Python
 #                                    bindings; or the lib folder of an official LibTorch zip)
 #   lib/nvidia/*/lib/                the wheel's CUDA libraries (cuBLAS, cuDNN, NCCL, ...), where
@@ -80,12 +81,20 @@ stage() {
       copy_libs "$d" "$prefix/lib/nvidia/$(basename "$(dirname "$d")")/lib"
     done
   fi
-  # The build's RUNPATH names the build machine's LibTorch; the staged binary finds its own.
-  local script
+  # The build's RUNPATH names the build machine's LibTorch; the staged binary finds its own, and
+  # the CUDA runtime its kernels launch through (the wheel's, beside LibTorch's other CUDA
+  # libraries).
+  # shellcheck disable=SC2016  # $ORIGIN is the dynamic loader's, not the shell's
+  local script runpath='$ORIGIN/../lib/torch/lib'
+  for d in "$prefix"/lib/nvidia/*/lib; do
+    if compgen -G "$d/libcudart.so*" >/dev/null; then
+      runpath+=":\$ORIGIN/../lib/nvidia/$(basename "$(dirname "$d")")/lib"
+    fi
+  done
   script=$(mktemp)
   # shellcheck disable=SC2016  # CMake's variables, not the shell's
   printf 'file(RPATH_SET FILE "${FILE}" NEW_RPATH "${RUNPATH}")\n' > "$script"
-  cmake -DFILE="$prefix/bin/trainer" "-DRUNPATH=\$ORIGIN/../lib/torch/lib" -P "$script" >/dev/null
+  cmake -DFILE="$prefix/bin/trainer" "-DRUNPATH=$runpath" -P "$script" >/dev/null
   rm -f "$script"
   cp "$ROOT"/configs/*.yaml "$prefix/configs/"
   cp "$ROOT/docker/healthcheck.yaml" "$prefix/share/trainer/healthcheck.yaml"

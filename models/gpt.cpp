@@ -13,6 +13,7 @@
 #include <string>
 
 #include "models/builtin.h"
+#include "nn/aligned_linear.h"
 
 namespace trainer::models {
 namespace {
@@ -219,7 +220,8 @@ class GptHeadImpl : public torch::nn::Module {
     this->weight = register_parameter("weight", std::move(weight));
   }
 
-  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight); }
+  // x [..., C] -> [..., vocab], rows 64-element aligned (nn/aligned_linear.h).
+  torch::Tensor forward(const torch::Tensor& x) { return nn::aligned_linear(x, weight); }
 
   void pretty_print(std::ostream& stream) const override {
     stream << "Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0)

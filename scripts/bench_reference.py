@@ -54,7 +54,8 @@ flops_per_step: torch.utils.flop_counter.FlopCounterMode over one forward of one
 and times grad_accum_steps; the CPU's attention kernel (_scaled_dot_product_flash_attention_for_cpu,
 which FlopCounterMode has no formula for) is counted with its SDPA formula (4*B*H*L*S*E).
 peak_tflops: best of 5 timed n x n matmuls after 2 untimed (n = 8192 on CUDA, 1024 on the CPU) in
-the amp dtype or float32. --compile runs torch.compile(model) (impl "pytorch-compile"); the
+the amp dtype or float32. --compile runs torch.compile(model) (impl "pytorch-compile"; the mode
+from --compile-mode, default torch.compile's default); the
 compilation happens in the first step, which is a warm-up step when --warmup > 0.
 --fixed-batch trains every step on the first batch (grad_accum_steps batches), moved to the device
 once, as `trainer bench --fixed-batch`: the step's speed without the data loader.
@@ -472,6 +473,9 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile's mode with --compile: default, reduce-overhead, "
+                         "max-autotune, max-autotune-no-cudagraphs")
     ap.add_argument("--fixed-batch", action="store_true")
     ap.add_argument("--profile", metavar="DIR",
                     help="after the timed steps, record 3 more with torch.profiler into "
@@ -559,7 +563,7 @@ def main():
             find_unused_parameters=cfg["dist"]["find_unused_parameters"],
             broadcast_buffers=cfg["dist"]["broadcast_buffers"])
     if args.compile:
-        net = torch.compile(net)
+        net = torch.compile(net, mode=None if args.compile_mode == "default" else args.compile_mode)
     optimizer = make_optimizer(cfg, model)
 
     amp_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[a["dtype"]]
@@ -665,6 +669,7 @@ def main():
     tflops = flops / mean_s / 1e12
     result = {
         "impl": "pytorch-compile" if args.compile else "pytorch",
+        "compile_mode": args.compile_mode if args.compile else None,
         "config": args.config,
         "model": m["name"],
         "data": d["name"],

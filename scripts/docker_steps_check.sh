@@ -85,11 +85,19 @@ if ((${#missing[@]})); then
 else
   pass "runtime-packages: $(tr '\n' ' ' < "$PREFIX/share/trainer/runtime-packages")"
 fi
+# LibTorch's folder, and the folder of the wheel's CUDA runtime where the torch wheel has one.
 # shellcheck disable=SC2016  # $ORIGIN is the dynamic loader's, not the shell's
-expected='runpath: [$ORIGIN/../lib/torch/lib]'
+expected='runpath: [$ORIGIN/../lib/torch/lib'
+for d in "$PREFIX"/lib/nvidia/*/lib; do
+  if compgen -G "$d/libcudart.so*" >/dev/null; then
+    # shellcheck disable=SC2016
+    expected+=':$ORIGIN/../lib/nvidia/'"$(basename "$(dirname "$d")")"'/lib'
+  fi
+done
+expected+=']'
 if runpath=$(readelf -d "$PREFIX/bin/trainer" | grep -o 'runpath: \[.*\]') &&
    [[ "$runpath" == "$expected" ]]; then
-  pass "RUNPATH \$ORIGIN/../lib/torch/lib"
+  pass "RUNPATH ${expected#runpath: }"
 else
   fail "RUNPATH of the staged binary: ${runpath:-none}"
 fi

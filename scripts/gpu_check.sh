@@ -331,6 +331,8 @@ c_fail=$(grep -cE '\*\*\*(Failed|Timeout|Exception)|Not Run' "$WORK/ctest.log" |
 CTEST="ctest -L gpu: $c_pass passed, $c_skip skipped, $c_fail failed (${CTEST_S}s)"
 say "$CTEST"
 grep -E '\*\*\*(Failed|Timeout|Exception)' "$WORK/ctest.log" | tee -a "$LOG" >&2 || true
+# The failed tests' names, for the table.
+sed -n 's/^ *[0-9]* - \([^ ]*\) (.*$/ctest:\1/p' "$WORK/ctest.log" | sort -u > "$WORK/ctest_failed.txt" || true
 
 # --- the server against its specification: doctor --perf --quick (about 30 s) -------------------
 say "doctor --perf --quick"
@@ -348,21 +350,27 @@ GPT_TINY=(model.n_layer=2 model.n_head=2 model.n_embd=64 model.block_size=64 mod
           run.threads=2)
 # case | config | warmup | steps | expected seconds per run on an H200 | implementations | --set...
 # (scripts/bench_reference.py has no activation checkpointing: gpt2_ckpt runs the trainer alone.)
+# In priority order: a case that would not finish within the budget is skipped and marked.
 CASES=(
   "r50_bf16_b256|gpu_resnet50.yaml|8|25|25|trainer pytorch"
-  "gpt2_bf16|gpu_gpt2.yaml|5|20|25|trainer pytorch"
-  "gpt2_ckpt|gpu_gpt2.yaml|5|20|25|trainer|model.checkpointing=blocks"
-  "ddp_ws1|gpu_resnet50.yaml|8|25|30|launch"
-  "ddp_ws1_reducer|gpu_resnet50.yaml|8|25|30|launch|dist.reducer_at_world_size_1=true"
-  "r50_fp16_b256|gpu_resnet50.yaml|8|25|25|trainer pytorch|amp.dtype=float16"
   "r50_bf16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|data.batch_size=32"
   "r50_bf16_b32_graph|gpu_resnet50.yaml|10|50|15|trainer|data.batch_size=32|train.cuda_graph=true"
+  "gpt2_bf16|gpu_gpt2.yaml|5|20|25|trainer pytorch"
+  "gpt2_bf16_graph|gpu_gpt2.yaml|5|20|25|trainer|train.cuda_graph=true"
+  "graph_losses|gpu_resnet50.yaml|0|100|30|losses|data.batch_size=32|deterministic=true|run.checkpoint_every=25"
+  "r50_bf16_b32_compile|gpu_resnet50.yaml|10|50|90|compile|data.batch_size=32"
+  "gpt2_bf16_compile|gpu_gpt2.yaml|5|20|90|compile"
+  "r50_bf16_b256_compile|gpu_resnet50.yaml|8|25|90|compile"
+  "gpt2_ckpt|gpu_gpt2.yaml|5|20|25|trainer|model.checkpointing=blocks"
+  "ddp_ws1|gpu_resnet50.yaml|8|25|30|launch"
+  "r50_fp16_b256|gpu_resnet50.yaml|8|25|25|trainer pytorch|amp.dtype=float16"
   "r50_bf16_b32_loop|gpu_resnet50.yaml|10|50|15|trainer|data.batch_size=32|optim.impl=loop"
-  "graph_losses|gpu_resnet50.yaml|0|100|30|losses|data.batch_size=32"
   "gpt2_fsdp|gpu_gpt2.yaml|5|20|30|launch_all|dist.strategy=fsdp"
   "gpt2_fsdp_ddp|gpu_gpt2.yaml|5|20|30|launch_all"
-  "fsdp_losses|gpu_gpt2.yaml|0|50|60|fsdp_losses|data.batch_size=8"
-  "gpt2_bf16_graph|gpu_gpt2.yaml|5|20|25|trainer|train.cuda_graph=true"
+  "fsdp_losses|gpu_gpt2.yaml|0|50|60|fsdp_losses|data.batch_size=8|deterministic=true|dist.fsdp_param_dtype=float32"
+  "r50_bf16_b32_autotune|gpu_resnet50.yaml|10|50|240|autotune|data.batch_size=32"
+  "gpt2_bf16_autotune|gpu_gpt2.yaml|5|20|240|autotune"
+  "ddp_ws1_reducer|gpu_resnet50.yaml|8|25|30|launch|dist.reducer_at_world_size_1=true"
   "gpt2_bf16_loop|gpu_gpt2.yaml|5|20|25|trainer|optim.impl=loop"
   "r50_bf16_b256_loop|gpu_resnet50.yaml|8|25|25|trainer|optim.impl=loop"
   "r50_fp16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|amp.dtype=float16|data.batch_size=32"
@@ -402,7 +410,10 @@ run_bench() {
     launch_all) cmd=("$TRAINER" launch --standalone --nproc-per-node "$GPUS" -- bench) ;;
     trainer) cmd=("$TRAINER" bench) ;;
     launch) cmd=("$TRAINER" launch --standalone --nproc-per-node 1 -- bench) ;;
-    pytorch) cmd=("$PY" "$ROOT/scripts/bench_reference.py")
+    pytorch | compile | autotune)
+             cmd=("$PY" "$ROOT/scripts/bench_reference.py")
+             [[ $impl == compile ]] && cmd+=(--compile)
+             [[ $impl == autotune ]] && cmd+=(--compile --compile-mode max-autotune-no-cudagraphs)
              for s in "${REF_SETS[@]}"; do
                sets+=(--set "$s")
                echo "--set $s (/dev/shm: ${SHM_MB:-none} MB free)" >> "$base.note"
@@ -436,14 +447,15 @@ two_curves() {
   local run=("$TRAINER")
   [[ $nproc == 0 ]] || run=("$TRAINER" launch --standalone --nproc-per-node "$nproc" --)
   for mode in $modes; do
-    (cd "$ROOT" && timeout -k 10 "$limit" "${run[@]}" --config "$config" "$@" \
+    (cd "$ROOT" && timeout -k 10 "$limit" "${run[@]}" --config "$config" \
       --set train.max_steps="$steps" --set run.log_every=1 --set run.eval_every=0 \
-      --set train.eval_at_end=false --set run.checkpoint_every=1000000 \
+      --set train.eval_at_end=false --set run.checkpoint_every=1000000 "$@" \
       --set "$key=$mode" --run-dir "$base.$mode") >> "$base.log" 2>&1 || rc=$?
   done
   echo "$rc $((SECONDS - t0))" > "$base.status"
   # The logs come back small: the runs' metrics and logs, not their checkpoints.
   for mode in $modes; do rm -rf "$base.$mode/checkpoints" "$base.$mode/tb"; done
+  # shellcheck disable=SC2086  # the two modes, as two arguments
   "$PY" - "$base" "$steps" $modes > "$base.json" 2>> "$base.log" <<'CURVES' || echo "1 $((SECONDS - t0))" > "$base.status"
 import json, sys
 base, steps, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -490,7 +502,7 @@ for c in "${CASES[@]}"; do
     esac
   fi
   for impl in "${impls[@]}"; do
-    [[ $impl != pytorch || $REF == 1 ]] || continue
+    [[ ( $impl != pytorch && $impl != compile && $impl != autotune ) || $REF == 1 ]] || continue
     run_bench "$name" "$impl" "$config" "$warmup" "$steps" "$expect" "${sets[@]}"
   done
 done
@@ -509,10 +521,11 @@ HEADER="GPU check$MODE: $(tv device), torch $TORCH_VERSION (CUDA $(tv cuda)), $(
 import json, os, sys
 
 bench, out, header = sys.argv[1:4]
-order = ["r50_bf16_b256", "r50_bf16_b256_loop", "r50_fp16_b256", "r50_bf16_b32",
-         "r50_bf16_b32_graph", "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph",
-         "gpt2_bf16_loop", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer", "graph_losses",
-         "gpt2_fsdp", "gpt2_fsdp_ddp", "fsdp_losses"]
+order = ["r50_bf16_b256", "r50_bf16_b256_compile", "r50_bf16_b256_loop", "r50_fp16_b256",
+         "r50_bf16_b32", "r50_bf16_b32_graph", "r50_bf16_b32_compile", "r50_bf16_b32_autotune",
+         "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph", "gpt2_bf16_compile",
+         "gpt2_bf16_autotune", "gpt2_bf16_loop", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer",
+         "graph_losses", "gpt2_fsdp", "gpt2_fsdp_ddp", "fsdp_losses"]
 runs = {}
 for f in sorted(os.listdir(bench)):
     if not f.endswith(".status"):
@@ -547,30 +560,54 @@ def num(v, fmt):
     return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
 print(header)
-cols = "%-18s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s %7s %5s"
+cols = "%-22s %-8s %-9s %10s %10s %9s %9s %8s %6s %6s %8s %8s %7s %5s"
 print(cols % ("case", "impl", "precision", "samples/s", "tokens/s", "step p50", "step p90",
-              "peak MB", "TFLOPS", "MFU", "vs torch", "ops", "syncs"))
+              "peak MB", "TFLOPS", "MFU", "vs torch", "vs best", "ops", "syncs"))
+
+def base_of(case):
+    for tail in ("_graph", "_compile", "_autotune", "_loop"):
+        if case.endswith(tail):
+            return case[: -len(tail)]
+    return case
+
+def sps(case, impl):
+    return get(runs.get((case, impl)), "samples_per_sec")
+
+def best_pytorch(case):
+    # PyTorch's fastest measured path for the case: eager, torch.compile, max-autotune.
+    b = base_of(case)
+    found = [(sps(b, "pytorch"), "eager"), (sps(b + "_compile", "compile"), "compile"),
+             (sps(b + "_autotune", "autotune"), "autotune")]
+    found = [f for f in found if f[0]]
+    return max(found) if found else (None, None)
+
 for case in order + sorted({k[0] for k in runs} - set(order)):
     if case in ("graph_losses", "fsdp_losses", "doctor_perf"):
         continue
-    for impl in ("trainer", "launch", "pytorch"):
+    for impl in ("trainer", "launch", "launch_all", "pytorch", "compile", "autotune"):
         r = runs.get((case, impl))
         if r is None:
             continue
         if "result" not in r:
-            print("%-15s %-8s %s" % (case, impl, r["status"]))
+            print("%-22s %-8s %s" % (case, impl, r["status"]))
             continue
-        ref = runs.get((case, "pytorch")) or runs.get((case.rsplit("_", 1)[0], "pytorch"))
-        ratio = ""
-        if impl != "pytorch" and get(ref, "samples_per_sec") and get(r, "samples_per_sec"):
-            ratio = "%.2fx" % (get(r, "samples_per_sec") / get(ref, "samples_per_sec"))
+        eager = sps(base_of(case), "pytorch")
+        ratio = best = ""
+        if impl not in ("pytorch", "compile", "autotune") and get(r, "samples_per_sec"):
+            if eager:
+                ratio = "%.2fx" % (get(r, "samples_per_sec") / eager)
+            b, which = best_pytorch(case)
+            if b:
+                best = "%.2fx" % (get(r, "samples_per_sec") / b) + ("" if which == "eager" else which[0])
         print(cols % (case, impl, get(r, "precision") or "-", num(get(r, "samples_per_sec"), ".1f"),
                       num(get(r, "tokens_per_sec"), ".0f"), num(get(r, "step_time_ms", "p50"), ".1f"),
                       num(get(r, "step_time_ms", "p90"), ".1f"), num(get(r, "peak_memory_mb"), ".0f"),
-                      num(get(r, "tflops"), ".3g"), num(get(r, "mfu"), ".2f"), ratio,
+                      num(get(r, "tflops"), ".3g"), num(get(r, "mfu"), ".2f"), ratio, best,
                       num(get(r, "ops_per_step", "total"), ".0f"),
                       num(get(r, "host_syncs_per_step"), ".1f"))
               + ("  [%s]" % r["note"] if "note" in r else ""))
+print("vs best: against PyTorch's fastest path measured here (suffix c: torch.compile, a: "
+      "max-autotune-no-cudagraphs; none: eager)")
 
 perf = runs.get(("doctor_perf", "trainer"))
 for row in (get(perf, "rows") or []):
@@ -640,6 +677,16 @@ for impl in ("trainer", "pytorch"):
              pct(get(b, "peak_memory_mb"), get(a, "peak_memory_mb")),
              num(get(a, "step_time_ms", "p50"), ".1f"), num(get(b, "step_time_ms", "p50"), ".1f"),
              pct(get(b, "step_time_ms", "p50"), get(a, "step_time_ms", "p50"))))
+
+failed = ["%s/%s (%s)" % (k[0], k[1], r["status"]) for k, r in sorted(runs.items())
+          if not r["status"].startswith(("ok", "skipped")) or
+          (isinstance(r.get("result"), dict) and "error" in r["result"])]
+skipped = ["%s/%s" % k for k, r in sorted(runs.items()) if r["status"].startswith("skipped")]
+ctest_failed = open(os.path.join(os.path.dirname(bench), "ctest_failed.txt")).read().split() \
+    if os.path.exists(os.path.join(os.path.dirname(bench), "ctest_failed.txt")) else []
+print("FAILED: " + (", ".join(ctest_failed + failed) if ctest_failed or failed else "none"))
+if skipped:
+    print("skipped (time budget): " + ", ".join(skipped))
 PYEOF
 echo >&2
 cat "$OUTDIR/table.txt"

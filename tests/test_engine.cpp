@@ -148,6 +148,20 @@ TEST_F(EngineTest, HostSyncsPerStep) {
   EXPECT_EQ(syncs_per_step({"optim.impl=foreach"}), 1.0);
 }
 
+// A real run (fit) counts the same: no host read inside a step, the reads of logging, evaluation
+// and checkpoints outside; an optimizer that cannot skip on the device reads once a step.
+TEST_F(EngineTest, FitReportsHostReadsAndOperatorsPerStep) {
+  for (const auto& [impl, want] : {std::pair<std::string, double>{"fused", 0.0}, {"loop", 1.0}}) {
+    SCOPED_TRACE(impl);
+    Trainer trainer(load({"train.max_steps=8", "run.log_every=4", "optim.impl=" + impl}));
+    const auto r = trainer.fit();
+    EXPECT_EQ(r.host_reads_per_step, want);
+    EXPECT_GT(r.host_reads_outside_steps, 0);  // two log lines, an evaluation, a checkpoint
+    // The operators of steps 2 to 4, as bench counts them.
+    EXPECT_GT(r.ops_per_step, 10.0);
+  }
+}
+
 TEST(MemoryTest, CountsWhatTheCpuAllocatorHandsOut) {
   const int64_t peak = measure_cpu_peak([] {
     auto a = torch::empty({1 << 18});  // 1 MiB
@@ -326,6 +340,29 @@ TEST_F(EngineTest, GraphedStepsTrainAsEagerOnes) {
           << "parameter " << i << " differs by "
           << (eager_parts.params[i] - graph_parts.params[i]).abs().max().item<float>();
     }
+  }
+}
+
+// The training path (fit: the loader's batches, logging, evaluation, checkpoints, the flags read a
+// step late) and the bench path (run_steps) run the same graphed step: after the same steps over
+// the same batches, the same weights and optimizer state, bit for bit.
+TEST_F(EngineTest, TrainingAndBenchRunTheSameGraphedStep) {
+  const std::vector<std::string> sets = {"optim.name=adamw", "optim.lr=0.01",
+                                         "train.clip_grad_norm=1", "amp.scaler=on",
+                                         "train.max_steps=9", "run.log_every=2",
+                                         "run.eval_every=4", "run.checkpoint_every=3"};
+  auto fit_cfg = load(sets);
+  auto bench_cfg = load(sets);
+  // A graphed step on the CPU replays its work eagerly (the config check allows it on CUDA only).
+  fit_cfg.cfg.train.cuda_graph = bench_cfg.cfg.train.cuda_graph = true;
+  Trainer trained(fit_cfg), benched(bench_cfg);
+  EXPECT_EQ(trained.fit().steps, 9);
+  StepObserver quiet;
+  benched.run_steps(/*steps=*/9, quiet, /*fixed_batch=*/false);
+  const auto a = models::state_dict(trained.model()), b = models::state_dict(benched.model());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
   }
 }
 

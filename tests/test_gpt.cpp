@@ -5,7 +5,10 @@
 #include <cmath>
 #include <string>
 
+#include "losses/loss.h"
 #include "models/model.h"
+#include "nn/aligned_linear.h"
+#include "nn/autocast.h"
 
 namespace trainer::models {
 namespace {
@@ -29,6 +32,48 @@ Net build_gpt(const config::ModelConfig& cfg) {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The output layer of an odd vocabulary: rows 64 elements apart in a padded buffer, the values
+// and both gradients those of torch::linear, in float32 and under bfloat16 autocast; the loss
+// writes its gradient over the padded rows in place (no copy of the logits).
+TEST(Gpt, AlignedHeadEqualsLinear) {
+  torch::manual_seed(0);
+  const int64_t v = 8193, c = 48;  // past the memory-lean cross-entropy's threshold on the CPU
+  for (const bool autocast : {false, true}) {
+    SCOPED_TRACE(autocast ? "bfloat16 autocast" : "float32");
+    const auto x0 = torch::randn({2, 5, c}), w0 = torch::randn({v, c}) * 0.1;
+    auto x1 = x0.clone().requires_grad_(true), w1 = w0.clone().requires_grad_(true);
+    auto x2 = x0.clone().requires_grad_(true), w2 = w0.clone().requires_grad_(true);
+    torch::Tensor ours, ref;
+    {
+      nn::AutocastGuard guard(torch::kCPU, torch::kBFloat16, autocast);
+      ours = nn::aligned_linear(x1, w1);  // [2, 5, V]
+      ref = torch::linear(x2, w2);
+    }
+    EXPECT_EQ(ours.sizes(), ref.sizes());
+    EXPECT_EQ(ours.stride(1), nn::aligned_columns(v));
+    EXPECT_EQ(ours.scalar_type(), ref.scalar_type());
+    EXPECT_TRUE(torch::equal(ours, ref));
+    const auto targets = torch::randint(v, {2, 5});
+    auto loss = losses::loss_registry().get("cross_entropy")(config::TrainConfig{});
+    const auto data = ours.data_ptr();
+    loss(ours, targets).backward();
+    EXPECT_EQ(ours.data_ptr(), data);
+    loss(ref, targets).backward();
+    const double tol = autocast ? 2e-2 : 1e-6;
+    EXPECT_LT((x1.grad() - x2.grad()).abs().max().item<double>(), tol);
+    EXPECT_LT((w1.grad() - w2.grad()).abs().max().item<double>(), tol);
+    EXPECT_EQ(x1.grad().scalar_type(), torch::kFloat);
+    EXPECT_EQ(w1.grad().scalar_type(), torch::kFloat);
+  }
+  // Logits that another operation saved for its backward (tanh keeps its result): the loss's
+  // write over them is caught there, not read as gradients.
+  auto x = torch::randn({4, c}).requires_grad_(true);
+  auto w = (torch::randn({v, c}) * 0.1).requires_grad_(true);
+  auto capped = torch::tanh(nn::aligned_linear(x, w));
+  auto loss = losses::loss_registry().get("cross_entropy")(config::TrainConfig{});
+  EXPECT_THROW(loss(capped, torch::randint(v, {4})).backward(), c10::Error);
 }
 
 TEST(Gpt, Gpt2SmallParameterCount) {

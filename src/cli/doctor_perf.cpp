@@ -44,7 +44,8 @@ void device_rows(const engine::DevicePerf& d, const doctor::GpuState& state,
   }
   if (d.cuda) {
     rows.push_back(doctor::bandwidth_row(
-        "memory", "device copy", d.copy_gbps, spec ? spec->memory_gbps : 0.0,
+        "memory", "device copy", d.copy_gbps,
+        spec ? doctor::kCopyOfSpec * spec->memory_gbps : 0.0,
         "HBM below spec: memory clock, ECC errors or another process (nvidia-smi -q -d MEMORY)"));
     rows.push_back(doctor::pcie_row("h2d pinned", d.h2d_pinned, state));
     rows.push_back(doctor::pcie_row("d2h pinned", d.d2h_pinned, state));

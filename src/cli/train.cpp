@@ -121,6 +121,10 @@ void log_result(const engine::FitResult& result, const engine::Trainer& engine) 
                       100.0 * e.top1, 100.0 * e.top5);
   }
   log::info(line);
+  log::info(strprintf("dispatch: %.0f ATen operators per step, %.2f host reads per step (%" PRId64
+                      " more for logging, evaluation and checkpoints)",
+                      result.ops_per_step, result.host_reads_per_step,
+                      result.host_reads_outside_steps));
 }
 
 }  // namespace

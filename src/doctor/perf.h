@@ -55,6 +55,11 @@ struct PerfRow {
 // Fraction of the expected value below which a row is a warning.
 constexpr double kLowFraction = 0.7;
 
+// What a healthy card's device-to-device copy reaches of its datasheet memory bandwidth (bytes
+// read plus written): about 0.9 on H100 and H200 (an H200 copies about 4.3 of 4.8 TB/s), as
+// STREAM-like copies of buffers far larger than the cache measure it.
+constexpr double kCopyOfSpec = 0.9;
+
 // NVML's view of one GPU (clocks, power limits, clock-event reasons, MIG, PCIe link, NVLinks),
 // for the causes of a low compute figure.
 using GpuState = GpuMonitor::Limits;

@@ -1,92 +1,126 @@
 #include "engine/flops.h"
 
-#include <torch/csrc/autograd/profiler_kineto.h>
+#include <ATen/record_function.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <set>
-#include <string>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
 #include <vector>
 
 namespace trainer::engine {
 namespace {
 
-namespace prof = torch::profiler::impl;
+// Counted operations and how to count them from their arguments and results.
+enum class Kind { none, matmul, addmm, conv, attention };
 
-// Operations whose FLOPs the profiler computes from their arguments (with_flops).
-bool profiler_counts(const std::string& name) {
-  static const std::set<std::string> kCounted = {"aten::mm", "aten::addmm", "aten::bmm",
-                                                 "aten::baddbmm", "aten::conv2d"};
-  return kCounted.count(name) > 0;
-}
-
-constexpr const char* kAttention = "aten::scaled_dot_product_attention";
-
-// q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev]: q k^T and (attention) v.
-int64_t attention_flops(const torch::autograd::profiler::KinetoEvent& e) {
-  const auto shapes = e.shapes();
-  if (shapes.size() < 3 || shapes[0].size() != 4 || shapes[1].size() != 4 ||
-      shapes[2].size() != 4) {
-    return 0;
+Kind kind_of(const char* name) {
+  static const std::pair<const char*, Kind> kinds[] = {
+      {"aten::mm", Kind::matmul},       {"aten::bmm", Kind::matmul},
+      {"aten::addmm", Kind::addmm},     {"aten::baddbmm", Kind::addmm},
+      {"aten::conv2d", Kind::conv},     {"aten::scaled_dot_product_attention", Kind::attention}};
+  for (const auto& [n, k] : kinds) {
+    if (std::strcmp(name, n) == 0) return k;
   }
-  const auto& q = shapes[0];
-  const auto& k = shapes[1];
-  const auto& v = shapes[2];
-  const int64_t batch_heads = q[0] * q[1];
-  return 2 * batch_heads * q[2] * k[2] * q[3] + 2 * batch_heads * q[2] * k[2] * v[3];
+  return Kind::none;
 }
 
-struct Counted {
-  uint64_t thread, start, end;
-  int64_t flops;
+std::vector<int64_t> sizes_of(const c10::IValue& v) {
+  if (!v.isTensor() || !v.toTensor().defined()) return {};
+  const auto s = v.toTensor().sizes();
+  return {s.begin(), s.end()};
+}
+
+// 2 per multiply-add: a [.., n, k] by a [.., k, m] product (batched: the leading sizes of a).
+int64_t product_flops(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  if (a.size() < 2 || b.size() < 2) return 0;
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < a.size(); ++i) batch *= a[i];
+  return 2 * batch * a[a.size() - 2] * a.back() * b.back();
+}
+
+// The shapes an operation was called with, kept from its start to its end.
+struct Shapes : at::ObserverContext {
+  Kind kind = Kind::none;
+  std::vector<std::vector<int64_t>> inputs;
 };
+
+int64_t flops_of(const Shapes& s, const at::RecordFunction& fn) {
+  const auto& in = s.inputs;
+  switch (s.kind) {
+    case Kind::matmul:
+      return in.size() >= 2 ? product_flops(in[0], in[1]) : 0;
+    case Kind::addmm:
+      return in.size() >= 3 ? product_flops(in[1], in[2]) : 0;
+    case Kind::conv: {  // out [N, Cout, H, W] x weight [Cout, Cin/groups, kh, kw]
+      const auto outputs = fn.outputs();
+      if (in.size() < 2 || outputs.empty()) return 0;
+      const auto& w = in[1];
+      const auto out = sizes_of(outputs[0]);
+      if (w.size() != 4 || out.size() != 4) return 0;
+      return 2 * out[0] * out[1] * out[2] * out[3] * w[1] * w[2] * w[3];
+    }
+    case Kind::attention: {  // q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev]
+      if (in.size() < 3) return 0;
+      const auto &q = in[0], &k = in[1], &v = in[2];
+      if (q.size() != 4 || k.size() != 4 || v.size() != 4) return 0;
+      return 2 * q[0] * q[1] * q[2] * k[2] * q[3] + 2 * q[0] * q[1] * q[2] * k[2] * v[3];
+    }
+    case Kind::none:
+      break;
+  }
+  return 0;
+}
+
+// The live count: one per process; counted operations on this thread only.
+std::atomic<int64_t*> total{nullptr};
+thread_local int open_counted = 0;  // counted operations entered and not left on this thread
+
+// Inputs can be read only when an operation starts, results only when it ends.
+std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
+  const Kind kind = kind_of(fn.name());
+  if (kind == Kind::none) return nullptr;
+  auto shapes = std::make_unique<Shapes>();
+  shapes->kind = kind;
+  if (++open_counted == 1) {  // the outermost counted operation: the one counted
+    for (const auto& v : fn.inputs()) shapes->inputs.push_back(sizes_of(v));
+  }
+  return shapes;
+}
+
+void leave(const at::RecordFunction& fn, at::ObserverContext* context) {
+  auto* shapes = static_cast<Shapes*>(context);
+  if (!shapes) return;
+  if (--open_counted == 0) {
+    if (int64_t* t = total.load()) *t += flops_of(*shapes, fn);
+  }
+}
 
 }  // namespace
 
 int64_t count_flops(const std::function<void()>& fn) {
-  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true,
-                                    /*profile_memory=*/false, /*with_stack=*/false,
-                                    /*with_flops=*/true);
-  const std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
-  // Kineto, the profiler's back end, logs its start-up (errors too on a machine without a GPU,
-  // which CPU profiling does not need): quiet unless the user set a level.
-  ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
+  int64_t counted = 0;
+  int64_t* none = nullptr;
+  if (!total.compare_exchange_strong(none, &counted)) {
+    throw std::logic_error("count_flops: one count at a time");
+  }
+  // A callback of this thread only, with the operations' arguments and results; no profiler
+  // (whose CUDA tracing, once started, stays attached to the process).
+  const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&enter, &leave)
+                                                     .needsInputs(true)
+                                                     .needsOutputs(true)
+                                                     .scopes({at::RecordScope::FUNCTION}));
+  open_counted = 0;
   try {
     fn();
   } catch (...) {
-    torch::autograd::profiler::disableProfiler();
+    at::removeCallback(handle);
+    total = nullptr;
     throw;
   }
-  const auto result = torch::autograd::profiler::disableProfiler();
-
-  std::vector<Counted> counted;
-  for (const auto& e : result->events()) {
-    const std::string name = e.name();
-    if (name == kAttention) {
-      counted.push_back({e.startThreadId(), e.startNs(), e.endNs(), attention_flops(e)});
-    } else if (profiler_counts(name)) {
-      counted.push_back(
-          {e.startThreadId(), e.startNs(), e.endNs(), static_cast<int64_t>(e.flops())});
-    }
-  }
-  // Outermost first: by thread, then start, the longer of two equal starts first.
-  std::sort(counted.begin(), counted.end(), [](const Counted& a, const Counted& b) {
-    if (a.thread != b.thread) return a.thread < b.thread;
-    if (a.start != b.start) return a.start < b.start;
-    return a.end > b.end;
-  });
-  int64_t total = 0;
-  const Counted* outer = nullptr;  // the enclosing counted operation of this thread, if any
-  for (const auto& c : counted) {
-    if (outer && outer->thread == c.thread && c.start >= outer->start && c.end <= outer->end) {
-      continue;
-    }
-    outer = &c;
-    total += c.flops;
-  }
-  return total;
+  at::removeCallback(handle);
+  total = nullptr;
+  return counted;
 }
 
 }  // namespace trainer::engine

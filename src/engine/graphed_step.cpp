@@ -49,9 +49,12 @@ GraphedStep::GraphedStep(Components& parts, const config::TrainConfig& train, Tr
 
 Settled GraphedStep::run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
                          StepObserver* observer) {
-  if (state_.step < warmup_ && !captured_) {
+  // Eager steps first, in this process (a resumed run too): the first calls of cuDNN and cuBLAS
+  // choose algorithms and allocate workspaces, which a capture must not.
+  if (eager_steps_ < warmup_ && !captured_) {
     Settled out;
     graph_->warm_up([&] { out = eager_.run(micro_batches, stop_requested, observer); });
+    if (!out.abandoned) ++eager_steps_;
     return out;
   }
   // The outcomes of the steps before: the learning rate of this one counts their skips.

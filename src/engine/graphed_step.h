@@ -45,7 +45,8 @@ class GraphedStep final : public Stepper {
   GraphedStep(Components& parts, const config::TrainConfig& train, TrainingState& state,
               std::unique_ptr<StepGraph> graph, int64_t warmup = 3);
 
-  // Warm-up steps run eagerly; the first step after them captures, every step replays. The batches
+  // The first `warmup` steps of this process run eagerly (also after a resume); the step after
+  // them captures, every step replays. The batches
   // must have the shapes of the first replayed step's. `observer` sees the replay as the forward
   // phase. Reads the previous step's flags from pinned memory (waiting for their copy) before the
   // replay.
@@ -65,6 +66,7 @@ class GraphedStep final : public Stepper {
   TrainingState& state_;
   std::unique_ptr<StepGraph> graph_;
   int64_t warmup_;
+  int64_t eager_steps_ = 0;  // eager warm-up steps run by this process
   TrainStep eager_;
   bool captured_ = false;
   std::vector<data::Batch> static_;  // the static batches on the device

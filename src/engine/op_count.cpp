@@ -115,4 +115,35 @@ void OpCount::reset() {
   host_syncs_ = 0;
 }
 
+void StepCounts::begin_step() {
+  const int64_t now = host_reads_made().load();
+  if (reads_at_start_ < 0) reads_at_start_ = now;
+  reads_before_step_ = now;
+  // Steps 2 .. 1 + counted_steps_ of the run: after the first, whose work is not every step's.
+  if (steps_ >= 1 && steps_ <= counted_steps_ && !count_) count_ = std::make_unique<OpCount>();
+}
+
+void StepCounts::end_step() {
+  reads_in_steps_ += host_reads_made().load() - reads_before_step_;
+  ++steps_;
+  if (count_) {
+    ops_ = count_->operators();
+    ops_steps_ = steps_ - 1;
+    if (steps_ > counted_steps_) count_.reset();
+  }
+}
+
+double StepCounts::reads_per_step() const {
+  return steps_ > 0 ? static_cast<double>(reads_in_steps_) / static_cast<double>(steps_) : 0.0;
+}
+
+int64_t StepCounts::reads_outside_steps() const {
+  if (reads_at_start_ < 0) return 0;
+  return host_reads_made().load() - reads_at_start_ - reads_in_steps_;
+}
+
+double StepCounts::ops_per_step() const {
+  return ops_steps_ > 0 ? static_cast<double>(ops_) / static_cast<double>(ops_steps_) : 0.0;
+}
+
 }  // namespace trainer::engine

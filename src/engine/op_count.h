@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -54,6 +55,35 @@ class OpCount {
   std::map<std::string, int64_t> top_level_, all_, by_phase_;
   std::map<std::string, std::map<std::string, int64_t>> by_phase_and_name_;
   int64_t host_syncs_ = 0;
+};
+
+// What a training run reports of its steps: the host reads made inside them and outside them
+// (read_to_host's count, util/device.h: no observer, nothing per operator), and the top-level
+// operators of a few steps after the first (an OpCount alive during those steps only).
+class StepCounts {
+ public:
+  explicit StepCounts(int64_t counted_steps = 3) : counted_steps_(counted_steps) {}
+
+  // Around each step of the run, in order.
+  void begin_step();
+  void end_step();
+
+  // Host reads per step inside the steps.
+  double reads_per_step() const;
+  // Host reads outside the steps since this object was made.
+  int64_t reads_outside_steps() const;
+  // Top-level operators per counted step; 0 when the run had too few steps.
+  double ops_per_step() const;
+
+ private:
+  int64_t counted_steps_;
+  int64_t steps_ = 0;
+  int64_t reads_in_steps_ = 0;
+  int64_t reads_at_start_ = -1;  // the process's count when the first step began; -1 before
+  int64_t reads_before_step_ = 0;
+  int64_t ops_ = 0;
+  int64_t ops_steps_ = 0;
+  std::unique_ptr<OpCount> count_;  // alive during the counted steps
 };
 
 }  // namespace trainer::engine

@@ -177,6 +177,7 @@ void TrainStep::update(const torch::Tensor& loss) {
   flags_.queue(state_.step);
   if (!fused) {  // the update happens on the host's decision: read the flags now (a host read)
     RECORD_FUNCTION(kHostRead, std::vector<c10::IValue>());
+    host_reads_made().fetch_add(1, std::memory_order_relaxed);
     ready_ = flags_.read();
   }
   if (!ready_ || !ready_->skipped) {

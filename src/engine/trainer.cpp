@@ -8,6 +8,7 @@
 #include "engine/components.h"
 #include "engine/graphed_step.h"
 #include "engine/metrics.h"
+#include "engine/op_count.h"
 #include "engine/probes.h"
 #include "engine/trainer_state.h"
 #include "util/device.h"
@@ -123,6 +124,9 @@ class Run {
     log_.clear();
     result_.steps = st.step;
     result_.seconds = log_.seconds();
+    result_.host_reads_per_step = counts_.reads_per_step();
+    result_.host_reads_outside_steps = counts_.reads_outside_steps();
+    result_.ops_per_step = counts_.ops_per_step();
     return result_;
   }
 
@@ -133,7 +137,9 @@ class Run {
     const bool stop_requested = stop_ && stop_->load();
     try {
       log_.begin_step();
+      counts_.begin_step();
       Settled settled = s_.step->run(micro_batches, stop_requested, nullptr);
+      counts_.end_step();
       log_.end_step();
       return settled;
     } catch (const c10::OutOfMemoryError& e) {
@@ -227,6 +233,7 @@ class Run {
   FitResult result_;
   EvalResult last_eval_;  // the latest evaluation, for the checkpoint of its step
   bool stop_agreed_ = false;  // a group's ranks agreed to stop (a step's flags)
+  StepCounts counts_;         // host reads and operators of the steps
 };
 
 }  // namespace

@@ -38,6 +38,12 @@ struct FitResult {
   bool reached_target = false;  // ended when an evaluation reached train.stop_at_top1
   EvalResult last_eval;         // the last evaluation (samples == 0 when none ran)
   double seconds = 0.0;         // wall time of the loop
+  // Host reads (synchronisations with the device) per step made inside the steps, and in all
+  // outside them (logging, evaluation, checkpoints); ATen operators per step, counted over a
+  // few steps after the first (0 when the run had too few).
+  double host_reads_per_step = 0.0;
+  int64_t host_reads_outside_steps = 0;
+  double ops_per_step = 0.0;
 };
 
 class Trainer {

@@ -32,7 +32,10 @@ struct Trainer::State {
                                " processes; a captured step runs in one (DDP's all-reduces are "
                                "not captured), set train.cuda_graph: false");
     }
-    return std::make_unique<GraphedStep>(parts, train, state, cuda_graph(parts.device));
+    // On the CPU (which only the tests reach: the config check refuses it) the captured work is
+    // replayed eagerly.
+    return std::make_unique<GraphedStep>(
+        parts, train, state, parts.device.is_cuda() ? cuda_graph(parts.device) : eager_graph());
   }
 
   const config::LoadedConfig loaded;  // held by value: the caller's copy may go away first

@@ -50,10 +50,13 @@ class SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntropy
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets, double smoothing) {
     const bool training = logits.requires_grad();
-    // Written in place: the logits' own memory when contiguous and produced by the model (a leaf,
-    // or a view of one, is the caller's tensor and is copied).
-    const bool own = !logits.is_leaf() && !(logits.is_view() && logits._base().is_leaf());
-    auto x = logits.is_contiguous() && own ? logits : logits.contiguous().clone();  // [N, K]
+    // Written in place: the logits' own memory (rows may lie further apart than K: a padded
+    // buffer, nn/aligned_linear.h), unless they are the caller's: a tensor that requires its own
+    // gradient (a leaf), or a view of one.
+    const auto caller_owns = [](const at::TensorBase& t) { return t.is_leaf() && t.requires_grad(); };
+    const bool own = !caller_owns(logits) && !(logits.is_view() && caller_owns(logits._base()));
+    const bool rows = logits.stride(1) == 1 && logits.stride(0) >= logits.size(1);
+    auto x = own && rows ? logits : logits.contiguous().clone();  // [N, K]
     const auto t = targets.to(x.device(), torch::kLong).contiguous();  // [N]
     auto row_loss = x.is_cuda() && gpu_kernel_built()
                         ? rows_on_gpu(x, t, smoothing, training)
@@ -132,6 +135,9 @@ torch::Tensor SoftmaxCrossEntropy::rows_on_gpu(torch::Tensor& x, const torch::Te
                                   " on a GPU; float32, bfloat16 or float16 expected");
   }
   launch_on_current_stream(a, x.device());
+  // Written behind autograd's back: a new version, so that anything else that saved the logits
+  // for its backward fails loudly there instead of reading gradients.
+  if (training) torch::autograd::impl::bump_version(x);
   return row_loss;
 }
 

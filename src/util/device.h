@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -17,9 +18,16 @@ namespace trainer {
 // The name every host read carries for the profiler and engine::OpCount.
 constexpr const char* kHostRead = "trainer::host_read";
 
+// The host reads (read_to_host) made so far by this process, on any thread.
+inline std::atomic<int64_t>& host_reads_made() {
+  static std::atomic<int64_t> count{0};
+  return count;
+}
+
 // `t` copied to the host. Synchronises the device: waits for the work that produces `t`.
 inline torch::Tensor read_to_host(const torch::Tensor& t) {
   RECORD_FUNCTION(kHostRead, std::vector<c10::IValue>());
+  host_reads_made().fetch_add(1, std::memory_order_relaxed);
   return t.to(torch::kCPU);
 }
 
