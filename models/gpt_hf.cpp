@@ -4,7 +4,11 @@
 // linear layer and layer norm has a bias.
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "models/builtin.h"
 
@@ -118,6 +122,66 @@ std::pair<NamedWeights, nlohmann::json> to_hf(const NamedWeights& weights,
   return {out, hf_config};
 }
 
+// Hugging Face GPT-2's config.json against the model: the architecture's settings must be the
+// trainer's gpt's (its GELU is the tanh approximation, its layer norms' epsilon 1e-5).
+void check_hf_config(const nlohmann::json& file, const std::map<std::string, std::string>& config,
+                     std::vector<std::string>& errors, std::vector<std::string>& warnings) {
+  const auto model = [&](const std::string& key) {
+    const auto it = config.find("model." + key);
+    return it == config.end() ? std::string() : it->second;
+  };
+  const auto is = [&](const char* key, const nlohmann::json& want, const std::string& what) {
+    if (!file.contains(key) || file[key].is_null()) return;
+    const auto& v = file[key];
+    const bool same = v.is_number() && want.is_number()
+                          ? std::abs(v.get<double>() - want.get<double>()) <=
+                                1e-12 * std::max(1.0, std::abs(want.get<double>()))
+                          : v == want;
+    if (!same) errors.push_back(std::string(key) + " is " + v.dump() + ", " + what);
+  };
+  if (file.contains("activation_function") && file["activation_function"].is_string()) {
+    const auto f = file["activation_function"].get<std::string>();
+    if (f != "gelu_new" && f != "gelu_pytorch_tanh" && f != "gelu_fast") {
+      errors.push_back("activation_function is \"" + f +
+                       "\", gpt computes GELU's tanh approximation (gelu_new)");
+    }
+  }
+  is("layer_norm_epsilon", 1e-5, "gpt's layer norms use 1e-5");
+  for (const auto& [key, ours] : {std::pair<const char*, const char*>{"n_embd", "n_embd"},
+                                  {"n_layer", "n_layer"},
+                                  {"n_head", "n_head"},
+                                  {"n_positions", "block_size"}}) {
+    if (!model(ours).empty()) {
+      is(key, std::stoll(model(ours)), std::string("model.") + ours + " is " + model(ours));
+    }
+  }
+  if (!model("n_embd").empty()) {
+    is("n_inner", 4 * std::stoll(model("n_embd")), "gpt's MLP is 4 x model.n_embd wide");
+  }
+  if (model("vocab_size") != "" && model("vocab_size") != "0") {
+    is("vocab_size", std::stoll(model("vocab_size")), "model.vocab_size is " + model("vocab_size"));
+  }
+  if (!model("tie_embeddings").empty()) {
+    const bool tied = model("tie_embeddings") == "true";
+    is("tie_word_embeddings", tied,
+       tied ? "lm_head.weight is a tensor of its own: set model.tie_embeddings: false"
+            : "lm_head.weight is transformer.wte.weight: set model.tie_embeddings: true");
+  }
+  is("scale_attn_weights", true, "gpt divides attention scores by sqrt(head size)");
+  is("scale_attn_by_inverse_layer_idx", false, "gpt does not scale them by the layer's depth");
+  is("add_cross_attention", false, "gpt has no cross-attention");
+  if (!model("dropout").empty()) {
+    const double dropout = std::stod(model("dropout"));
+    for (const char* key : {"attn_pdrop", "resid_pdrop", "embd_pdrop"}) {
+      if (file.contains(key) && file[key].is_number() &&
+          std::abs(file[key].get<double>() - dropout) > 1e-12) {
+        warnings.push_back(std::string(key) + " is " + file[key].dump() +
+                           ", training uses model.dropout " + model("dropout"));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ForeignFormat gpt2_hf_format() {
@@ -126,6 +190,7 @@ ForeignFormat gpt2_hf_format() {
   f.matches = is_hf;
   f.to_trainer = from_hf;
   f.from_trainer = to_hf;
+  f.check_config = check_hf_config;
   return f;
 }
 

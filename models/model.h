@@ -78,6 +78,14 @@ struct ForeignFormat {
   std::function<std::pair<NamedWeights, nlohmann::json>(
       const NamedWeights& weights, const std::map<std::string, std::string>& config)>
       from_trainer;
+  // The settings of this layout's config file (Hugging Face's config.json beside the weights)
+  // against the model's (the run's flattened config, "model.n_head" -> "12"): `errors`, one line
+  // each, for what would make the model compute something else; `warnings` for settings that only
+  // training uses (dropout).
+  std::function<void(const nlohmann::json& file_config,
+                     const std::map<std::string, std::string>& config,
+                     std::vector<std::string>& errors, std::vector<std::string>& warnings)>
+      check_config;
 };
 
 // A language model decoding token by token (trainer generate).
@@ -142,7 +150,8 @@ using nn::unique_parameters;
 std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::Module& module);
 
 // Copies `weights` into the parameters and buffers of `module` by name, converting dtype and
-// device. Every name must match in both directions with equal shapes, and the names of one tied
+// device. Every name must match in both directions with equal shapes (a zero bias of a layer the
+// model has without bias is left out), and the names of one tied
 // tensor must be given equal values; with `skip_head`, the tensors of the final layer (the prefix
 // of the last parameter, e.g. `fc.`) may be missing or differ in shape and keep their initial
 // values. Returns "" on success, else a description of every missing, unexpected and mis-shaped
@@ -151,6 +160,10 @@ std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::M
 std::string load_weights(torch::nn::Module& module,
                          const std::vector<std::pair<std::string, torch::Tensor>>& weights,
                          bool skip_head, const std::string& untie_hint = "");
+
+// The prefix of the model's final layer, that of its last parameter (e.g. "fc."): what
+// load_weights' skip_head leaves out.
+std::string head_prefix(const torch::nn::Module& module);
 
 // One line per direct submodule plus `parameters: <N>`.
 std::string summary(const torch::nn::Module& module, const std::string& name);

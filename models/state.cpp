@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +36,13 @@ std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::M
   return out;
 }
 
+std::string head_prefix(const torch::nn::Module& module) {
+  const auto params = module.named_parameters(/*recurse=*/true);
+  if (params.size() == 0) return "";
+  const std::string last = params.keys().back();
+  return last.substr(0, last.rfind('.') + 1);
+}
+
 namespace {
 
 // "a and b" for the names that share one tensor in `own` but whose values in `weights` differ.
@@ -66,18 +74,14 @@ std::string load_weights(torch::nn::Module& module,
                          const std::vector<std::pair<std::string, torch::Tensor>>& weights,
                          bool skip_head, const std::string& untie_hint) {
   const auto own = state_dict(module);
-  std::string head;
-  const auto params = module.named_parameters(/*recurse=*/true);
-  if (skip_head && params.size() > 0) {
-    const std::string last = params.keys().back();
-    head = last.substr(0, last.rfind('.') + 1);
-  }
+  const std::string head = skip_head ? head_prefix(module) : "";
   auto in_head = [&](const std::string& name) {
     return !head.empty() && name.compare(0, head.size(), head) == 0;
   };
   std::map<std::string, torch::Tensor> given(weights.begin(), weights.end());
   std::vector<std::string> missing, unexpected, mismatched;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (destination, source)
+  std::set<const void*> reported;  // a tensor given under two names (a tied one) reported once
   for (const auto& [name, tensor] : own) {
     auto it = given.find(name);
     if (it == given.end()) {
@@ -85,7 +89,7 @@ std::string load_weights(torch::nn::Module& module,
       continue;
     }
     if (it->second.sizes() != tensor.sizes()) {
-      if (!in_head(name)) {
+      if (!in_head(name) && reported.insert(it->second.unsafeGetTensorImpl()).second) {
         mismatched.push_back(name + " " + shape_of(it->second) + " in the file, " +
                              shape_of(tensor) + " in the model");
       }
@@ -94,7 +98,18 @@ std::string load_weights(torch::nn::Module& module,
     }
     given.erase(it);
   }
-  for (const auto& [name, tensor] : given) unexpected.push_back(name);
+  std::set<std::string> own_names;
+  for (const auto& [name, tensor] : own) own_names.insert(name);
+  for (const auto& [name, tensor] : given) {
+    // A zero bias of a layer the model has without one (a model.bias: false gpt exported to
+    // Hugging Face's layout, which has every bias) changes nothing: left out.
+    const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (bias && own_names.count(name.substr(0, name.size() - 5) + ".weight") &&
+        !tensor.ne(0).any().item<bool>()) {
+      continue;
+    }
+    unexpected.push_back(name);
+  }
   std::string problems;
   auto add = [&](const std::string& what, const std::vector<std::string>& names) {
     if (names.empty()) return;

@@ -14,6 +14,9 @@ Interop.Gpt2WeightsMoveBetweenTrainerAndTransformers).
 3. A GPT2LMHeadModel whose lm_head differs from wte (tie_word_embeddings: false): a tied gpt
    refuses it with exit 2 naming both tensors and model.tie_embeddings; an untied one loads it
    and computes transformers' logits.
+4. The config.json beside the weights is read: an activation, layer-norm epsilon or head count
+   gpt does not compute is refused naming the field; an export loads back as the same model
+   (with model.bias: false too); another vocabulary's message names the file's tensor.
 Exits 77 (skipped) when transformers or safetensors is not installed.
 """
 import json
@@ -90,6 +93,52 @@ def untied_hf_to_trainer(trainer, tool, tokens, work):
     compare("transformers (untied) -> trainer", ours, theirs)
 
 
+def pretrained_run(trainer, weights, work, name, extra=()):
+    """A one-step gpt run initialised from `weights` (the model sizes of SIZES)."""
+    args = [trainer, "--config", "configs/synthetic.yaml", "--set", "model.name=gpt",
+            "--set", "data.name=synthetic_tokens", "--set", f"data.num_classes={VOCAB}",
+            "--set", "train.max_steps=1", "--set", "run.progress=never",
+            "--set", f"model.pretrained={weights}", "--run-dir", os.path.join(work, name)]
+    for s in SIZES:
+        args += ["--set", "model." + s]
+    for e in extra:
+        args += ["--set", e]
+    return subprocess.run(args, capture_output=True, text=True)
+
+
+def config_json_is_checked(trainer, work):
+    """4. The config.json beside the weights: settings gpt does not compute are refused (exit 2,
+    naming the field); the file save_pretrained writes for gpt's own architecture loads. A
+    vocabulary the model does not have names the file's tensor, not lm_head.weight (which the
+    file lacks), and offers no classifier hint."""
+    torch.manual_seed(3)
+    folder = os.path.join(work, "hf_cfg")
+    GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=CTX, n_embd=WIDTH, n_layer=LAYERS,
+                               n_head=HEADS)).save_pretrained(folder, safe_serialization=True)
+    weights = os.path.join(folder, "model.safetensors")
+    r = pretrained_run(trainer, weights, work, "cfg_ok")
+    if r.returncode != 0:
+        sys.exit(f"save_pretrained's own config.json refused: {r.stderr}")
+    with open(os.path.join(folder, "config.json")) as f:
+        good = json.load(f)
+    for field, value in (("activation_function", "relu"), ("layer_norm_epsilon", 1e-2),
+                         ("n_head", HEADS * 2)):
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump({**good, field: value}, f)
+        r = pretrained_run(trainer, weights, work, "cfg_" + field)
+        if r.returncode != 2 or field not in r.stderr or "config.json" not in r.stderr:
+            sys.exit(f"config.json with {field} {value}: exit {r.returncode}, {r.stderr!r}")
+        print(f"config.json with {field}={value} refused:", r.stderr.strip().splitlines()[-1][:140])
+    os.remove(os.path.join(folder, "config.json"))  # the weights alone: their shapes decide
+    r = pretrained_run(trainer, weights, work, "cfg_vocab", ["model.vocab_size=64",
+                                                             "data.num_classes=64"])
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    if r.returncode != 2 or "transformer.wte.weight" not in last or "lm_head.weight" in last \
+            or "pretrained_skip_head" in last:
+        sys.exit(f"a vocabulary of 64 against the file's {VOCAB}: exit {r.returncode}, {last!r}")
+    print("another vocabulary:", last[:160])
+
+
 def trainer_to_hf(trainer, tool, tokens, work, bias, tie="true"):
     run = os.path.join(work, f"run_{bias}_{tie}")
     common = ["--config", "configs/synthetic.yaml", "--set", "model.name=gpt",
@@ -125,6 +174,14 @@ def trainer_to_hf(trainer, tool, tokens, work, bias, tie="true"):
         theirs = model.eval()(tokens).logits
     ours = trainer_logits(tool, plain, tokens, work, [f"bias={bias}", f"tie_embeddings={tie}"])
     compare(f"trainer (bias={bias}, tie_embeddings={tie}) -> transformers", ours, theirs)
+    # And back: the export initialises the same model (its zero biases left out without bias).
+    r = pretrained_run(trainer, os.path.join(folder, "model.safetensors"), work,
+                       f"back_{bias}_{tie}", [f"model.bias={bias}", f"model.tie_embeddings={tie}"])
+    if r.returncode != 0:
+        sys.exit(f"the export (bias={bias}, tie={tie}) does not load back: {r.stderr}")
+    back = trainer_logits(tool, os.path.join(folder, "model.safetensors"), tokens, work,
+                          [f"bias={bias}", f"tie_embeddings={tie}"])
+    compare(f"export (bias={bias}) -> trainer", back, theirs)
 
 
 def main():
@@ -133,6 +190,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         hf_to_trainer(tool, tokens, work)
         untied_hf_to_trainer(trainer, tool, tokens, work)
+        config_json_is_checked(trainer, work)
         for bias in ("true", "false"):
             trainer_to_hf(trainer, tool, tokens, work, bias)
         trainer_to_hf(trainer, tool, tokens, work, "true", tie="false")

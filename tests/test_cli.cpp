@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@ using trainer::test_support::Cli;
 using trainer::test_support::encode_jpeg;
 using trainer::test_support::ramp_image;
 using trainer::test_support::read_file;
+using trainer::test_support::step_file;
 using trainer::test_support::write_file;
 using trainer::test_support::write_image_folder;
 
@@ -369,6 +372,17 @@ data: {name: synthetic, shape: [3, 32, 32], num_classes: 10, batch_size: 4000000
     }
   }
   EXPECT_TRUE(offered) << r.out;
+  // --set applies to the config the doctor measures: a batch that fits.
+  r = run("doctor --json --config '" + config.string() + "' --set data.batch_size=2");
+  EXPECT_TRUE(nlohmann::json::parse(r.out).at("memory").at("fits").get<bool>()) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("memory").at("batch_per_process"), 2);
+  // Without --config there is nothing for --set to override: a usage error, with or without
+  // --perf.
+  for (const std::string perf : {"", "--perf --quick "}) {
+    r = run("doctor " + perf + "--set data.batch_size=2");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("--set overrides keys of --config FILE"), std::string::npos) << r.err;
+  }
 }
 
 TEST_F(Cli, DoctorFailsWhenTheConfigWantsAGpuThatIsMissing) {
@@ -418,6 +432,97 @@ TEST_F(Cli, DoctorPerfSaysWhenAJobIsInputBound) {
   EXPECT_EQ(slow["verdict"], "input-bound");
   EXPECT_LT(slow["measured"].get<double>(), 32 / 0.1 * 1.05);  // 32 samples a batch, 100 ms each
   EXPECT_NE(slow["fix"].get<std::string>().find("data.workers"), std::string::npos) << slow;
+}
+
+// trainer predict's output and edges: class names with a tab and a newline (folder names) come
+// out escaped, three fields a line; a dangling link among the images is reported and listed as
+// skipped; a folder where no image can be classified exits 1; under trainer launch it is
+// refused.
+TEST_F(Cli, PredictEscapesNamesAndReportsWhatItCannotClassify) {
+  const fs::path root = dir_ / "images";
+  for (const char* split : {"train", "val"}) {
+    for (const std::string name : {"a\tb", "c\nd"}) {
+      fs::create_directories(root / split / name);
+      for (int i = 0; i < 4; ++i) {
+        const auto rgb = ramp_image(12, 12, static_cast<uint8_t>(name[0] == 'a' ? 10 : 200));
+        write_file((root / split / name / (std::to_string(i) + ".jpg")).string(),
+                   encode_jpeg(rgb, 12, 12));
+      }
+    }
+  }
+  const auto config = write("p.yaml", R"(
+model: {name: mlp, hidden: [8]}
+data: {name: imagefolder, image_size: 8, resize_size: 8, batch_size: 4, workers: 1}
+train: {max_steps: 2}
+run: {progress: never}
+)");
+  const auto run_dir = dir_ / "run";
+  ASSERT_EQ(run("--config '" + config.string() + "' --set data.root='" + root.string() +
+                "' --run-dir '" + run_dir.string() + "'")
+                .code,
+            0);
+  fs::create_symlink(dir_ / "missing.jpg", root / "val" / "gone.jpg");
+  const std::string predict = "predict --checkpoint '" + run_dir.string() + "' --input ";
+  auto r = run(predict + "'" + (root / "val").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream lines(r.out);
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    EXPECT_EQ(std::count(line.begin(), line.end(), '\t'), 2) << line;
+    const auto label = line.substr(line.find('\t') + 1, line.rfind('\t') - line.find('\t') - 1);
+    EXPECT_TRUE(label == "a\\tb" || label == "c\\nd") << label;
+  }
+  EXPECT_EQ(n, 8);
+  EXPECT_NE(r.err.find("gone.jpg"), std::string::npos) << r.err;
+  r = run(predict + "'" + (root / "val").string() + "' --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["skipped"].size(), 1u);
+  EXPECT_NE(j["skipped"][0].get<std::string>().find("gone.jpg"), std::string::npos);
+  EXPECT_EQ(j["predictions"].size(), 8u);
+  fs::create_directories(dir_ / "bad");
+  write("bad/x.jpg", "not a jpeg");
+  r = run(predict + "'" + (dir_ / "bad").string() + "'");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("none of the 1 images"), std::string::npos) << r.err;
+  r = run("launch --standalone --nproc-per-node 2 -- " + predict + "'" + (root / "val").string() + "'");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("predict runs in one process"), std::string::npos) << r.err;
+}
+
+// trainer eval on the run dir of a training that keeps one checkpoint and saves every step: each
+// eval scores a checkpoint (the newest that verified, read once), none fails on one removed
+// meanwhile. A lone checkpoint file without a run dir names the directory it looked in.
+TEST_F(Cli, EvalOfARunDirThatTrainingPrunesAlwaysScoresACheckpoint) {
+  const auto run_dir = dir_ / "r";
+  const std::string train = "--config configs/synthetic.yaml --set run.progress=never "
+                            "--set run.keep_last=1 --set run.checkpoint_every=1 "
+                            "--set run.eval_every=0 --set train.max_steps=400 "
+                            "--set data.throttle_ms=5 --run-dir '" + run_dir.string() + "'";
+  // Training in the background; evals until it ends (at least 20).
+  const auto r = sh("\"$TRAINER\" " + train + " > /dev/null 2>&1 & pid=$!\n"
+                    "until [ -f '" + (run_dir / "checkpoints" / "manifest.json").string() +
+                    "' ]; do sleep 0.05; done\n"
+                    "evals=0; failed=0\n"
+                    "while kill -0 $pid 2>/dev/null || [ $evals -lt 20 ]; do\n"
+                    "  \"$TRAINER\" eval --checkpoint '" + run_dir.string() +
+                    "' --json > /dev/null 2>> '" + (dir_ / "eval_err.txt").string() +
+                    "' || failed=$((failed+1))\n"
+                    "  evals=$((evals+1))\n"
+                    "done\n"
+                    "wait $pid; echo \"$evals $failed $?\"");
+  std::istringstream counts(r.out);
+  int evals = 0, failed = -1, train_code = -1;
+  counts >> evals >> failed >> train_code;
+  EXPECT_GE(evals, 20);
+  EXPECT_EQ(failed, 0) << read_file(dir_ / "eval_err.txt");
+  EXPECT_EQ(train_code, 0);
+  // A checkpoint file away from its run dir.
+  fs::copy_file(run_dir / "checkpoints" / step_file(400), dir_ / "lone.safetensors");
+  const auto lone = sh("cd '" + dir_.string() + "' && \"$TRAINER\" eval --checkpoint lone.safetensors");
+  EXPECT_EQ(lone.code, 2) << lone.err;
+  EXPECT_NE(lone.err.find("no config.yaml in " + dir_.parent_path().string()), std::string::npos)
+      << lone.err;
 }
 
 // trainer eval on a run's newest checkpoint gives the run's last val record (the same weights,
@@ -511,6 +616,65 @@ TEST_F(Cli, GenerateSamplesTextFromALanguageModel) {
   const auto r = run("generate --checkpoint '" + mlp.string() + "'");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("holds a mlp, which is not a language model"), std::string::npos) << r.err;
+}
+
+// generate's arguments: an empty prompt file is an empty prompt (the text starts from a newline,
+// as --prompt ''); a directory, --prompt with --prompt-file, --num-samples below 1 and a negative
+// temperature are usage errors (exit 2, one line); a temperature near 0 picks the likeliest byte
+// as 0 does; a job under trainer launch is refused. A tokenizer folder whose encoder.json lacks a
+// byte's token, or gives an id beyond its tokens, is one line naming the file.
+TEST_F(Cli, GenerateChecksItsArguments) {
+  const auto corpus = write("corpus.txt", std::string(3000, 'b') + "abc\n");
+  const auto run_dir = dir_ / "g";
+  ASSERT_EQ(run("--config configs/gpt_char.yaml --set data.root='" + corpus.string() +
+                "' --set model.n_layer=1 --set model.n_embd=16 --set model.n_head=2 "
+                "--set model.block_size=16 --set data.batch_size=8 --set train.max_steps=2 "
+                "--set run.progress=never --run-dir '" +
+                run_dir.string() + "'")
+                .code,
+            0);
+  const std::string gen = "generate --checkpoint '" + run_dir.string() + "' --max-new-tokens 8 ";
+  const auto empty = write("empty.txt", "");
+  const auto from_file = run(gen + "--prompt-file '" + empty.string() + "' --seed 3");
+  const auto from_flag = run(gen + "--prompt '' --seed 3");
+  ASSERT_EQ(from_file.code, 0) << from_file.err;
+  EXPECT_EQ(from_file.out, from_flag.out);
+  const auto one_line = [](const trainer::test_support::Result& r) {
+    return std::count(r.err.begin(), r.err.end(), '\n') == 1;
+  };
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--prompt-file '" + dir_.string() + "'", "is a directory"},
+           {"--prompt a --prompt-file '" + empty.string() + "'", "give one"},
+           {"--num-samples 0", "--num-samples must be at least 1"},
+           {"--num-samples -1", "--num-samples must be at least 1"},
+           {"--temperature -1", "--temperature must be"}}) {
+    const auto r = run(gen + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_TRUE(one_line(r)) << r.err;
+  }
+  const auto tiny = run(gen + "--prompt abc --temperature 1e-45 --seed 1");
+  const auto greedy = run(gen + "--prompt abc --temperature 0 --seed 2");
+  ASSERT_EQ(tiny.code, 0) << tiny.err;
+  EXPECT_EQ(tiny.out, greedy.out);
+  const auto launched = run("launch --standalone --nproc-per-node 2 -- " + gen + "--prompt a");
+  EXPECT_NE(launched.code, 0);
+  EXPECT_NE(launched.err.find("generate runs in one process"), std::string::npos) << launched.err;
+
+  // Tokenizer folders: one without byte 0's token, one with an id of 10^12.
+  for (const auto& [name, encoder, needle] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"nobytes", R"({"a": 0, "b": 1})", "no token for byte"},
+           {"hugeid", R"({"a": 1000000000000})", "has id 1000000000000, beyond its 1 tokens"}}) {
+    fs::create_directories(dir_ / name);
+    write(name + "/encoder.json", encoder);
+    write(name + "/vocab.bpe", "#version: 0.2\na b\n");
+    const auto r = run(gen + "--tokenizer '" + (dir_ / name).string() + "'");
+    EXPECT_NE(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find((dir_ / name / "encoder.json").string()), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_TRUE(one_line(r)) << r.err;
+  }
 }
 
 // generate --tokenizer: a model with GPT-2's vocabulary continues a prompt given as text, its

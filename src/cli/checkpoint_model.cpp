@@ -1,6 +1,7 @@
 #include "cli/checkpoint_model.h"
 
 #include <filesystem>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -12,31 +13,50 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The checkpoint file and the config of --checkpoint `spec`; `config` (--config) replaces the
-// run dir's config.yaml.
-std::pair<std::string, std::string> checkpoint_and_config(const std::string& spec,
-                                                          const std::string& config) {
+// The checkpoint of --checkpoint `spec` (a run dir: its newest that verifies, read once, so that a
+// training pruning its checkpoints meanwhile cannot take it away) and the config to rebuild its
+// model from: `config` (--config), else the run dir's config.yaml.
+struct Resolved {
+  std::string checkpoint, config;
+  std::optional<checkpoint::State> state;  // read already (a run dir)
+};
+
+Resolved checkpoint_and_config(const std::string& spec, const std::string& config) {
   std::error_code ec;
-  std::string checkpoint = spec;
+  Resolved r{spec, config, std::nullopt};
   fs::path run_dir;
   if (fs::is_directory(spec, ec)) {
     run_dir = spec;
     const checkpoint::Directory dir((run_dir / "checkpoints").string(), 1, "");
-    const auto latest = dir.load_latest();
+    // A training that keeps few checkpoints may remove the newest between the manifest's read and
+    // the file's: the manifest is read again, a few times.
+    std::optional<std::pair<std::string, checkpoint::State>> latest;
+    for (int attempt = 0;; ++attempt) {
+      try {
+        latest = dir.load_latest();
+        break;
+      } catch (const checkpoint::CorruptCheckpoint&) {
+        if (attempt == 2) throw;
+      }
+    }
     if (!latest) throw UsageError("--checkpoint: " + spec + " holds no checkpoint (checkpoints/)");
-    checkpoint = latest->first;
+    r.checkpoint = latest->first;
+    r.state = std::move(latest->second);
   } else if (fs::is_regular_file(spec, ec)) {
-    run_dir = fs::path(spec).parent_path().parent_path();
+    // <run dir>/checkpoints/step_N.safetensors
+    run_dir = fs::absolute(spec, ec).parent_path().parent_path();
   } else {
     throw UsageError("--checkpoint: " + spec + " is neither a checkpoint file nor a run dir");
   }
-  if (!config.empty()) return {checkpoint, config};
+  if (!config.empty()) return r;
   const fs::path saved = run_dir / "config.yaml";
   if (!fs::is_regular_file(saved, ec)) {
     throw UsageError("--checkpoint: no config.yaml in " + run_dir.string() +
-                     " to rebuild the model and data from; give --config FILE");
+                     " (the run dir a checkpoints/ file belongs to) to rebuild the model and data "
+                     "from; give --config FILE");
   }
-  return {checkpoint, saved.string()};
+  r.config = saved.string();
+  return r;
 }
 
 }  // namespace
@@ -62,16 +82,16 @@ CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
   if (!args.count("checkpoint"))
     throw UsageError(command + ": --checkpoint PATH|RUN_DIR is required");
   setup_logging(args["log-level"].as<std::string>(), job);
-  auto [checkpoint, config] =
-      checkpoint_and_config(args["checkpoint"].as<std::string>(),
-                            args.count("config") ? args["config"].as<std::string>() : "");
-  CheckpointModel m{std::move(checkpoint),
-                    load_config(config, set_and_device(args), engine::config_environment())};
+  auto resolved = checkpoint_and_config(args["checkpoint"].as<std::string>(),
+                                        args.count("config") ? args["config"].as<std::string>() : "");
+  CheckpointModel m{resolved.checkpoint, load_config(resolved.config, set_and_device(args),
+                                                     engine::config_environment())};
   // A sharded checkpoint loads whole: every rank uses the whole model, whatever the training
   // strategy was.
   m.loaded.cfg.dist.strategy = "ddp";
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
-  m.step = m.trainer->load_model(m.checkpoint, labels);
+  m.step = m.trainer->load_model(m.checkpoint, labels,
+                                 resolved.state ? &*resolved.state : nullptr);
   return m;
 }
 

@@ -148,9 +148,12 @@ std::vector<std::string> memory_remedies(engine::Trainer& trainer,
 
 // The memory a config's training step needs per process, against the device's capacity; the
 // run is built and measured on the CPU (engine/memory.h).
-doctor::Finding memory_finding(const std::string& config_path, const doctor::Facts& facts,
-                               int64_t measure_batch, nlohmann::json& out) {
-  auto loaded = load_config(config_path, {"device=cpu", "data.workers=0"}, {});
+doctor::Finding memory_finding(const std::string& config_path, std::vector<std::string> sets,
+                               const doctor::Facts& facts, int64_t measure_batch,
+                               nlohmann::json& out) {
+  sets.push_back("device=cpu");
+  sets.push_back("data.workers=0");
+  auto loaded = load_config(config_path, sets, {});
   // Measured whole in one process; fsdp's figures follow from the measurement.
   const bool fsdp = loaded.cfg.dist.strategy == "fsdp";
   loaded.cfg.dist.strategy = "ddp";
@@ -230,7 +233,7 @@ int doctor_command(int argc, char** argv) {
        "and PCIe bandwidth, collectives (under trainer launch), with --config the data read rate "
        "and whether the job is input-, compute- or communication-bound")
       ("quick", "with --perf: smaller sizes, fewer repeats (under 30 s on a GPU server)")
-      ("set", "with --perf --config: override a config key (repeatable)",
+      ("set", "with --config: override a config key (repeatable)",
        cxxopts::value<std::vector<std::string>>(), "KEY.PATH=VALUE")
       ("h,help", "print this help");
   // clang-format on
@@ -239,24 +242,27 @@ int doctor_command(int argc, char** argv) {
     std::cout << options.help() << "\nExit codes: 0 no FAIL finding, 1 at least one, 2 usage.\n";
     return 0;
   }
+  const auto sets =
+      args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  if (!sets.empty() && !args.count("config")) {
+    throw UsageError("doctor: --set overrides keys of --config FILE; give --config");
+  }
   if (args.count("perf")) {
-    return doctor_perf(
-        args.count("config") ? args["config"].as<std::string>() : "",
-        args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{},
-        args.count("quick") > 0, args.count("json") > 0);
+    return doctor_perf(args.count("config") ? args["config"].as<std::string>() : "", sets,
+                       args.count("quick") > 0, args.count("json") > 0);
   }
   bool wants_cuda = false;
   if (args.count("config")) {
     // Read without validating: a config asking for a GPU this machine lacks is what the doctor
     // reports, not a usage error.
-    const auto loaded = engine::load_config(args["config"].as<std::string>(), {});
+    const auto loaded = engine::load_config(args["config"].as<std::string>(), sets);
     wants_cuda = loaded.cfg.device.rfind("cuda", 0) == 0;
   }
   const doctor::Facts facts = doctor::probe(wants_cuda);
   auto findings = doctor::check(facts);
   nlohmann::json memory;
   if (args.count("config")) {
-    findings.push_back(memory_finding(args["config"].as<std::string>(), facts,
+    findings.push_back(memory_finding(args["config"].as<std::string>(), sets, facts,
                                       args["measure-batch"].as<int64_t>(), memory));
   }
   const int code = doctor::exit_code(findings);

@@ -5,6 +5,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "data/gpt2_bpe.h"
+#include "distributed/env.h"
 #include "engine/generator.h"
 #include "engine/trainer.h"
 #include "util/format.h"
@@ -25,17 +28,22 @@ namespace {
 
 constexpr int64_t kByteVocabulary = 256;
 
+// The text to continue; "" when none was given (--prompt "" or an empty --prompt-file).
 std::string prompt_text(const cxxopts::ParseResult& args) {
-  if (args.count("prompt-file")) {
-    const std::string path = args["prompt-file"].as<std::string>();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw UsageError("--prompt-file: cannot read " + path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
+  if (args.count("prompt-file") && args.count("prompt")) {
+    throw UsageError("--prompt and --prompt-file both give the text to continue; give one");
   }
-  const std::string text = args["prompt"].as<std::string>();
-  return text.empty() ? "\n" : text;  // a start, as nanoGPT's sample.py has
+  if (!args.count("prompt-file")) return args["prompt"].as<std::string>();
+  const std::string path = args["prompt-file"].as<std::string>();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw UsageError("--prompt-file: " + path + " is a directory; give a text file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("--prompt-file: cannot read " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 engine::SamplingOptions sampling_options(const cxxopts::ParseResult& args) {
@@ -46,7 +54,10 @@ engine::SamplingOptions sampling_options(const cxxopts::ParseResult& args) {
   o.top_p = args["top-p"].as<double>();
   o.seed = args["seed"].as<uint64_t>();
   if (o.max_new_tokens < 1) throw UsageError("--max-new-tokens must be at least 1");
-  if (o.temperature < 0) throw UsageError("--temperature must not be negative");
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
+    throw UsageError("--temperature must be 0 (the likeliest token) or positive and finite");
+  }
+  if (args["num-samples"].as<int64_t>() < 1) throw UsageError("--num-samples must be at least 1");
   if (o.top_k < 0) throw UsageError("--top-k must not be negative");
   if (!(o.top_p > 0 && o.top_p <= 1)) throw UsageError("--top-p must be in (0, 1]");
   return o;
@@ -89,6 +100,9 @@ int generate_command(int argc, char** argv) {
     return 0;
   }
   const auto sampling = sampling_options(args);
+  if (distributed::read_process_env().launched()) {
+    throw UsageError("generate runs in one process: run it without trainer launch");
+  }
   const auto m = load_checkpoint_model(args, distributed::DistEnv{}, "generate");
   auto& trainer = *m.trainer;
   const std::string& checkpoint = m.checkpoint;
@@ -98,7 +112,10 @@ int generate_command(int argc, char** argv) {
     throw UsageError("generate: " + checkpoint + " holds a " + loaded.cfg.model.name +
                      ", which is not a language model (gpt is)");
   }
-  const std::string text = prompt_text(args);
+  const std::string given = prompt_text(args);
+  // Without a prompt, a start as nanoGPT's sample.py has: a newline byte, or GPT-2's
+  // <|endoftext|>.
+  const std::string text = given.empty() && !args.count("tokenizer") ? "\n" : given;
   // The text's tokens and each token's bytes: GPT-2's BPE, or the bytes themselves.
   std::unique_ptr<data::Gpt2Tokenizer> bpe;
   std::vector<int64_t> ids;
@@ -109,9 +126,8 @@ int generate_command(int argc, char** argv) {
                        std::to_string(decoder->vocabulary()) + " tokens, fewer than GPT-2's " +
                        std::to_string(bpe->size()));
     }
-    ids = args["prompt"].as<std::string>().empty() && !args.count("prompt-file")
-              ? std::vector<int64_t>{bpe->size() - 1}  // <|endoftext|>, as GPT-2 starts
-              : bpe->encode(text);
+    ids = text.empty() ? std::vector<int64_t>{bpe->size() - 1}  // <|endoftext|>, as GPT-2 starts
+                       : bpe->encode(text);
   } else if (decoder->vocabulary() != kByteVocabulary) {
     throw UsageError("generate: the model's vocabulary has " +
                      std::to_string(decoder->vocabulary()) +

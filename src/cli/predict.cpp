@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "data/dataset.h"
+#include "distributed/env.h"
 #include "engine/trainer.h"
 #include "util/fileio.h"
 #include "util/format.h"
@@ -37,11 +38,32 @@ std::vector<std::string> inputs_of(const std::string& input) {
   }
   std::vector<std::string> files;
   for (fs::recursive_directory_iterator it(input, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file(ec) && image_name(it->path())) files.push_back(it->path().string());
+    // A symbolic link whose target is missing too: it is then reported as skipped.
+    const bool file = it->is_regular_file(ec) || (it->is_symlink(ec) && !fs::exists(it->path(), ec));
+    if (file && image_name(it->path())) files.push_back(it->path().string());
   }
   std::sort(files.begin(), files.end());
   if (files.empty()) throw UsageError("--input: no .jpg, .jpeg or .png file under " + input);
   return files;
+}
+
+// `text` for one field of a tab-separated line: tabs, newlines and backslashes escaped.
+std::string tsv_field(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 cxxopts::Options predict_options() {
@@ -68,13 +90,18 @@ int predict_command(int argc, char** argv) {
   if (args.count("help")) {
     std::cout << options.help()
               << "\nPrints PATH<TAB>LABEL<TAB>PROBABILITY for each image and each of its top-k "
-                 "classes; an unreadable image is reported on stderr and skipped.\n";
+                 "classes (tabs, newlines and backslashes in them escaped as \\t, \\n, \\\\); an "
+                 "unreadable image is reported on stderr and skipped; exit 1 when none could be "
+                 "classified.\n";
     return 0;
   }
   if (!args.count("input")) throw UsageError("predict: --input FILE|DIR is required");
   const int64_t top_k = args["top-k"].as<int64_t>(), batch = args["batch-size"].as<int64_t>();
   if (top_k < 1 || batch < 1) throw UsageError("--top-k and --batch-size must be at least 1");
   const auto files = inputs_of(args["input"].as<std::string>());
+  if (distributed::read_process_env().launched()) {
+    throw UsageError("predict runs in one process: run it without trainer launch");
+  }
   const auto m = load_checkpoint_model(args, distributed::DistEnv{}, "predict");
   auto& trainer = *m.trainer;
   if (trainer.tokens_per_sample() > 0) {
@@ -108,8 +135,10 @@ int predict_command(int argc, char** argv) {
                                       ? names[static_cast<size_t>(c)]
                                       : std::to_string(c);
         top.push_back({{"label", label}, {"index", c}, {"probability", prob}});
-        if (!args.count("json"))
-          std::cout << strprintf("%s\t%s\t%.4f\n", paths[i].c_str(), label.c_str(), prob);
+        if (!args.count("json")) {
+          std::cout << strprintf("%s\t%s\t%.4f\n", tsv_field(paths[i]).c_str(),
+                                 tsv_field(label).c_str(), prob);
+        }
       }
       all.push_back({{"path", paths[i]}, {"top", top}});
     }
@@ -120,6 +149,11 @@ int predict_command(int argc, char** argv) {
                                 {"skipped", skipped}}
                      .dump()
               << "\n";
+  }
+  if (all.empty()) {
+    std::cerr << strprintf("trainer predict: none of the %zu images of %s could be classified\n",
+                           files.size(), args["input"].as<std::string>().c_str());
+    return 1;
   }
   return 0;
 }

@@ -104,9 +104,19 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) : byte_chars_(byte_characte
   std::unordered_map<std::string, unsigned char> byte_of;
   for (int b = 0; b < 256; ++b)
     byte_of[byte_chars_[static_cast<size_t>(b)]] = static_cast<unsigned char>(b);
+  if (!encoder.is_object() || encoder.empty()) {
+    throw DataError(enc_path + ": not a JSON object of tokens and their ids");
+  }
+  // Ids name rows of the model's output: at most one per token, and none beyond the count.
+  const auto most = static_cast<int64_t>(encoder.size());
   for (const auto& [token, id] : encoder.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0)
       throw DataError(enc_path + ": token '" + token + "' has no id");
+    if (id.get<int64_t>() >= most) {
+      throw DataError(enc_path + ": token '" + token + "' has id " +
+                      std::to_string(id.get<int64_t>()) + ", beyond its " + std::to_string(most) +
+                      " tokens (ids run from 0)");
+    }
     const auto i = static_cast<size_t>(id.get<int64_t>());
     if (i >= tokens_.size()) tokens_.resize(i + 1);
     ids_[token] = id.get<int64_t>();
@@ -117,6 +127,13 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) : byte_chars_(byte_characte
       bytes += it != byte_of.end() ? static_cast<char>(it->second) : '?';
     }
     tokens_[i] = token == "<|endoftext|>" ? token : bytes;
+  }
+  // Every byte must have a token of its own: the encoding of any text starts from them.
+  for (int b = 0; b < 256; ++b) {
+    if (!ids_.count(byte_chars_[static_cast<size_t>(b)])) {
+      throw DataError(enc_path + ": no token for byte " + std::to_string(b) +
+                      " (GPT-2's encoder.json has one for each of the 256 bytes)");
+    }
   }
   std::istringstream merges(read_text(bpe_path));
   int64_t rank = 0;
@@ -161,7 +178,18 @@ std::vector<int64_t> Gpt2Tokenizer::encode_piece(const std::string& piece) const
     parts = std::move(merged);
   }
   std::vector<int64_t> ids;
-  for (const auto& p : parts) ids.push_back(ids_.at(p));
+  for (const auto& p : parts) {
+    const auto it = ids_.find(p);
+    // A merge whose result has no id (an inconsistent vocab.bpe): its bytes' own tokens.
+    if (it != ids_.end()) {
+      ids.push_back(it->second);
+    } else {
+      for (size_t k = 0, n = 0; k < p.size(); k += n) {
+        decode_utf8(p, k, n);
+        ids.push_back(ids_.at(p.substr(k, n)));
+      }
+    }
+  }
   return ids;
 }
 

@@ -146,8 +146,9 @@ void Checkpointer::restore(const checkpoint::State& ckpt, const std::string& pat
   last_ = path;
 }
 
-int64_t Checkpointer::load_model(const std::string& path, LabelUse labels) {
-  const checkpoint::State ckpt = checkpoint::load(path);
+int64_t Checkpointer::load_model(const std::string& path, LabelUse labels,
+                                 const checkpoint::State* loaded) {
+  const checkpoint::State ckpt = loaded ? *loaded : checkpoint::load(path);
   restore_model(ckpt, path, labels);
   if (!ckpt.meta.contains("step") || !ckpt.meta["step"].is_number_integer()) {
     throw checkpoint::CorruptCheckpoint(path + ": no integer 'step' in its metadata");

@@ -46,7 +46,10 @@ class Checkpointer {
   // train_and_score, the data's class names must be the checkpoint's (data.remap_classes maps
   // them by name), else config::ConfigError; with none (prediction) the checkpoint's names are
   // taken.
-  int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score);
+  // `loaded`: the file's state, read already (a run dir's newest checkpoint that verified, which
+  // a running training may prune meanwhile).
+  int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score,
+                     const checkpoint::State* loaded = nullptr);
 
   // Saves the state of the current step unless it is saved already, with `eval`'s metrics when
   // it was evaluated at this step. A failed save stops the run (throws) unless

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -100,6 +102,37 @@ void make_data(Components& c, const config::LoadedConfig& loaded, const distribu
       cfg.train.max_steps > 0 ? cfg.train.max_steps : cfg.train.epochs * c.steps_per_epoch;
 }
 
+// A foreign layout's config file beside model.pretrained (Hugging Face's config.json) against the
+// model: a setting that would make the model compute something else is a config error; one that
+// only training uses, a warning.
+void check_foreign_config(const models::ModelKind& kind, const models::NamedWeights& weights,
+                          const config::LoadedConfig& loaded) {
+  const auto& m = loaded.cfg.model;
+  if (!kind.hf || !kind.hf->check_config || !kind.hf->matches(weights)) return;
+  const auto file = std::filesystem::path(m.pretrained).parent_path() / "config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return;
+  nlohmann::json json;
+  try {
+    std::ifstream in(file);
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    config_error(loaded, "model.pretrained", file.string() + ": not JSON: " + e.what());
+  }
+  std::map<std::string, std::string> flat;
+  for (const auto& [key, value] : config::flatten(loaded.cfg)) flat[key] = value;
+  std::vector<std::string> errors, warnings;
+  kind.hf->check_config(json, flat, errors, warnings);
+  for (const auto& w : warnings) log::warn(file.string() + ": " + w);
+  if (!errors.empty()) {
+    std::string all;
+    for (const auto& e : errors) all += (all.empty() ? "" : "; ") + e;
+    config_error(loaded, "model.pretrained",
+                 file.string() + " beside " + m.pretrained + " describes another model: " + all +
+                     "; use weights of a model " + m.name + " computes, or a config that matches");
+  }
+}
+
 // Copies model.pretrained's weights into the model.
 void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
   const auto& m = loaded.cfg.model;
@@ -109,14 +142,19 @@ void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
   } catch (const checkpoint::FormatError& e) {
     config_error(loaded, "model.pretrained", e.what());
   }
+  const auto& kind = models::model_registry().get(m.name);
+  check_foreign_config(kind, weights.tensors, loaded);
   // Hugging Face's layout of the model, where it has one, is converted first.
   const std::string problems =
       models::load_weights(*c.model, models::to_trainer_layout(m.name, weights.tensors),
-                           m.pretrained_skip_head, models::model_registry().get(m.name).untie_hint);
+                           m.pretrained_skip_head, kind.untie_hint);
   if (!problems.empty()) {
+    // The hint where the classifier is what does not fit.
+    const std::string head = models::head_prefix(*c.model);
+    const bool head_differs = !head.empty() && problems.find(head) != std::string::npos;
     config_error(loaded, "model.pretrained",
                  m.pretrained + " does not fit model " + m.name + ": " + problems +
-                     (m.pretrained_skip_head
+                     (m.pretrained_skip_head || !head_differs
                           ? ""
                           : " (model.pretrained_skip_head: true re-initialises the classifier)"));
   }

@@ -8,16 +8,19 @@
 #include <stdexcept>
 #include <vector>
 
+#include "nn/aligned_linear.h"
+
 namespace trainer::engine {
 namespace {
 
 // Counted operations and how to count them from their arguments and results.
-enum class Kind { none, matmul, addmm, conv, attention };
+enum class Kind { none, matmul, addmm, linear, conv, attention };
 
 Kind kind_of(const char* name) {
   static const std::pair<const char*, Kind> kinds[] = {
       {"aten::mm", Kind::matmul},       {"aten::bmm", Kind::matmul},
       {"aten::addmm", Kind::addmm},     {"aten::baddbmm", Kind::addmm},
+      {nn::kAlignedLinear, Kind::linear},
       {"aten::conv2d", Kind::conv},     {"aten::scaled_dot_product_attention", Kind::attention}};
   for (const auto& [n, k] : kinds) {
     if (std::strcmp(name, n) == 0) return k;
@@ -52,6 +55,12 @@ int64_t flops_of(const Shapes& s, const at::RecordFunction& fn) {
       return in.size() >= 2 ? product_flops(in[0], in[1]) : 0;
     case Kind::addmm:
       return in.size() >= 3 ? product_flops(in[1], in[2]) : 0;
+    case Kind::linear: {  // x [..., C] by weight [V, C]
+      if (in.size() < 2 || in[0].empty() || in[1].size() != 2) return 0;
+      int64_t rows = 1;
+      for (size_t i = 0; i + 1 < in[0].size(); ++i) rows *= in[0][i];
+      return 2 * rows * in[1][1] * in[1][0];
+    }
     case Kind::conv: {  // out [N, Cout, H, W] x weight [Cout, Cin/groups, kh, kw]
       const auto outputs = fn.outputs();
       if (in.size() < 2 || outputs.empty()) return 0;

@@ -7,8 +7,9 @@
 namespace trainer::engine {
 
 // The floating-point operations of the matrix products (mm, addmm, bmm, baddbmm), 2-D
-// convolutions and scaled-dot-product attention that `fn` runs on this thread, counted from the
-// operations' shapes by a RecordFunction observer: 2 per multiply-add, attention 4*B*H*L*S*E
+// convolutions, scaled-dot-product attention and nn::aligned_linear (its V rows, not the padded
+// product it runs) that `fn` runs on this thread, counted from the operations' shapes by a
+// RecordFunction observer: 2 per multiply-add, attention 4*B*H*L*S*E
 // (its two products), as torch.utils.flop_counter.FlopCounterMode counts them. An operation
 // called inside another counted one (autocast's re-dispatch, attention's own products) counts
 // once. Other operations (element-wise, normalisation, softmax) are not counted.

@@ -14,7 +14,9 @@ torch::Tensor sample_next(const torch::Tensor& logits, const SamplingOptions& op
   torch::NoGradGuard no_grad;
   auto l = read_to_host(logits.to(torch::kFloat));  // [B, V]
   if (options.temperature <= 0.0) return l.argmax(/*dim=*/1);
-  l = l / options.temperature;
+  // Less the row's largest first: a temperature near 0 then sends the others to -inf (the
+  // likeliest tokens left, as at 0) instead of every logit to +-inf.
+  l = (l - std::get<0>(l.max(/*dim=*/1, /*keepdim=*/true))) / options.temperature;
   const float minus_inf = -std::numeric_limits<float>::infinity();
   if (options.top_k > 0 && options.top_k < l.size(1)) {
     const auto kth = std::get<0>(l.topk(options.top_k, /*dim=*/1)).select(1, -1).unsqueeze(1);

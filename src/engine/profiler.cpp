@@ -40,7 +40,8 @@ std::set<ActivityType> activities_of(torch::Device device) {
 bool is_operator(const prof::KinetoEvent& e) {
   if (e.activityType() != kCpuOp || e.scope() != 0) return false;
   const std::string name = e.name();
-  return name.find("::") != std::string::npos && name.rfind("autograd::", 0) != 0;
+  return name.find("::") != std::string::npos && name.rfind("autograd::", 0) != 0 &&
+         name.rfind("trainer::", 0) != 0;
 }
 
 bool on_device(const prof::KinetoEvent& e) {

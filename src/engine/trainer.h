@@ -70,7 +70,8 @@ class Trainer {
   // Loads the model weights of a checkpoint file for evaluation or prediction
   // (Checkpointer::load_model, which checks the data's classes when `labels` says they are used)
   // and returns its step. Every rank must call this.
-  int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score);
+  int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score,
+                     const checkpoint::State* loaded = nullptr);
 
   // Trains to the end (or until *stop becomes true, or train.stop_at_step), evaluating, logging
   // and checkpointing as configured; a stop writes a checkpoint first. Writes

@@ -53,8 +53,9 @@ distributed::Group* Trainer::group() const {
   return s_->parts.group.get();
 }
 
-int64_t Trainer::load_model(const std::string& path, LabelUse labels) {
-  return s_->state.step = s_->checkpointer.load_model(path, labels);
+int64_t Trainer::load_model(const std::string& path, LabelUse labels,
+                            const checkpoint::State* loaded) {
+  return s_->state.step = s_->checkpointer.load_model(path, labels, loaded);
 }
 
 namespace {

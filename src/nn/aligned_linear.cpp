@@ -1,6 +1,7 @@
 #include "nn/aligned_linear.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <vector>
@@ -87,6 +88,9 @@ class AlignedLinear : public torch::autograd::Function<AlignedLinear> {
 
 torch::Tensor aligned_linear(const torch::Tensor& x, const torch::Tensor& weight) {
   if (aligned_columns(weight.size(0)) == weight.size(0)) return torch::linear(x, weight);
+  // Named with its arguments for observers: FLOPs count the product of x and the V rows of the
+  // weight (engine/flops.h), not the padded one it runs.
+  RECORD_FUNCTION(kAlignedLinear, std::vector<c10::IValue>({x, weight}));
   return AlignedLinear::apply(x, weight);
 }
 

@@ -12,6 +12,9 @@
 
 namespace trainer::nn {
 
+// The name aligned_linear carries for RecordFunction observers, with (x, weight) as inputs.
+constexpr const char* kAlignedLinear = "trainer::aligned_linear";
+
 // x [..., C] times weight [V, C] transposed: [..., V], rows `aligned_columns(V)` elements apart
 // (a view into a padded buffer when that exceeds V). Under autocast both are cast to its dtype,
 // as autocast casts linear's; gradients come back in x's and weight's dtypes.
