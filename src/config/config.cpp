@@ -1,5 +1,5 @@
 // Range checks of each section's own keys. Checks that span sections or depend on the machine
-// are in loader.cpp's validate(); each registered entry checks its own keys in its file.
+// are in validate.cpp's validate(); each registered entry checks its own keys in its file.
 #include "config/config.h"
 
 #include <cerrno>

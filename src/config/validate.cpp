@@ -1,0 +1,141 @@
+// validate() and check(): each section's and registered entry's own range checks, then the checks
+// across sections or about the machine (device, CUDA graphs, registered names).
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/loader.h"
+#include "config/loader_internal.h"
+#include "util/format.h"
+#include "util/strings.h"
+
+namespace trainer::config {
+namespace detail {
+namespace {
+
+// Runs each section's validate() and each of its entries' under the section's key prefix.
+struct SectionChecker {
+  Checks checks;
+
+  template <class T>
+  void operator()(const char* name, T& field) {
+    if constexpr (is_entries_v<T>) {
+      for (const auto& [entry, options] : field.all()) options->validate(checks);
+    } else if constexpr (is_section_v<T>) {
+      Checks own = checks.section(std::string(name) + ".");
+      field.validate(own);
+      SectionChecker inner{own};
+      field.visit(inner);
+    }
+  }
+};
+
+// "cuda:N" -> N; nullopt when not of that form.
+std::optional<int64_t> cuda_index(const std::string& device) {
+  if (device.rfind("cuda:", 0) != 0) return std::nullopt;
+  std::string n = device.substr(5);
+  if (n.empty() || n[0] == '+' || n[0] == '-') return std::nullopt;
+  return parse_int(n);
+}
+
+// The checks about the machine and across sections.
+void check_environment(const Config& c, const Environment& env, Checks& checks) {
+  const std::string& d = c.device;
+  const bool known = d == "auto" || d == "cpu" || d == "cuda" || cuda_index(d).has_value();
+  if (!known) {
+    checks.add("device", "must be auto, cpu, cuda or cuda:N, got '" + d + "'");
+  } else if ((d == "cuda" || cuda_index(d)) && !env.cuda_available) {
+    checks.add("device", "no CUDA device is available; use device: cpu or auto (got '" + d + "')");
+  } else if (auto n = cuda_index(d); n && *n >= env.cuda_devices) {
+    checks.add("device", "device " + d + " does not exist; " + std::to_string(env.cuda_devices) +
+                             " CUDA device(s) available, use cuda:0.." +
+                             std::to_string(env.cuda_devices - 1));
+  }
+  const bool cpu_only = c.device == "cpu" || (c.device == "auto" && !env.cuda_available);
+  if (c.amp.enabled && c.amp.dtype == "float16" && cpu_only) {
+    checks.add("amp.dtype",
+               "float16 autocast needs a CUDA device; use amp.dtype: bfloat16 or a cuda device");
+  }
+  if (c.dist.backend == "nccl" && (!env.cuda_available || c.device == "cpu")) {
+    checks.add("dist.backend", "nccl needs CUDA devices; use dist.backend: gloo or auto");
+  }
+  if ((c.sched.name == "cosine" || c.sched.name == "linear") && c.sched.min_lr >= 0.0 &&
+      !(c.sched.min_lr < c.optim.lr)) {
+    checks.add("sched.min_lr", "must be < optim.lr (" + format_number(c.optim.lr) + ") for the " +
+                                   c.sched.name + " schedule, got " +
+                                   format_number(c.sched.min_lr));
+  }
+}
+
+// train.cuda_graph: what a captured step cannot do.
+void check_cuda_graph(const Config& c, const Environment& env, Checks& checks) {
+  if (!c.train.cuda_graph) return;
+  const auto fail = [&](const std::string& why) { checks.add("train.cuda_graph", why); };
+  if (c.device == "cpu" || (c.device == "auto" && !env.cuda_available)) {
+    fail("needs a CUDA device (device: cuda); set train.cuda_graph: false");
+  }
+  if (c.optim.impl == "foreach" || c.optim.impl == "loop") {
+    fail(
+        "needs optim.impl fused (a captured step reads the learning rate and the skip decision "
+        "on the device; " +
+        c.optim.impl + " computes them on the host)");
+  }
+  if (c.model.checkpointing != "none") {
+    fail(
+        "cannot capture model.checkpointing (its recomputation sets the RNG state from the host); "
+        "set model.checkpointing: none");
+  }
+  if (!c.data.drop_last) {
+    fail("needs batches of one shape; set data.drop_last: true");
+  }
+  if (c.dist.strategy == "fsdp") {
+    fail(
+        "cannot capture fsdp's gathers and frees; set dist.strategy: ddp or train.cuda_graph: "
+        "false");
+  }
+  if (c.dist.find_unused_parameters || c.dist.reducer_at_world_size_1) {
+    fail(
+        "cannot capture DDP's reducer; set dist.find_unused_parameters and "
+        "dist.reducer_at_world_size_1 to false");
+  }
+}
+
+// Registry-keyed values ("model.name", ...) that name nothing registered.
+void check_names(const Config& c, const Environment& env, Checks& checks) {
+  for (const auto& [key, names] : env.choices) {
+    const auto found = lookup(c, key);
+    if (!found) continue;
+    const std::string& value = *found;
+    if (std::find(names.begin(), names.end(), value) != names.end()) continue;
+    std::string msg = "unknown " + key + " '" + value + "'; registered: " + join(names, ", ");
+    const std::string s = closest(value, names);
+    if (!s.empty()) msg += " (did you mean " + s + "?)";
+    checks.add(key, msg);
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) {
+  std::vector<Issue> issues;
+  Checks top(
+      "", [&](const std::string& key) { return loaded.where(key); }, issues);
+  Config c = loaded.cfg;
+  detail::SectionChecker sections{top};
+  c.visit(sections);
+  detail::check_environment(c, env, top);
+  detail::check_cuda_graph(c, env, top);
+  detail::check_names(c, env, top);
+  return detail::without_repeats(std::move(issues));
+}
+
+void check(const LoadedConfig& loaded, const Environment& env) {
+  auto issues = validate(loaded, env);
+  if (!issues.empty()) throw ConfigError(std::move(issues));
+}
+
+}  // namespace trainer::config
