@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "engine/memory.h"
+#include "engine/measure/memory.h"
 #include "losses/loss.h"
 #include "models/model.h"
 

@@ -16,7 +16,7 @@
 
 #include "config/loader.h"
 #include "data/dataset.h"
-#include "engine/components.h"
+#include "engine/loop/components.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "engine/memory.h"
+#include "engine/measure/memory.h"
 #include "models/model.h"
 #include "nn/activation_checkpoint.h"
 #include "nn/autocast.h"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "config/loader.h"
-#include "engine/components.h"
+#include "engine/loop/components.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;

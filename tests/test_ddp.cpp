@@ -11,8 +11,8 @@
 #include "config/loader.h"
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
-#include "engine/components.h"
-#include "engine/trainer.h"
+#include "engine/loop/components.h"
+#include "engine/loop/trainer.h"
 #include "temp_dir.h"
 #include "util/net.h"
 

@@ -8,11 +8,11 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
-#include "engine/components.h"
-#include "engine/graphed_step.h"
-#include "engine/memory.h"
-#include "engine/op_count.h"
-#include "engine/trainer.h"
+#include "engine/loop/components.h"
+#include "engine/loop/graphed_step.h"
+#include "engine/measure/memory.h"
+#include "engine/measure/op_count.h"
+#include "engine/loop/trainer.h"
 #include "models/model.h"
 #include "temp_dir.h"
 

@@ -5,9 +5,9 @@
 #include <fstream>
 
 #include "config/loader.h"
-#include "engine/components.h"
-#include "engine/flops.h"
-#include "engine/trainer.h"
+#include "engine/loop/components.h"
+#include "engine/measure/flops.h"
+#include "engine/loop/trainer.h"
 #include "nn/autocast.h"
 #include "temp_dir.h"
 

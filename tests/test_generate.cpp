@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/generator.h"
+#include "engine/use/generator.h"
 
 namespace trainer::engine {
 namespace {

@@ -40,6 +40,15 @@ const std::map<std::string, std::set<std::string>>& allowed() {
   return table;
 }
 
+// The engine's folders, in order: measure (counting operators, host reads, FLOPs, memory) under
+// loop (what a training step and fit() run through) under use (bench, doctor's measurements,
+// generation, the uses of a trained model). What each may include of the engine besides itself.
+const std::map<std::string, std::set<std::string>>& engine_allowed() {
+  static const std::map<std::string, std::set<std::string>> table = {
+      {"measure", {}}, {"loop", {"measure"}}, {"use", {"loop", "measure"}}};
+  return table;
+}
+
 // Parts whose code must build without LibTorch.
 const std::set<std::string>& torch_free() {
   static const std::set<std::string> parts = {"config", "launch"};
@@ -61,6 +70,26 @@ std::string part_of(const fs::path& relative) {
   if (top != "src" || it == relative.end()) return "";
   const std::string part = it->string();
   return ++it == relative.end() ? "" : part;  // src/<file> itself belongs to no part
+}
+
+// Within the engine: an include of another engine folder that the folder's rule does not allow.
+void check_engine_folder(const fs::path& relative, const std::string& line,
+                         const std::string& where, std::vector<std::string>& problems) {
+  static const std::regex engine_include(R"(^\s*#\s*include\s+"engine/([a-z_]+)/)");
+  auto it = relative.begin();
+  std::advance(it, 2);  // src/engine/<folder>/...
+  if (it == relative.end()) return;
+  const std::string folder = it->string();
+  const auto rule = engine_allowed().find(folder);
+  if (rule == engine_allowed().end()) {
+    problems.push_back(where + "engine/" + folder + " is not an engine folder (measure, loop, use)");
+    return;
+  }
+  std::smatch m;
+  if (std::regex_search(line, m, engine_include) && m[1] != folder && !rule->second.count(m[1])) {
+    problems.push_back(where + "engine/" + folder + " includes engine/" + m[1].str() +
+                       "/ (engine/" + folder + " may include: " + join(rule->second) + ")");
+  }
 }
 
 // One line per include against the rule: "<file>:<line>: <part> includes <other>/ (<part> may
@@ -98,6 +127,7 @@ std::vector<std::string> check_tree(const fs::path& root) {
         problems.push_back(where + part + " includes " + m[1].str() + "/ (" + part +
                            " may include: " + join(rule->second) + ")");
       }
+      if (part == "engine") check_engine_folder(relative, line, where, problems);
       if (torch_free().count(part) && std::regex_search(line, m, torch_include)) {
         problems.push_back(where + part + " includes " + m[1].str() + "/ (" + part +
                            " builds without LibTorch)");
@@ -126,12 +156,17 @@ TEST(Layers, ForbiddenIncludesAreReported) {
   std::ofstream(root / "src" / "config" / "loader.cpp") << "#include <torch/torch.h>\n";
   std::ofstream(root / "models" / "mlp.cpp")
       << "#include \"nn/autocast.h\"\n#include \"data/dataset.h\"\n";
+  fs::create_directories(root / "src" / "engine" / "loop");
+  std::ofstream(root / "src" / "engine" / "loop" / "step.cpp")
+      << "#include \"engine/measure/op_count.h\"\n#include \"engine/use/bench.h\"\n";
   const auto problems = check_tree(root);
   fs::remove_all(root);
   EXPECT_EQ(problems,
             (std::vector<std::string>{
                 "models/mlp.cpp:2: models includes data/ (models may include: config, nn, util)",
                 "src/config/loader.cpp:1: config includes torch/ (config builds without LibTorch)",
+                "src/engine/loop/step.cpp:2: engine/loop includes engine/use/ (engine/loop may "
+                "include: measure)",
                 "src/launch/launcher.cpp:3: launch includes cli/ (launch may include: config, "
                 "util)"}));
 }

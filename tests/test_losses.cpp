@@ -6,7 +6,7 @@
 
 #include <iostream>
 
-#include "engine/memory.h"
+#include "engine/measure/memory.h"
 #include "losses/loss.h"
 
 namespace trainer::losses {

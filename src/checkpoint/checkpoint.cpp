@@ -343,6 +343,26 @@ void Directory::write_manifest(const std::vector<Entry>& entries) const {
   write_text_atomically(dir_ + "/" + kManifest, manifest.dump(2) + "\n");
 }
 
+std::set<std::string> Directory::kept_files(const std::vector<Entry>& all) const {
+  // The newest keep_last_, and the best by keep_best_.
+  std::set<std::string> keep;
+  for (size_t i = all.size() > static_cast<size_t>(keep_last_) ? all.size() - keep_last_ : 0;
+       i < all.size(); ++i) {
+    keep.insert(all[i].file);
+  }
+  if (keep_best_.empty()) return keep;
+  const Entry* best = nullptr;
+  for (const auto& e : all) {
+    auto it = e.metrics.find(keep_best_);
+    if (it == e.metrics.end()) continue;
+    const double v = it->second;
+    const double b = best ? best->metrics.at(keep_best_) : 0.0;
+    if (!best || (lower_is_better(keep_best_) ? v < b : v > b)) best = &e;
+  }
+  if (best) keep.insert(best->file);
+  return keep;
+}
+
 std::string Directory::save(int64_t step, const State& state,
                             const std::map<std::string, double>& metrics) {
   if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -380,22 +400,7 @@ std::string Directory::save(int64_t step, const State& state,
   }
   all.push_back(entry);
   std::sort(all.begin(), all.end(), [](const Entry& a, const Entry& b) { return a.step < b.step; });
-  std::set<std::string> keep;
-  for (size_t i = all.size() > static_cast<size_t>(keep_last_) ? all.size() - keep_last_ : 0;
-       i < all.size(); ++i) {
-    keep.insert(all[i].file);
-  }
-  if (!keep_best_.empty()) {
-    const Entry* best = nullptr;
-    for (const auto& e : all) {
-      auto it = e.metrics.find(keep_best_);
-      if (it == e.metrics.end()) continue;
-      const double v = it->second;
-      const double b = best ? best->metrics.at(keep_best_) : 0.0;
-      if (!best || (lower_is_better(keep_best_) ? v < b : v > b)) best = &e;
-    }
-    if (best) keep.insert(best->file);
-  }
+  const std::set<std::string> keep = kept_files(all);
   std::vector<Entry> kept, dropped;
   for (auto& e : all) (keep.count(e.file) ? kept : dropped).push_back(std::move(e));
   write_manifest(kept);

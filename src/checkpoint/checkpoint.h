@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,8 @@ class Directory {
   std::optional<Entry> adopt(const std::string& name) const;
   void write_manifest(const std::vector<Entry>& entries) const;
   void remove_stale_temporaries() const;
+  // The files of `all` (oldest first) that pruning keeps: the newest keep_last, the best.
+  std::set<std::string> kept_files(const std::vector<Entry>& all) const;
   // Removes the shard folders (step_N.shards) of every step `kept` does not list.
   void remove_unkept_shards(const std::vector<Entry>& kept) const;
   // Removes the files in step_<step>.shards that `meta`'s "shards" does not list (all of them,

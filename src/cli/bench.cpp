@@ -12,9 +12,9 @@
 #include "cli/options.h"
 #include "config/loader.h"
 #include "distributed/env.h"
-#include "engine/bench.h"
-#include "engine/components.h"
-#include "engine/trainer.h"
+#include "engine/use/bench.h"
+#include "engine/loop/components.h"
+#include "engine/loop/trainer.h"
 #include "util/fileio.h"
 #include "util/format.h"
 
@@ -137,9 +137,7 @@ std::string result_table(const engine::BenchResult& r, const engine::BenchOption
   return out;
 }
 
-}  // namespace
-
-int bench_command(int argc, char** argv) {
+cxxopts::Options bench_options() {
   cxxopts::Options options("trainer bench",
                            "Times training steps of a config: throughput, step time, the time of "
                            "each phase, peak memory, FLOP rate.");
@@ -164,14 +162,11 @@ int bench_command(int argc, char** argv) {
        cxxopts::value<std::string>()->default_value("warn"), "L")
       ("h,help", "print this help");
   // clang-format on
-  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
-  if (args.count("help")) {
-    std::cout << options.help()
-              << "\nRuns in a launched job too (trainer launch ... -- bench --config FILE): rank 0 "
-                 "reports, throughput counts every rank's samples. No run dir is written.\n";
-    return 0;
-  }
-  if (!args.count("config")) throw UsageError("bench: --config FILE is required");
+  return options;
+}
+
+// The timing options of the command line.
+engine::BenchOptions timing_options(const cxxopts::ParseResult& args) {
   engine::BenchOptions opts;
   opts.steps = args["steps"].as<int64_t>();
   opts.warmup = args["warmup"].as<int64_t>();
@@ -191,6 +186,22 @@ int bench_command(int argc, char** argv) {
                        (ec ? ": " + ec.message() : ""));
     }
   }
+  return opts;
+}
+
+}  // namespace
+
+int bench_command(int argc, char** argv) {
+  auto options = bench_options();
+  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
+  if (args.count("help")) {
+    std::cout << options.help()
+              << "\nRuns in a launched job too (trainer launch ... -- bench --config FILE): rank 0 "
+                 "reports, throughput counts every rank's samples. No run dir is written.\n";
+    return 0;
+  }
+  if (!args.count("config")) throw UsageError("bench: --config FILE is required");
+  const engine::BenchOptions opts = timing_options(args);
   const distributed::DistEnv job = distributed::read_process_env();
   setup_logging(args["log-level"].as<std::string>(), job);
 

@@ -8,7 +8,7 @@
 #include "cli/options.h"
 #include "config/loader.h"
 #include "distributed/env.h"
-#include "engine/trainer.h"
+#include "engine/loop/trainer.h"
 
 namespace trainer::cli {
 

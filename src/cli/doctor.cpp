@@ -11,8 +11,8 @@
 #include "config/loader.h"
 #include "distributed/env.h"
 #include "doctor/probe.h"
-#include "engine/components.h"
-#include "engine/trainer.h"
+#include "engine/loop/components.h"
+#include "engine/loop/trainer.h"
 #include "models/model.h"
 #include "util/format.h"
 #include "util/strings.h"
@@ -146,6 +146,28 @@ std::vector<std::string> memory_remedies(engine::Trainer& trainer,
   return remedies;
 }
 
+// doctor --json's "memory" object.
+nlohmann::json memory_json(const config::Config& cfg, const engine::MemoryEstimate& fp32,
+                           const engine::MemoryEstimate& bf16,
+                           const engine::MemoryEstimate& planned, const Capacity& capacity,
+                           int64_t world, bool fsdp, bool fits) {
+  const int64_t batch = cfg.data.batch_size;
+  return {{"model", cfg.model.name},
+         {"strategy", fsdp ? "fsdp" : "ddp"},
+         {"world_size", world},
+         {"fsdp_bytes", planned.fsdp_total(batch, world)},
+         {"batch_per_process", batch},
+         {"float32_bytes", fp32.total(batch)},
+         {"bfloat16_bytes", bf16.total(batch)},
+         {"params_bytes", fp32.params_bytes},
+         {"optimizer_bytes", fp32.optimizer_bytes},
+         {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
+         {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
+         {"capacity_mb", capacity.mb},
+         {"checkpointing", cfg.model.checkpointing},
+         {"fits", fits}};
+}
+
 // The memory a config's training step needs per process, against the device's capacity; the
 // run is built and measured on the CPU (engine/memory.h).
 doctor::Finding memory_finding(const std::string& config_path, std::vector<std::string> sets,
@@ -170,20 +192,7 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
   const int64_t world = job_world_size(facts);
   const int64_t needed = fsdp ? planned.fsdp_total(batch, world) : planned.total(batch);
   const bool fits = needed <= usable;
-  out = {{"model", cfg.model.name},
-         {"strategy", fsdp ? "fsdp" : "ddp"},
-         {"world_size", world},
-         {"fsdp_bytes", planned.fsdp_total(batch, world)},
-         {"batch_per_process", batch},
-         {"float32_bytes", fp32.total(batch)},
-         {"bfloat16_bytes", bf16.total(batch)},
-         {"params_bytes", fp32.params_bytes},
-         {"optimizer_bytes", fp32.optimizer_bytes},
-         {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
-         {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
-         {"capacity_mb", capacity.mb},
-         {"checkpointing", cfg.model.checkpointing},
-         {"fits", fits}};
+  out = memory_json(cfg, fp32, bf16, planned, capacity, world, fsdp, fits);
   const std::string checkpointing =
       cfg.model.checkpointing == "none"
           ? ""
@@ -215,9 +224,7 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
           message + " (does not fit)", join(remedies, "; ")};
 }
 
-}  // namespace
-
-int doctor_command(int argc, char** argv) {
+cxxopts::Options doctor_options() {
   cxxopts::Options options("trainer doctor",
                            "Checks the GPU environment: driver, CUDA, cuDNN, NCCL, LibTorch, "
                            "libraries, shared memory.");
@@ -237,6 +244,41 @@ int doctor_command(int argc, char** argv) {
        cxxopts::value<std::vector<std::string>>(), "KEY.PATH=VALUE")
       ("h,help", "print this help");
   // clang-format on
+  return options;
+}
+
+// The findings as the report's lines, or as JSON; returns the exit code.
+int print_report(const std::vector<doctor::Finding>& findings, const doctor::Facts& facts,
+                 const nlohmann::json& memory, bool json) {
+  const int code = doctor::exit_code(findings);
+  if (json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& f : findings) {
+      list.push_back({{"level", doctor::level_name(f.level)},
+                      {"check", f.check},
+                      {"message", f.message},
+                      {"fix", f.fix}});
+    }
+    nlohmann::json report = {{"exit_code", code}, {"findings", list}, {"facts", facts_json(facts)}};
+    if (!memory.is_null()) report["memory"] = memory;
+    std::cout << report.dump(2) << "\n";
+    return code;
+  }
+  int counts[3] = {0, 0, 0};
+  for (const auto& f : findings) {
+    ++counts[static_cast<int>(f.level)];
+    std::cout << strprintf("%-5s %-10s %s\n", doctor::level_name(f.level), f.check.c_str(),
+                           f.message.c_str());
+    if (!f.fix.empty()) std::cout << strprintf("%-16s fix: %s\n", "", f.fix.c_str());
+  }
+  std::cout << strprintf("%d OK, %d WARN, %d FAIL\n", counts[0], counts[1], counts[2]);
+  return code;
+}
+
+}  // namespace
+
+int doctor_command(int argc, char** argv) {
+  auto options = doctor_options();
   const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help() << "\nExit codes: 0 no FAIL finding, 1 at least one, 2 usage.\n";
@@ -265,29 +307,7 @@ int doctor_command(int argc, char** argv) {
     findings.push_back(memory_finding(args["config"].as<std::string>(), sets, facts,
                                       args["measure-batch"].as<int64_t>(), memory));
   }
-  const int code = doctor::exit_code(findings);
-  if (args.count("json")) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const auto& f : findings) {
-      list.push_back({{"level", doctor::level_name(f.level)},
-                      {"check", f.check},
-                      {"message", f.message},
-                      {"fix", f.fix}});
-    }
-    nlohmann::json report = {{"exit_code", code}, {"findings", list}, {"facts", facts_json(facts)}};
-    if (!memory.is_null()) report["memory"] = memory;
-    std::cout << report.dump(2) << "\n";
-    return code;
-  }
-  int counts[3] = {0, 0, 0};
-  for (const auto& f : findings) {
-    ++counts[static_cast<int>(f.level)];
-    std::cout << strprintf("%-5s %-10s %s\n", doctor::level_name(f.level), f.check.c_str(),
-                           f.message.c_str());
-    if (!f.fix.empty()) std::cout << strprintf("%-16s fix: %s\n", "", f.fix.c_str());
-  }
-  std::cout << strprintf("%d OK, %d WARN, %d FAIL\n", counts[0], counts[1], counts[2]);
-  return code;
+  return print_report(findings, facts, memory, args.count("json") > 0);
 }
 
 }  // namespace trainer::cli

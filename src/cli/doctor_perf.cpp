@@ -14,9 +14,9 @@
 #include "config/loader.h"
 #include "distributed/env.h"
 #include "doctor/perf.h"
-#include "engine/components.h"
-#include "engine/perf_probe.h"
-#include "engine/trainer.h"
+#include "engine/loop/components.h"
+#include "engine/use/perf_probe.h"
+#include "engine/loop/trainer.h"
 #include "util/format.h"
 #include "util/gpu_monitor.h"
 
@@ -118,6 +118,27 @@ std::string env_or(const char* name, const char* fallback) {
   return v ? v : fallback;
 }
 
+// The job's collectives measured, into rows; their figures as JSON.
+nlohmann::json collectives(distributed::Group& group, const engine::PerfOptions& options,
+                           const distributed::DistEnv& job, const doctor::GpuState& state,
+                           std::vector<doctor::PerfRow>& rows) {
+  const auto list = engine::measure_collectives(group, options);
+  collective_rows(list, group.world_size(), group.backend(), state, rows);
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& c : list) {
+    all.push_back({{"collective", c.collective},
+                   {"message_bytes", c.message},
+                   {"bytes", c.bytes},
+                   {"seconds", c.seconds},
+                   {"busbw_gbps", doctor::bus_gbps(c.collective, static_cast<double>(c.bytes),
+                                                   c.seconds, group.world_size())}});
+  }
+  rows.push_back(doctor::transport_row(job.world_size > job.local_world_size,
+                                       infiniband_devices(), env_or("NCCL_NET", ""),
+                                       env_or("NCCL_IB_DISABLE", "0") == "1", group.backend()));
+  return all;
+}
+
 }  // namespace
 
 int doctor_perf(const std::string& config_path, const std::vector<std::string>& overrides,
@@ -149,23 +170,7 @@ int doctor_perf(const std::string& config_path, const std::vector<std::string>& 
   const auto d = engine::measure_device(device, options);
   device_rows(d, state, rows);
   nlohmann::json report = {{"device", d.name}, {"quick", quick}};
-  if (group) {
-    const auto list = engine::measure_collectives(*group, options);
-    collective_rows(list, group->world_size(), group->backend(), state, rows);
-    nlohmann::json all = nlohmann::json::array();
-    for (const auto& c : list) {
-      all.push_back({{"collective", c.collective},
-                     {"message_bytes", c.message},
-                     {"bytes", c.bytes},
-                     {"seconds", c.seconds},
-                     {"busbw_gbps", doctor::bus_gbps(c.collective, static_cast<double>(c.bytes),
-                                                     c.seconds, group->world_size())}});
-    }
-    report["collectives"] = all;
-    rows.push_back(doctor::transport_row(job.world_size > job.local_world_size,
-                                         infiniband_devices(), env_or("NCCL_NET", ""),
-                                         env_or("NCCL_IB_DISABLE", "0") == "1", group->backend()));
-  }
+  if (group) report["collectives"] = collectives(*group, options, job, state, rows);
   if (trainer) {
     const std::string root = trainer->config().data.root;
     if (!root.empty()) {

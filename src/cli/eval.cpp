@@ -11,7 +11,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "distributed/env.h"
-#include "engine/trainer.h"
+#include "engine/loop/trainer.h"
 #include "util/format.h"
 
 namespace trainer::cli {

@@ -6,7 +6,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/options.h"
-#include "engine/checkpointer.h"
+#include "engine/loop/checkpointer.h"
 #include "models/model.h"
 #include "util/fileio.h"
 #include "util/log.h"

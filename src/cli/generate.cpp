@@ -19,8 +19,8 @@
 #include "cli/options.h"
 #include "data/gpt2_bpe.h"
 #include "distributed/env.h"
-#include "engine/generator.h"
-#include "engine/trainer.h"
+#include "engine/use/generator.h"
+#include "engine/loop/trainer.h"
 #include "util/format.h"
 
 namespace trainer::cli {
@@ -90,6 +90,31 @@ cxxopts::Options generate_options() {
   return options;
 }
 
+// The prompt's tokens: GPT-2's BPE with --tokenizer (its tokenizer into `bpe`), else bytes; the
+// model's `vocabulary` must hold them.
+std::vector<int64_t> prompt_ids(const cxxopts::ParseResult& args, const std::string& text,
+                                int64_t vocabulary, std::unique_ptr<data::Gpt2Tokenizer>& bpe) {
+  std::vector<int64_t> ids;
+  if (args.count("tokenizer")) {
+    bpe = std::make_unique<data::Gpt2Tokenizer>(args["tokenizer"].as<std::string>());
+    if (vocabulary < bpe->size()) {
+      throw UsageError("--tokenizer: the model's vocabulary has " +
+                       std::to_string(vocabulary) + " tokens, fewer than GPT-2's " +
+                       std::to_string(bpe->size()));
+    }
+    ids = text.empty() ? std::vector<int64_t>{bpe->size() - 1}  // <|endoftext|>, as GPT-2 starts
+                       : bpe->encode(text);
+  } else if (vocabulary != kByteVocabulary) {
+    throw UsageError("generate: the model's vocabulary has " +
+                     std::to_string(vocabulary) +
+                     " tokens; give --tokenizer DIR for GPT-2's BPE, or use a byte-level model "
+                     "(256: data.token_format bytes)");
+  } else {
+    for (const unsigned char c : text) ids.push_back(c);
+  }
+  return ids;
+}
+
 }  // namespace
 
 int generate_command(int argc, char** argv) {
@@ -118,24 +143,7 @@ int generate_command(int argc, char** argv) {
   const std::string text = given.empty() && !args.count("tokenizer") ? "\n" : given;
   // The text's tokens and each token's bytes: GPT-2's BPE, or the bytes themselves.
   std::unique_ptr<data::Gpt2Tokenizer> bpe;
-  std::vector<int64_t> ids;
-  if (args.count("tokenizer")) {
-    bpe = std::make_unique<data::Gpt2Tokenizer>(args["tokenizer"].as<std::string>());
-    if (decoder->vocabulary() < bpe->size()) {
-      throw UsageError("--tokenizer: the model's vocabulary has " +
-                       std::to_string(decoder->vocabulary()) + " tokens, fewer than GPT-2's " +
-                       std::to_string(bpe->size()));
-    }
-    ids = text.empty() ? std::vector<int64_t>{bpe->size() - 1}  // <|endoftext|>, as GPT-2 starts
-                       : bpe->encode(text);
-  } else if (decoder->vocabulary() != kByteVocabulary) {
-    throw UsageError("generate: the model's vocabulary has " +
-                     std::to_string(decoder->vocabulary()) +
-                     " tokens; give --tokenizer DIR for GPT-2's BPE, or use a byte-level model "
-                     "(256: data.token_format bytes)");
-  } else {
-    for (const unsigned char c : text) ids.push_back(c);
-  }
+  const std::vector<int64_t> ids = prompt_ids(args, text, decoder->vocabulary(), bpe);
   const auto prompt =
       torch::tensor(ids, torch::kLong).view({1, -1}).to(trainer.device());  // [1, T]
   const auto bytes_of = [&](int64_t id) {

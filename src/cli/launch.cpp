@@ -40,9 +40,9 @@ int run_local_job(const std::vector<std::string>& trainer_args, int nproc) {
 }
 
 int local_processes(const std::string& nproc_per_node, const std::string& device) {
-  if (nproc_per_node != "auto") return std::stoi(nproc_per_node);
-  if (device == "cpu") return 1;
-  return std::max(cuda_devices(), 1);
+  // As trainer launch reads --nproc-per-node; a run on the CPU has no GPU to count.
+  return launch::parse_nproc(nproc_per_node,
+                             device == "cpu" ? std::function<int()>() : std::function<int()>(cuda_devices));
 }
 
 int launch_command(int argc, char** argv) {

@@ -14,7 +14,7 @@
 #include "cli/options.h"
 #include "data/dataset.h"
 #include "distributed/env.h"
-#include "engine/trainer.h"
+#include "engine/loop/trainer.h"
 #include "util/fileio.h"
 #include "util/format.h"
 
@@ -82,6 +82,43 @@ cxxopts::Options predict_options() {
   return options;
 }
 
+// Classifies `files` in one forward pass: each image's top-k into `all` (and printed unless
+// `json`), the unreadable ones reported and into `skipped`.
+void predict_batch(engine::Trainer& trainer, const std::vector<std::string>& files, int64_t top_k,
+                   bool json, nlohmann::json& all, nlohmann::json& skipped) {
+  // The checkpoint's class names where it saved them, else the data's.
+  const auto& names = trainer.class_names();
+  std::vector<torch::Tensor> inputs;
+  std::vector<std::string> paths;
+  for (const auto& file : files) {
+    try {
+      inputs.push_back(trainer.input_from_image(read_bytes(file), file));
+      paths.push_back(file);
+    } catch (const std::exception& e) {  // data::DataError, IoError: reported, skipped
+      std::cerr << "trainer predict: " << e.what() << "; skipped\n";
+      skipped.push_back(file);
+    }
+  }
+  if (inputs.empty()) return;
+  const auto probs = trainer.predict(torch::stack(inputs));  // [B, K]
+  const auto [p, idx] = probs.topk(std::min<int64_t>(top_k, probs.size(1)), /*dim=*/1);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    nlohmann::json top = nlohmann::json::array();
+    for (int64_t k = 0; k < idx.size(1); ++k) {
+      const int64_t c = idx[static_cast<int64_t>(i)][k].item<int64_t>();
+      const double prob = p[static_cast<int64_t>(i)][k].item<double>();
+      const std::string label =
+          c < static_cast<int64_t>(names.size()) ? names[static_cast<size_t>(c)] : std::to_string(c);
+      top.push_back({{"label", label}, {"index", c}, {"probability", prob}});
+      if (!json) {
+        std::cout << strprintf("%s\t%s\t%.4f\n", tsv_field(paths[i]).c_str(),
+                               tsv_field(label).c_str(), prob);
+      }
+    }
+    all.push_back({{"path", paths[i]}, {"top", top}});
+  }
+}
+
 }  // namespace
 
 int predict_command(int argc, char** argv) {
@@ -108,40 +145,11 @@ int predict_command(int argc, char** argv) {
     throw UsageError("predict: " + m.checkpoint + " holds a language model (" +
                      m.loaded.cfg.model.name + "); use trainer generate");
   }
-  // The checkpoint's class names where it saved them, else the data's.
-  const auto& names = trainer.class_names();
   nlohmann::json all = nlohmann::json::array(), skipped = nlohmann::json::array();
   for (size_t first = 0; first < files.size(); first += static_cast<size_t>(batch)) {
-    std::vector<torch::Tensor> inputs;
-    std::vector<std::string> paths;
-    for (size_t i = first; i < std::min(files.size(), first + static_cast<size_t>(batch)); ++i) {
-      try {
-        inputs.push_back(trainer.input_from_image(read_bytes(files[i]), files[i]));
-        paths.push_back(files[i]);
-      } catch (const std::exception& e) {  // data::DataError, IoError: reported, skipped
-        std::cerr << "trainer predict: " << e.what() << "; skipped\n";
-        skipped.push_back(files[i]);
-      }
-    }
-    if (inputs.empty()) continue;
-    const auto probs = trainer.predict(torch::stack(inputs));  // [B, K]
-    const auto [p, idx] = probs.topk(std::min<int64_t>(top_k, probs.size(1)), /*dim=*/1);
-    for (size_t i = 0; i < paths.size(); ++i) {
-      nlohmann::json top = nlohmann::json::array();
-      for (int64_t k = 0; k < idx.size(1); ++k) {
-        const int64_t c = idx[static_cast<int64_t>(i)][k].item<int64_t>();
-        const double prob = p[static_cast<int64_t>(i)][k].item<double>();
-        const std::string label = c < static_cast<int64_t>(names.size())
-                                      ? names[static_cast<size_t>(c)]
-                                      : std::to_string(c);
-        top.push_back({{"label", label}, {"index", c}, {"probability", prob}});
-        if (!args.count("json")) {
-          std::cout << strprintf("%s\t%s\t%.4f\n", tsv_field(paths[i]).c_str(),
-                                 tsv_field(label).c_str(), prob);
-        }
-      }
-      all.push_back({{"path", paths[i]}, {"top", top}});
-    }
+    const auto last = std::min(files.size(), first + static_cast<size_t>(batch));
+    predict_batch(trainer, {files.begin() + first, files.begin() + last}, top_k,
+                  args.count("json") > 0, all, skipped);
   }
   if (args.count("json")) {
     std::cout << nlohmann::json{{"checkpoint", m.checkpoint},

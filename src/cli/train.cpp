@@ -12,9 +12,9 @@
 #include "cli/options.h"
 #include "config/loader.h"
 #include "distributed/env.h"
-#include "engine/components.h"
-#include "engine/run_dir.h"
-#include "engine/trainer.h"
+#include "engine/loop/components.h"
+#include "engine/loop/run_dir.h"
+#include "engine/loop/trainer.h"
 #include "util/fileio.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -85,7 +85,14 @@ std::vector<std::string> overrides_of(const cxxopts::ParseResult& args) {
   if (args.count("run-dir")) overrides.push_back("run.dir=" + args["run-dir"].as<std::string>());
   if (args.count("device")) overrides.push_back("device=" + args["device"].as<std::string>());
   if (args.count("nproc-per-node")) {
-    overrides.push_back("launch.nproc_per_node=" + args["nproc-per-node"].as<std::string>());
+    const std::string n = args["nproc-per-node"].as<std::string>();
+    // The flag's own check, so that a mistake names the flag typed.
+    const bool number = !n.empty() && n.size() <= 4 && n.find_first_not_of("0123456789") == n.npos;
+    if (n != "auto" && (!number || std::stoi(n) < 1)) {
+      throw UsageError("--nproc-per-node: must be a number of processes >= 1 or auto, got '" + n +
+                       "'");
+    }
+    overrides.push_back("launch.nproc_per_node=" + n);
   }
   return overrides;
 }

@@ -284,7 +284,8 @@ struct DistConfig {
 
 // How `trainer --config` starts: in this process, or as a local job of several.
 struct LaunchConfig {
-  std::string nproc_per_node = "1";  // processes to train on: N, or auto (one per local GPU)
+  std::string nproc_per_node = "1";  // processes to train on: N, or auto (one per local GPU; one
+                                     // without a GPU, as trainer launch's auto)
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;

@@ -13,6 +13,7 @@
 #include <ostream>
 #include <random>
 #include <stdexcept>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,8 +45,9 @@ cxxopts::Options command_options() {
   options.custom_help("[options] -- <trainer arguments>");
   // clang-format off
   options.add_options()
-      ("nproc-per-node", "workers on this node: a number, auto (the GPUs, or the CPUs without "
-       "CUDA), gpu or cpu (default 1)", cxxopts::value<std::string>(), "N")
+      ("nproc-per-node", "workers on this node: a number, auto (one per GPU; one without a GPU), "
+       "gpu (one per GPU, which must exist) or cpu (one per CPU) (default 1)",
+       cxxopts::value<std::string>(), "N")
       ("nnodes", "nodes in the run (default 1)", cxxopts::value<std::string>(), "N")
       ("node-rank", "this node's index, 0..nnodes-1 (default 0)", cxxopts::value<std::string>(),
        "R")
@@ -59,6 +61,10 @@ cxxopts::Options command_options() {
        cxxopts::value<std::string>(), "DIR")
       ("grace-period", "seconds from SIGTERM to SIGKILL when stopping workers (default 10)",
        cxxopts::value<std::string>(), "S")
+      ("local-ranks-filter", "show only these local ranks' output on the console, e.g. 0 or 0,2 "
+       "(log files keep every rank's)", cxxopts::value<std::string>(), "R[,R...]")
+      ("no-prefix", "console lines without the \"[rank<N>]: \" prefix: with --local-ranks-filter 0, "
+       "rank 0's output as the command printed it (its --json)")
       ("h,help", "print this help");
   // clang-format on
   return options;
@@ -88,15 +94,20 @@ int cpu_count() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-int parse_nproc(const std::string& text, const std::function<int()>& gpu_count) {
-  if (text == "cpu") return cpu_count();
-  if (text == "gpu" || text == "auto") {
-    const int gpus = gpu_count ? gpu_count() : 0;
-    if (gpus > 0) return gpus;
-    if (text == "gpu") throw ArgumentError("--nproc-per-node gpu: no CUDA device is available");
-    return cpu_count();
+
+// "0,2" -> {0, 2}: local ranks, each at least 0, listed once.
+std::vector<int> parse_ranks(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const int rank = parse_int("local-ranks-filter", item, 0, 1 << 16);
+    if (std::find(out.begin(), out.end(), rank) != out.end()) {
+      throw ArgumentError("--local-ranks-filter: rank " + item + " is listed twice");
+    }
+    out.push_back(rank);
   }
-  return parse_int("nproc-per-node", text, 1, 1 << 16);
+  if (out.empty()) throw ArgumentError("--local-ranks-filter: expected ranks such as 0 or 0,2");
+  return out;
 }
 
 std::string random_run_id() {
@@ -178,6 +189,8 @@ void read_options(const cxxopts::ParseResult& parsed, const std::function<int()>
   if (auto v = text("master-port")) o.master_port = parse_int("master-port", *v, 1, 65535);
   if (auto v = text("max-restarts")) o.max_restarts = parse_int("max-restarts", *v, 0, 1 << 20);
   if (auto v = text("log-dir")) o.log_dir = *v;
+  if (auto v = text("local-ranks-filter")) o.local_ranks_filter = parse_ranks(*v);
+  o.prefix = parsed.count("no-prefix") == 0;
   if (auto v = text("grace-period")) {
     char* end = nullptr;
     o.grace_s = std::strtod(v->c_str(), &end);
@@ -188,6 +201,17 @@ void read_options(const cxxopts::ParseResult& parsed, const std::function<int()>
 }
 
 }  // namespace
+
+int parse_nproc(const std::string& text, const std::function<int()>& gpu_count) {
+  if (text == "cpu") return cpu_count();
+  if (text == "gpu" || text == "auto") {
+    const int gpus = gpu_count ? gpu_count() : 0;
+    if (gpus > 0) return gpus;
+    if (text == "gpu") throw ArgumentError("--nproc-per-node gpu: no CUDA device is available");
+    return 1;  // auto without a GPU: one process (cpu: one per CPU)
+  }
+  return parse_int("nproc-per-node", text, 1, 1 << 16);
+}
 
 LaunchCommand parse_launch_args(const std::vector<std::string>& args,
                                 const std::function<int()>& gpu_count) {
@@ -207,6 +231,14 @@ LaunchCommand parse_launch_args(const std::vector<std::string>& args,
     throw ArgumentError("--node-rank " + std::to_string(o.node_rank) +
                         " is out of range for --nnodes " + std::to_string(o.nnodes) + " (0.." +
                         std::to_string(o.nnodes - 1) + ")");
+  }
+  for (const int r : o.local_ranks_filter) {
+    if (r >= o.nproc_per_node) {
+      throw ArgumentError("--local-ranks-filter: local rank " + std::to_string(r) +
+                          " is out of range for --nproc-per-node " +
+                          std::to_string(o.nproc_per_node) + " (0.." +
+                          std::to_string(o.nproc_per_node - 1) + ")");
+    }
   }
   if (separator == args.end() || separator + 1 == args.end()) {
     throw ArgumentError("no trainer arguments: trainer launch [options] -- <trainer arguments>");

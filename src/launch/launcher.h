@@ -34,8 +34,12 @@ struct LaunchOptions {
   int master_port = 29500;                // its rendezvous port (MASTER_PORT)
   int max_restarts = 0;                   // times the group is started again after a failure
   std::string run_id = "none";            // TORCHELASTIC_RUN_ID, the same for every restart
-  std::string log_dir;                    // each rank's output also goes to rank_<N>.log here
-  double grace_s = 10;                    // seconds from SIGTERM to SIGKILL when stopping workers
+  std::string log_dir;  // each rank's output also goes to rank_<N>.log here (its stdout alone
+                        // to rank_<N>.stdout)
+  double grace_s = 10;  // seconds from SIGTERM to SIGKILL when stopping workers
+  std::vector<int> local_ranks_filter;  // the local ranks whose output the console shows; empty:
+                                        // every rank (log files keep every rank's)
+  bool prefix = true;                   // console lines start with "[rank<N>]: "
 };
 
 // The command line of `trainer launch`, parsed.
@@ -47,20 +51,28 @@ struct LaunchCommand {
 // Parses the arguments after "launch":
 //   [--nproc-per-node N|auto|gpu|cpu] [--nnodes N] [--node-rank R] [--master-addr HOST]
 //   [--master-port PORT] [--max-restarts K] [--standalone] [--log-dir DIR] [--grace-period S]
-//   -- <worker arguments>
-// Underscore spellings (--nproc_per_node, ...) are accepted. "auto" is gpu_count() when that is
-// positive, else the CPU count; "gpu" requires a GPU. gpu_count is called only for auto and gpu.
+//   [--local-ranks-filter R[,R...]] [--no-prefix] -- <worker arguments>
+// Underscore spellings (--nproc_per_node, ...) are accepted. --nproc-per-node as parse_nproc
+// reads it.
 // --standalone: one node on 127.0.0.1, a free port and a random run id. Throws ArgumentError
 // with one line naming the flag.
 LaunchCommand parse_launch_args(const std::vector<std::string>& args,
                                 const std::function<int()>& gpu_count);
+
+// Processes per node for `text`: a number >= 1; "auto": gpu_count() when positive, else 1 (what
+// `trainer --nproc-per-node auto` means too); "gpu": gpu_count(), which must be positive; "cpu":
+// the CPU count. gpu_count is called only for auto and gpu. Throws ArgumentError naming
+// --nproc-per-node.
+int parse_nproc(const std::string& text, const std::function<int()>& gpu_count);
 
 // The --help text of `trainer launch`.
 std::string launch_help();
 
 // Starts options.nproc_per_node workers and supervises them until they have all exited, restarting
 // the group after a failure while restarts remain. Worker stdout lines go to out and stderr lines
-// to err, each prefixed with "[rank<N>]: "; the launcher's own messages go to log. Returns the
+// to err, each prefixed with "[rank<N>]: " (unless options.prefix is false), those of the ranks
+// options.local_ranks_filter names (every rank when it is empty); the launcher's own messages go
+// to log. Returns the
 // launcher's exit code: 0 when every worker exited 0 (also after a forwarded SIGINT/SIGTERM), 2
 // when the failing worker exited 2 (not restarted), else 1. Throws std::invalid_argument for
 // inconsistent options and std::system_error when the operating system refuses a pipe, fork or

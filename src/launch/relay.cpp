@@ -1,6 +1,8 @@
 // The output relay: the workers' pipes read line by line, each line shown, logged and kept.
 #include "launch/relay.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,11 +37,15 @@ OutputRelay::OutputRelay(const LaunchOptions& options, int restart, std::ostream
   }
 }
 
-// Every rank's lines are shown, each after its rank: "[rank<N>]: ".
-OutputRelay::Display OutputRelay::display_of(const LaunchOptions& /*options*/, int /*local_rank*/,
+// The lines of the ranks --local-ranks-filter names (every rank's without it), each after its
+// rank, "[rank<N>]: ", unless --no-prefix.
+OutputRelay::Display OutputRelay::display_of(const LaunchOptions& options, int local_rank,
                                              int rank) {
   Display display;
-  display.prefix = "[rank" + std::to_string(rank) + "]: ";
+  const auto& filter = options.local_ranks_filter;
+  display.shown =
+      filter.empty() || std::find(filter.begin(), filter.end(), local_rank) != filter.end();
+  if (options.prefix) display.prefix = "[rank" + std::to_string(rank) + "]: ";
   return display;
 }
 
@@ -50,6 +56,11 @@ void OutputRelay::open(int local_rank) {
       std::filesystem::path(options_.log_dir) / ("rank_" + std::to_string(c.rank) + ".log");
   c.log_file = Fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (!c.log_file.open()) throw os_error("open " + path.string());
+  // Its stdout alone, as the command printed it (a --json object), this attempt's.
+  auto stdout_path = path;
+  stdout_path.replace_extension(".stdout");
+  c.stdout_file = Fd(::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!c.stdout_file.open()) throw os_error("open " + stdout_path.string());
   struct stat st {};
   if (restart_ > 0 || (::fstat(c.log_file.get(), &st) == 0 && st.st_size > 0)) {
     write_all(c.log_file.get(), "----- trainer launch: restart " + std::to_string(restart_) +
@@ -124,7 +135,9 @@ void OutputRelay::read_stream(Channel& c, Stream& s) {
 
 void OutputRelay::flush_log(Channel& c) {
   if (c.log_file.open()) write_all(c.log_file.get(), c.log_pending);
+  if (c.stdout_file.open()) write_all(c.stdout_file.get(), c.stdout_pending);
   c.log_pending.clear();
+  c.stdout_pending.clear();
 }
 
 void OutputRelay::drain(Channel& c) {
@@ -135,6 +148,7 @@ void OutputRelay::drain(Channel& c) {
 void OutputRelay::emit(Channel& c, const Stream& s, std::string line) {
   if (c.display.shown) *s.sink << c.display.prefix << line << '\n';
   if (c.log_file.open()) c.log_pending.append(line).push_back('\n');
+  if (c.stdout_file.open() && &s == &c.out) c.stdout_pending.append(line).push_back('\n');
   c.tail.push_back(std::move(line));
   if (c.tail.size() > kTailLines) c.tail.pop_front();
 }
@@ -151,6 +165,7 @@ void OutputRelay::finish() {
     }
     flush_log(c);
     c.log_file.reset();
+    c.stdout_file.reset();
   }
 }
 

@@ -1,6 +1,8 @@
 // The output relay: reads the workers' stdout and stderr pipes, passes complete lines on to the
-// launcher's stdout and stderr as the relay decides to show them (today every rank, prefixed with
-// "[rank<N>]: "), writes each rank's lines to <log_dir>/rank_<N>.log and keeps each rank's last
+// launcher's stdout and stderr as the relay decides to show them (the ranks --local-ranks-filter
+// names, every rank without it; prefixed with "[rank<N>]: " unless --no-prefix), writes each
+// rank's lines to <log_dir>/rank_<N>.log (its stdout alone also to rank_<N>.stdout) and keeps
+// each rank's last
 // lines for a failure report. The only place that decides how a rank's output is shown. Internal
 // to launch/: nothing outside src/launch/ includes it.
 #pragma once
@@ -70,6 +72,8 @@ class OutputRelay {
     std::deque<std::string> tail;  // its last kTailLines lines, stdout and stderr together
     Fd log_file;                   // <log_dir>/rank_<N>.log, when there is a log dir
     std::string log_pending;       // lines not yet written to log_file
+    Fd stdout_file;                // <log_dir>/rank_<N>.stdout: its stdout alone
+    std::string stdout_pending;    // stdout lines not yet written to stdout_file
   };
 
   static Display display_of(const LaunchOptions& options, int local_rank, int rank);

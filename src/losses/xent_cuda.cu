@@ -54,6 +54,35 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   m = mx;
 }
 
+// The block's (max, sum of exp(x - max)) and sum of logits, in thread 0's m, s and sum: warp
+// shuffles, then the first warp over the warps' results.
+__device__ __forceinline__ void warp_reduce(float& m, float& s, float& sum) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, offset);
+    merge(m, s, m2, s2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+}
+
+__device__ __forceinline__ void block_reduce(float& m, float& s, float& sum) {
+  __shared__ float wm[kThreads / 32], ws[kThreads / 32], wsum[kThreads / 32];
+  warp_reduce(m, s, sum);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    wm[warp] = m;
+    ws[warp] = s;
+    wsum[warp] = sum;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < kThreads / 32 ? wm[lane] : -INFINITY;
+    s = lane < kThreads / 32 ? ws[lane] : 0.0f;
+    sum = lane < kThreads / 32 ? wsum[lane] : 0.0f;
+    warp_reduce(m, s, sum);
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     softmax_xent(const T* __restrict__ logits, T* grad, const int64_t* __restrict__ targets,
@@ -71,42 +100,17 @@ __global__ void __launch_bounds__(kThreads)
     }
     sum += v;
   }
-  // The block's (max, sum) and the sum of logits: warp shuffles, then one warp over the warps.
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float s2 = __shfl_xor_sync(0xffffffffu, s, offset);
-    merge(m, s, m2, s2);
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  }
-  __shared__ float wm[kThreads / 32], ws[kThreads / 32], wsum[kThreads / 32];
+  block_reduce(m, s, sum);  // thread 0 holds the row's
   __shared__ float lse_shared;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    wm[warp] = m;
-    ws[warp] = s;
-    wsum[warp] = sum;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < kThreads / 32 ? wm[lane] : -INFINITY;
-    s = lane < kThreads / 32 ? ws[lane] : 0.0f;
-    sum = lane < kThreads / 32 ? wsum[lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
-      const float s2 = __shfl_xor_sync(0xffffffffu, s, offset);
-      merge(m, s, m2, s2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    }
-    if (lane == 0) {
-      const float lse = m + __logf(s);
-      const int64_t t = targets[row];
-      const float n = static_cast<float>(cols);
-      // A target outside the classes makes the loss NaN (the step is then a bad one).
-      row_loss[row] = t < 0 || t >= cols ? NAN
-                                         : (1.0f - smoothing) * (lse - to_float(x[t])) +
-                                               smoothing * (lse - sum / n);
-      lse_shared = lse;
-    }
+  if (threadIdx.x == 0) {
+    const float lse = m + __logf(s);
+    const int64_t t = targets[row];
+    const float n = static_cast<float>(cols);
+    // A target outside the classes makes the loss NaN (the step is then a bad one).
+    row_loss[row] = t < 0 || t >= cols ? NAN
+                                       : (1.0f - smoothing) * (lse - to_float(x[t])) +
+                                             smoothing * (lse - sum / n);
+    lse_shared = lse;
   }
   __syncthreads();
   if (grad == nullptr) return;

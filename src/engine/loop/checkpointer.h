@@ -1,0 +1,110 @@
+// Training checkpoints: the whole state of a run saved in <run.dir>/checkpoints and restored from
+// there, so that a resumed run continues exactly as if never interrupted.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "config/loader.h"
+#include "distributed/env.h"
+#include "engine/loop/components.h"
+#include "engine/loop/evaluator.h"
+#include "engine/loop/state.h"
+
+namespace trainer::engine {
+
+// The model weights in a checkpoint the trainer wrote, under their state-dict names.
+checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt);
+
+// Whether the data's labels are used with a checkpoint's model: for training and scoring they
+// must mean the classes the model was trained on; prediction names the model's own.
+enum class LabelUse { train_and_score, none };
+
+// Saves and restores the model, the optimizer's state, the RNGs, the gradient scaler and the
+// TrainingState, keeping run.keep_last checkpoints and the best by run.keep_best. Only rank 0
+// writes, every rank holding the same state; with dist.strategy fsdp each rank writes its shards
+// of the parameters and optimizer state too (checkpoint::write_shard), and a checkpoint loads on
+// any number of ranks under either strategy.
+class Checkpointer {
+ public:
+  Checkpointer(const config::LoadedConfig& loaded, Components& parts, TrainingState& state,
+               const distributed::DistEnv& job);
+
+  // Continues from a checkpoint: "auto" takes the newest one of <run.dir>/checkpoints that
+  // verifies (returns false, a fresh start, when there is none); anything else is a checkpoint
+  // file. Throws config::ConfigError when the checkpoint belongs to another model or optimizer,
+  // checkpoint::CorruptCheckpoint for a damaged file. Every rank must call this, in the same
+  // order (rank 0 picks the file and broadcasts its name).
+  bool resume(const std::string& spec);
+
+  // Loads only the model weights (and class names) of the checkpoint file `path` (verified, its
+  // config checked as resume() checks it) and returns the step it was written at: for
+  // evaluation, on any number of ranks. Each rank reads the file itself. With `labels`
+  // train_and_score, the data's class names must be the checkpoint's (data.remap_classes maps
+  // them by name), else config::ConfigError; with none (prediction) the checkpoint's names are
+  // taken.
+  // `loaded`: the file's state, read already (a run dir's newest checkpoint that verified, which
+  // a running training may prune meanwhile).
+  int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score,
+                     const checkpoint::State* loaded = nullptr);
+
+  // Saves the state of the current step unless it is saved already, with `eval`'s metrics when
+  // it was evaluated at this step. A failed save stops the run (throws) unless
+  // run.continue_on_save_error; the previous checkpoint stays intact either way. Every rank must
+  // call this, in the same order (the metrics window is averaged and rank 0's outcome
+  // broadcast).
+  void save(const EvalResult& eval);
+
+  // The newest checkpoint written or resumed from; "" when none.
+  const std::string& last() const { return last_; }
+  // The step of the checkpoint resumed from; -1 for a fresh run.
+  int64_t resumed_step() const { return resumed_step_; }
+
+ private:
+  // How many samples a step takes: the ranks, each rank's batch, the micro-batches.
+  struct DataPosition {
+    int world_size = 1;
+    int64_t batch_size = 1;
+    int64_t grad_accum_steps = 1;
+    int64_t global_batch() const { return world_size * batch_size * grad_accum_steps; }
+  };
+  // This job's, and the one a checkpoint was written with (older checkpoints: its config's batch
+  // settings at this job's world size).
+  DataPosition position_now() const;
+  DataPosition saved_position(const nlohmann::json& meta, const std::string& path) const;
+  // What differs between `then` and `now`, and what to set.
+  static std::string position_mismatch(const DataPosition& then, const DataPosition& now,
+                                       const std::string& path);
+
+  checkpoint::State snapshot() const;
+  void restore(const checkpoint::State& ckpt, const std::string& path);
+  void check_config(const nlohmann::json& saved, const std::string& path) const;
+  void restore_model(const checkpoint::State& ckpt, const std::string& path, LabelUse labels);
+  // The class names in a checkpoint's metadata (none in older ones); CorruptCheckpoint when they
+  // are not a list of names, one per model output.
+  std::vector<std::string> saved_classes(const nlohmann::json& meta, const std::string& path) const;
+  // Checks the data's class names against the checkpoint's `saved` (see load_model).
+  void match_classes(const std::vector<std::string>& saved, const std::string& path,
+                     LabelUse labels);
+  void restore_tensors(const checkpoint::State& ckpt, const std::string& path);
+  void restore_position(const nlohmann::json& meta, const std::string& path);
+  // Rank 0 writes; every rank learns whether it could.
+  void write(const EvalResult& eval);
+  // Sharded: every rank writes its shard file; rank 0 gets their descriptions, or `error` naming
+  // the ranks that failed. Every rank must call this, in the same order.
+  nlohmann::json write_shards(std::string& error) const;
+
+  const config::LoadedConfig& loaded_;
+  Components& parts_;
+  TrainingState& state_;
+  const distributed::DistEnv& job_;
+  std::unique_ptr<checkpoint::Directory> dir_;
+  std::string last_;
+  int64_t resumed_step_ = -1;
+  int64_t saved_step_ = -1;  // the step of the newest checkpoint written or resumed from
+};
+
+}  // namespace trainer::engine

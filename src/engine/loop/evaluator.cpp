@@ -1,0 +1,100 @@
+#include "engine/loop/evaluator.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "nn/autocast.h"
+#include "util/device.h"
+
+namespace trainer::engine {
+
+EvalResult evaluate(Components& parts, int64_t& bad_samples) {
+  return evaluate(parts, *parts.val_loader, bad_samples);
+}
+
+namespace {
+
+// With fsdp every forward gathers blocks from every rank: the batches this rank lacks against the
+// rank with the most, run on a placeholder and discarded.
+int64_t missing_forwards(Components& parts, data::Loader& loader) {
+  if (!parts.fsdp || !parts.group) return 0;
+  const int64_t mine = loader.batches_per_epoch();
+  auto most = torch::full({1}, mine, torch::dtype(torch::kLong).device(parts.group->device()));
+  parts.group->all_reduce({most}, distributed::Reduce::max);
+  return host_int(most) - mine;
+}
+
+
+// `count` forwards of a placeholder sample, so that this rank joins every gather of the ranks
+// with more validation batches (fsdp).
+void placeholder_forwards(Components& parts, int64_t count) {
+  if (count <= 0) return;
+  const auto& spec = parts.splits.spec;
+  std::vector<int64_t> shape{1};
+  shape.insert(shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
+  const auto placeholder = torch::zeros(shape, torch::TensorOptions().device(parts.device).dtype(
+                                                   spec.sequence ? torch::kLong : torch::kFloat));
+  nn::AutocastGuard autocast(parts.device.type(), parts.precision.dtype, parts.precision.autocast);
+  for (; count > 0; --count) parts.model->forward(placeholder);
+}
+
+}  // namespace
+
+EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples) {
+  torch::NoGradGuard no_grad;
+  if (parts.fsdp) parts.fsdp->gather_root();
+  const int64_t extra = missing_forwards(parts, loader);
+  auto& model = *parts.model;
+  model.eval();
+  const auto& device = parts.device;
+  auto zero = [&] {
+    return torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
+  };
+  // Sums over predictions: one per sample, or one per token for sequences.
+  torch::Tensor loss_sum = zero(), top1 = zero(), top5 = zero();
+  int64_t predictions = 0;
+  loader.start_epoch(0);  // this rank's shard
+  while (auto batch = loader.next()) {
+    bad_samples += batch->bad_samples;
+    auto inputs = batch->inputs.to(device, /*non_blocking=*/true);  // [B, ...]
+    // [N] with N = B, or B * T for sequences
+    auto targets = batch->targets.to(device, /*non_blocking=*/true).flatten();
+    torch::Tensor logits;  // [B, K] or [B, T, K]
+    {
+      nn::AutocastGuard autocast(device.type(), parts.precision.dtype, parts.precision.autocast);
+      logits = model.forward(inputs);
+    }
+    logits = logits.to(torch::kFloat).reshape({targets.size(0), logits.size(-1)});  // [N, K]
+    loss_sum += torch::nn::functional::cross_entropy(
+        logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    const int64_t k = std::min<int64_t>(5, logits.size(1));
+    auto topk = std::get<1>(logits.topk(k, /*dim=*/1));  // [N, k]
+    auto hit = topk.eq(targets.unsqueeze(1));            // [N, k]
+    top1 += hit.select(/*dim=*/1, /*index=*/0).sum();
+    top5 += hit.any(/*dim=*/1).sum();
+    predictions += targets.size(0);
+  }
+  placeholder_forwards(parts, extra);
+  if (parts.fsdp) parts.fsdp->release_root();
+  model.train();
+  auto sums = torch::stack({loss_sum, top1, top5, torch::full_like(loss_sum, predictions)});
+  // Sums over every rank's shard.
+  if (parts.group) parts.group->all_reduce({sums}, distributed::Reduce::sum);
+  const auto host = read_to_host(sums);
+  const auto s = host.accessor<double, 1>();
+  EvalResult r;
+  r.samples = static_cast<int64_t>(s[3]);
+  r.sequence = parts.splits.spec.sequence;
+  if (r.samples > 0) {
+    const double n = static_cast<double>(r.samples);
+    r.loss = s[0] / n;
+    r.top1 = s[1] / n;
+    r.top5 = s[2] / n;
+    r.ppl = std::exp(r.loss);
+  }
+  return r;
+}
+
+}  // namespace trainer::engine

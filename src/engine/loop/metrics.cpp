@@ -1,0 +1,301 @@
+#include "engine/loop/metrics.h"
+
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "engine/measure/memory.h"
+#include "util/device.h"
+#include "util/fileio.h"
+#include "util/format.h"
+#include "util/log.h"
+
+namespace trainer::engine {
+
+namespace {
+
+// A record as one JSON line. A number that is inf or NaN (the loss of a window whose every step
+// had a bad loss, for one) is written as Python's json module writes it: NaN, Infinity,
+// -Infinity, which Python's json and pandas read back as floats.
+std::string json_line(const nlohmann::json& record) {
+  std::string out = "{";
+  for (auto it = record.begin(); it != record.end(); ++it) {
+    if (out.size() > 1) out += ",";
+    out += nlohmann::json(it.key()).dump() + ":";
+    const auto& v = it.value();
+    const double d = v.is_number_float() ? v.get<double>() : 0.0;
+    if (std::isfinite(d)) {
+      out += v.dump();
+    } else {
+      out += std::isnan(d) ? "NaN" : d > 0 ? "Infinity" : "-Infinity";
+    }
+  }
+  return out + "}";
+}
+
+// A line json_line wrote, parsed with its non-finite numbers as null.
+nlohmann::json parse_line(std::string line) {
+  for (const char* token : {":-Infinity", ":Infinity", ":NaN"}) {
+    for (size_t at = line.find(token); at != std::string::npos; at = line.find(token, at)) {
+      line.replace(at, std::strlen(token), ":null");
+    }
+  }
+  return nlohmann::json::parse(line);
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step,
+                             bool evaluated_at_resume) {
+  const auto path = std::filesystem::path(run_dir) / "metrics.jsonl";
+  if (resume_step >= 0) {
+    // Lines past the checkpoint's step will be written again by the resumed run.
+    std::string kept;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      try {
+        const auto j = parse_line(line);
+        const int64_t step = j.at("step").get<int64_t>();
+        const bool val = j.at("split").get<std::string>() == "val";
+        if (step < resume_step || (step == resume_step && (!val || evaluated_at_resume))) {
+          kept += line + "\n";
+        }
+      } catch (const nlohmann::json::exception&) {
+        // A line cut short by a crash.
+      }
+    }
+    write_text_atomically(path.string(), kept);
+  }
+  out_.open(path, std::ios::out | (resume_step >= 0 ? std::ios::app : std::ios::trunc));
+  if (!out_) throw std::runtime_error(path.string() + ": cannot open for writing");
+  if (tensorboard) {
+    events_ = std::make_unique<tensorboard::EventWriter>(
+        (std::filesystem::path(run_dir) / "tb").string());
+  }
+}
+
+MetricsWriter::~MetricsWriter() = default;
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  out_ << json_line(record) << '\n';
+  out_.flush();
+  if (!out_) throw std::runtime_error("writing metrics failed (disk full?)");
+  if (!events_) return;
+  const double wall_time =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string split = record.at("split").get<std::string>();
+  const int64_t step = record.at("step").get<int64_t>();
+  for (const auto& [key, value] : record.items()) {
+    if (key == "split" || key == "step" || key == "epoch" || !value.is_number()) continue;
+    const std::string tag = key == "lr" ? key : split + "/" + key;
+    events_->scalar(tag, value.get<double>(), step, wall_time);
+  }
+}
+
+Progress::Progress(const std::string& mode)
+    : active_(mode == "always" || (mode == "auto" && isatty(STDERR_FILENO))) {}
+
+void Progress::update(int64_t step, int64_t total_steps, int64_t epoch, double loss,
+                      double samples_per_sec, double eta_seconds) {
+  if (!active_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (step != total_steps && drawn_ && now - last_draw_ < std::chrono::milliseconds(200)) return;
+  last_draw_ = now;
+  constexpr int kWidth = 24;
+  const double frac = total_steps > 0 ? static_cast<double>(step) / total_steps : 0.0;
+  const int filled = static_cast<int>(std::lround(frac * kWidth));
+  std::string bar(filled, '#');
+  bar.resize(kWidth, '.');
+  // Before the first log line there is no loss to show yet.
+  const std::string loss_text = std::isfinite(loss) ? strprintf("%.4f", loss) : "-";
+  std::fprintf(stderr,
+               "\r\033[Kepoch %" PRId64 " [%s] %" PRId64 "/%" PRId64
+               " loss %s %.0f samples/s ETA %s",
+               epoch, bar.c_str(), step, total_steps, loss_text.c_str(), samples_per_sec,
+               format_duration(eta_seconds).c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void Progress::clear() {
+  if (!active_ || !drawn_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  drawn_ = false;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
+  const auto total = static_cast<long long>(std::llround(seconds));
+  const long long h = total / 3600, m = (total / 60) % 60, s = total % 60;
+  char buf[32];
+  if (h > 0) {
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", h, m, s);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld", m, s);
+  }
+  return buf;
+}
+
+}  // namespace trainer::engine
+
+namespace trainer::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const config::Config& cfg, Components& parts, TrainingState& state, int rank,
+                       int64_t resumed_step)
+    : cfg_(cfg),
+      parts_(parts),
+      state_(state),
+      progress_(rank == 0 ? cfg.run.progress : "never"),
+      start_(Clock::now()),
+      window_start_(start_),
+      first_step_(state.step) {
+  if (rank == 0) {
+    const bool evaluated = resumed_step >= 0 && state.last_eval_step == resumed_step;
+    writer_ =
+        std::make_unique<MetricsWriter>(cfg.run.dir, cfg.run.tensorboard, resumed_step, evaluated);
+  }
+  if (parts.device.is_cuda()) {
+    cuda_index_ = parts.device.has_index() ? parts.device.index() : 0;
+    std::string why;
+    gpu_ = GpuMonitor::open(cuda_index_, &why);
+    if (!gpu_) log::info("GPU monitoring off: " + why);
+  }
+}
+
+void MetricsLog::count(const std::vector<data::Batch>& micro_batches) {
+  for (const auto& b : micro_batches) {
+    state_.window_samples += b.targets.size(0);
+    state_.bad_samples += b.bad_samples;
+  }
+}
+
+void MetricsLog::begin_step() {
+  if (parts_.device.is_cuda()) reset_cuda_peak(cuda_index_);
+}
+
+void MetricsLog::end_step() {
+  if (parts_.device.is_cuda()) {
+    window_cuda_peak_ = std::max(window_cuda_peak_, cuda_memory(cuda_index_).peak);
+  }
+}
+
+void MetricsLog::add(const StepOutcome& /*outcome*/) {
+  ++state_.window_steps;  // its loss is in window_loss already (the step adds it on the device)
+}
+
+double MetricsLog::seconds() const {
+  return seconds_since(start_);
+}
+
+double MetricsLog::eta() const {
+  return seconds() / static_cast<double>(state_.step - first_step_) *
+         static_cast<double>(parts_.total_steps - state_.step);
+}
+
+std::pair<double, double> MetricsLog::window_sums() {
+  const double samples = static_cast<double>(state_.window_samples);
+  if (parts_.group) {  // the mean loss and the samples of every rank
+    auto sums = torch::stack({state_.window_loss.to(torch::kDouble),
+                              torch::full_like(state_.window_loss, samples, torch::kDouble)});
+    parts_.group->all_reduce({sums}, distributed::Reduce::sum);
+    const auto host = read_to_host(sums);
+    const auto s = host.accessor<double, 1>();
+    return {s[0] / parts_.group->world_size(), s[1]};
+  }
+  return {state_.window_steps > 0 ? host_double(state_.window_loss) : 0.0, samples};
+}
+
+void MetricsLog::train(int64_t epoch) {
+  const double seconds = seconds_since(window_start_);
+  const auto [loss_sum, samples] = window_sums();
+  // NAN when every step of the window had a bad loss (and was skipped).
+  last_loss_ = state_.window_steps > 0 ? loss_sum / static_cast<double>(state_.window_steps) : NAN;
+  last_sps_ = seconds > 0 ? samples / seconds : 0.0;
+  const double lr = parts_.schedule->lr(std::max<int64_t>(state_.updates() - 1, 0));
+  if (state_.window_steps > 0 && !std::isfinite(last_loss_)) {  // train.max_bad_steps: 0
+    clear();
+    throw std::runtime_error("the training loss is " + std::to_string(last_loss_) + " at step " +
+                             std::to_string(state_.step) +
+                             "; lower optim.lr or set train.clip_grad_norm");
+  }
+  nlohmann::json record = {
+      {"split", "train"}, {"step", state_.step},          {"epoch", epoch},
+      {"lr", lr},         {"samples_per_sec", last_sps_}, {"bad_samples", state_.bad_samples}};
+  record["loss"] = last_loss_;  // NaN when every step of the window had a bad loss
+  if (parts_.scaler) record["loss_scale"] = parts_.scaler->scale_value();
+  if (parts_.scaler || state_.skipped_steps > 0) record["skipped_steps"] = state_.skipped_steps;
+  std::string line = strprintf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
+                               " loss %.4f lr %.3g %.0f samples/s ETA %s",
+                               state_.step, parts_.total_steps, epoch, last_loss_, lr, last_sps_,
+                               format_duration(eta()).c_str());
+  add_gpu_readings(record, line);
+  if (writer_) writer_->write(record);
+  if (progress_.active()) {
+    log::file_only(log::Level::info, line);
+  } else {
+    log::info(line);
+  }
+  state_.window_steps = state_.window_samples = 0;
+  state_.window_loss.zero_();
+  window_start_ = Clock::now();
+}
+
+void MetricsLog::add_gpu_readings(nlohmann::json& record, std::string& line) {
+  if (parts_.device.is_cuda()) {  // the caching allocator's view: what this process's tensors took
+    record["cuda_peak_mb"] = static_cast<double>(window_cuda_peak_) / kMiB;
+    record["cuda_reserved_mb"] = static_cast<double>(cuda_memory(cuda_index_).reserved) / kMiB;
+    line += strprintf(" | peak %.0f MiB", static_cast<double>(window_cuda_peak_) / kMiB);
+    window_cuda_peak_ = 0;
+  }
+  if (const auto g = gpu_ ? gpu_->sample() : std::nullopt) {
+    record["gpu_util"] = g->util_pct;
+    record["gpu_mem_mb"] = g->mem_used_mb;
+    record["gpu_temp_c"] = g->temp_c;
+    record["gpu_power_w"] = g->power_w;
+    line += strprintf(" | GPU %.0f%% %.0f/%.0f MiB %.0f C %.0f W", g->util_pct, g->mem_used_mb,
+                      g->mem_total_mb, g->temp_c, g->power_w);
+  }
+}
+
+void MetricsLog::eval(const EvalResult& e, int64_t epoch) {
+  clear();
+  nlohmann::json record = {
+      {"split", "val"}, {"step", state_.step}, {"epoch", epoch}, {"loss", e.loss}};
+  std::string line =
+      strprintf("eval step %" PRId64 " epoch %" PRId64 ": loss %.4f", state_.step, epoch, e.loss);
+  if (e.sequence) {
+    record["ppl"] = e.ppl;
+    line += strprintf(" ppl %.3f (%" PRId64 " tokens)", e.ppl, e.samples);
+  } else {
+    record["top1"] = e.top1;
+    record["top5"] = e.top5;
+    line += strprintf(" top1 %.2f%% top5 %.2f%% (%" PRId64 " samples)", 100.0 * e.top1,
+                      100.0 * e.top5, e.samples);
+  }
+  if (writer_) writer_->write(record);
+  log::info(line);
+}
+
+void MetricsLog::progress(int64_t epoch) {
+  progress_.update(state_.step, parts_.total_steps, epoch, last_loss_, last_sps_, eta());
+}
+
+}  // namespace trainer::engine

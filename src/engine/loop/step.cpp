@@ -1,0 +1,201 @@
+#include "engine/loop/step.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "nn/autocast.h"
+#include "optim/clip.h"
+#include "util/device.h"
+
+namespace trainer::engine {
+namespace {
+
+void begin(StepObserver* observer, Phase phase) {
+  if (observer) observer->begin(phase);
+}
+
+}  // namespace
+
+void StepFlags::start(const torch::Tensor& loss, bool stop_requested, distributed::Group* group) {
+  reduce_.reset();
+  agreed_ = torch::Tensor();
+  if (!group || group->world_size() <= 1) return;
+  // Summed over the ranks, the loss is inf/NaN when any rank's is, and the stop flag positive
+  // when any rank was asked to stop.
+  agreed_ = torch::stack({loss, torch::full({}, stop_requested ? 1.0 : 0.0, loss.options())});
+  reduce_ = group->all_reduce_async({agreed_}, distributed::Reduce::sum);
+}
+
+StepFlags::Decision StepFlags::decide(const torch::Tensor& loss, const torch::Tensor& found_inf,
+                                      bool skip_bad) {
+  if (reduce_) reduce_->wait();
+  reduce_.reset();
+  const bool agreeing = agreed_.defined();
+  const auto summed = agreeing ? agreed_[0] : loss;
+  const auto stop = agreeing ? agreed_[1] : torch::zeros({}, loss.options());
+  Decision d;
+  // Without skip_bad (train.max_bad_steps: 0) an inf/NaN loss is no reason to skip: it reaches
+  // the metrics window, whose log line ends the run.
+  d.bad = skip_bad ? summed.isfinite().logical_not().to(torch::kFloat)
+                   : torch::zeros({}, summed.options().dtype(torch::kFloat));
+  d.skip = found_inf.defined() ? torch::maximum(d.bad, found_inf.to(torch::kFloat)) : d.bad;
+  flags_ = torch::stack({stop.to(torch::kFloat), d.bad, d.skip});
+  return d;
+}
+
+void StepFlags::queue(int64_t step) {
+  if (!host_.defined()) {
+    host_ = torch::empty({3}, torch::TensorOptions(torch::kFloat)
+                                  .pinned_memory(flags_.is_cuda()));
+  }
+  host_.copy_(flags_, /*non_blocking=*/true);
+  if (flags_.is_cuda()) {
+    if (!copied_) copied_.emplace(c10::DeviceType::CUDA);
+    copied_->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+                        ->getStream(flags_.device()));
+  }
+  pending_step_ = step;
+}
+
+StepOutcome StepFlags::read() {
+  if (copied_) copied_->synchronize();
+  const float* f = host_.data_ptr<float>();
+  StepOutcome out;
+  out.step = pending_step_;
+  out.stop = f[0] > 0.0f;
+  out.bad_loss = f[1] != 0.0f;
+  out.skipped = f[2] != 0.0f;
+  pending_step_ = -1;
+  return out;
+}
+
+void count_outcome(const StepOutcome& outcome, TrainingState& state) {
+  if (outcome.skipped) ++state.skipped_steps;
+  state.bad_steps_in_row = outcome.bad_loss ? state.bad_steps_in_row + 1 : 0;
+}
+
+bool ends_run(const StepOutcome& outcome, const TrainingState& state,
+              const config::TrainConfig& train) {
+  return outcome.stop || (outcome.bad_loss && train.max_bad_steps > 0 &&
+                          state.bad_steps_in_row >= train.max_bad_steps);
+}
+
+TrainStep::TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state)
+    : parts_(parts), train_(train), state_(state) {}
+
+Settled TrainStep::run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+                       StepObserver* observer) {
+  const torch::Tensor loss = forward_backward(micro_batches, stop_requested, observer);
+  begin(observer, Phase::grad_sync);
+  if (auto* parallel = parts_.data_parallel()) parallel->after_backward();
+  begin(observer, Phase::optimizer);
+  // The previous step's flags, copied while this step's forward and backward were queued: its
+  // outcome decides this step's learning rate (skipped steps do not advance the schedule) and
+  // whether the run ends before this step's update.
+  Settled settled;
+  if (flags_.pending()) {
+    settled.outcomes.push_back(flags_.read());
+    count_outcome(settled.outcomes.back(), state_);
+    if (ends_run(settled.outcomes.back(), state_, train_)) {
+      settled.abandoned = true;
+      return settled;
+    }
+  }
+  update(loss);
+  loss_ = loss;
+  if (ready_) {  // decided on the host already (an optimizer that cannot skip on the device)
+    settled.outcomes.push_back(*ready_);
+    count_outcome(settled.outcomes.back(), state_);
+    ready_.reset();
+  }
+  return settled;
+}
+
+std::vector<StepOutcome> TrainStep::settle() {
+  std::vector<StepOutcome> out;
+  if (flags_.pending()) {
+    out.push_back(flags_.read());
+    count_outcome(out.back(), state_);
+  }
+  return out;
+}
+
+torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_batches,
+                                          bool stop_requested, StepObserver* observer) {
+  auto& p = parts_;
+  distributed::DataParallelism* parallel = p.data_parallel();
+  const double accum = static_cast<double>(micro_batches.size());
+  // Gradients dropped (set to none) rather than zeroed; under DDP they are views of its buckets,
+  // which zeroing cannot detach.
+  for (auto& param : p.params) param.mutable_grad().reset();
+  torch::Tensor step_loss;  // the sum of the micro-batches' losses / accum
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const bool sync = m + 1 == micro_batches.size();  // DDP averages on the last backward only
+    begin(observer, Phase::forward);
+    auto inputs = micro_batches[m].inputs.to(p.device, /*non_blocking=*/true);    // [B, ...]
+    auto targets = micro_batches[m].targets.to(p.device, /*non_blocking=*/true);  // [B] or [B, T]
+    if (parallel) parallel->before_forward(/*first=*/m == 0, sync);
+    torch::Tensor loss;  // float32 scalar
+    {
+      nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
+      loss = p.loss(p.model->forward(inputs), targets);
+      if (accum > 1) loss = loss / accum;
+    }
+    step_loss = m == 0 ? loss.detach() : step_loss + loss.detach();
+    if (parallel) parallel->after_forward(loss, sync);
+    if (sync) flags_.start(step_loss, stop_requested, p.group.get());
+    begin(observer, Phase::backward);
+    (p.scaler ? p.scaler->scale(loss) : loss).backward();
+  }
+  return step_loss;
+}
+
+void TrainStep::update(const torch::Tensor& loss) {
+  auto& p = parts_;
+  const bool clip = train_.clip_grad_norm > 0;
+  const bool fused = p.optimizer->takes_device_inputs();
+  // A fused optimizer divides the gradients by the scale itself (as torch.amp does for
+  // fused=True), unless clipping needs them unscaled before.
+  const bool kernel_unscales = p.scaler && fused && !clip;
+  torch::Tensor found_inf;
+  if (p.scaler) {
+    found_inf = kernel_unscales ? p.scaler->check(p.params) : p.scaler->unscale(p.params);
+    // Sharded gradients: inf/NaN in any rank's shard skips the step everywhere.
+    if (p.fsdp) found_inf = p.fsdp->reduce_over_shards(found_inf, distributed::Reduce::max);
+  }
+  // Decided on the device, the same on every rank: skip the update on inf/NaN gradients
+  // (averaged, so equal on every rank) or an inf/NaN loss on any rank.
+  const auto decision = flags_.decide(loss, found_inf, train_.max_bad_steps > 0);
+  // The window's losses on the device: those of steps whose loss is finite on every rank.
+  if (!state_.window_loss.defined()) state_.window_loss = torch::zeros({}, loss.options());
+  state_.window_loss.add_(torch::where(decision.bad.to(torch::kBool),
+                                       torch::zeros_like(loss), loss));
+  const double lr = p.schedule->lr(state_.updates());
+  ++state_.step;
+  flags_.queue(state_.step);
+  if (!fused) {  // the update happens on the host's decision: read the flags now (a host read)
+    RECORD_FUNCTION(kHostRead, std::vector<c10::IValue>());
+    host_reads_made().fetch_add(1, std::memory_order_relaxed);
+    ready_ = flags_.read();
+  }
+  if (!ready_ || !ready_->skipped) {
+    optim::KernelInputs device;
+    if (fused) device.found_inf = decision.skip;
+    if (clip) {
+      optim::SquaredNormSum over_shards;  // sharded gradients: the norm over every rank's
+      if (p.fsdp) {
+        over_shards = [&p](const torch::Tensor& squared) {
+          return p.fsdp->reduce_over_shards(squared, distributed::Reduce::sum);
+        };
+      }
+      optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, device, over_shards);
+    }
+    if (kernel_unscales) device.grad_scale = p.scaler->scale_tensor();
+    p.optimizer->step(lr, device);
+  }
+  if (p.scaler) p.scaler->update(found_inf);
+}
+
+}  // namespace trainer::engine

@@ -1,0 +1,160 @@
+// One optimizer step: the micro-batches' forward and backward passes, the decision to apply or
+// skip the update (agreed by every rank), unscaling, clipping and the update.
+#pragma once
+
+#include <c10/core/Event.h>
+#include <torch/types.h>
+
+#include <optional>
+#include <vector>
+
+#include "config/config.h"
+#include "data/dataset.h"
+#include "distributed/process_group.h"
+#include "engine/loop/components.h"
+#include "engine/loop/state.h"
+
+namespace trainer::engine {
+
+// The phases of a training step, in order (micro-batches repeat forward and backward).
+enum class Phase {
+  data,       // waiting for the step's batches from the loader
+  forward,    // host-to-device copy, forward pass and loss
+  backward,   // backward pass (with DDP: gradient all-reduces overlapping it)
+  grad_sync,  // waiting for DDP's last all-reduces after backward
+  optimizer,  // inf/NaN decision, unscale, clipping, optimizer step
+};
+constexpr int kPhaseCount = 5;
+
+// Told where each step and each of its phases begins: `trainer bench`'s timers and counters. The
+// base class ignores everything.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // A step begins with Phase::data.
+  virtual void begin_step() {}
+  // `phase` of the current step begins now, ending the phase before it.
+  virtual void begin(Phase /*phase*/) {}
+  // The step's work is queued; `loss` is its mean loss, a device scalar.
+  virtual void end_step(const torch::Tensor& /*loss*/) {}
+};
+
+// What one training step did; the same on every rank.
+struct StepOutcome {
+  int64_t step = 0;       // the step (TrainingState::step after it)
+  torch::Tensor loss;     // mean loss over the micro-batches, a device scalar (this rank's)
+  bool skipped = false;   // the update was not applied (inf/NaN gradients or loss)
+  bool bad_loss = false;  // the loss was inf or NaN (on some rank)
+  bool stop = false;      // some rank was asked to stop
+};
+
+// The flags a step decides by: the loss (inf/NaN: skip), whether some rank was asked to stop
+// (summed over a group while the last backward runs) and the gradient scaler's found_inf. The
+// decision is made on the device; the flags reach the host one step late, through a copy to
+// pinned memory that nothing waits for when it is queued.
+class StepFlags {
+ public:
+  // In a group of more than one, starts the all-reduce of this rank's [loss, stop] flags
+  // (`group` null: alone, nothing to agree). Every rank must call this, in the same order.
+  void start(const torch::Tensor& loss, bool stop_requested, distributed::Group* group);
+
+  // Waits for the all-reduce (on the device's stream), then decides on the device: with
+  // `skip_bad` (train.max_bad_steps > 0) `bad` is 1 when the loss (of some rank) is inf/NaN, else
+  // always 0; `skip` is 1 when `bad` or `found_inf` (undefined without a scaler) is; float32
+  // scalars (skip: a fused optimizer's found_inf). Nothing waits for the device. The flags stay
+  // on the device until queue().
+  struct Decision {
+    torch::Tensor bad, skip;
+  };
+  Decision decide(const torch::Tensor& loss, const torch::Tensor& found_inf, bool skip_bad);
+
+  // Queues the copy of the decided flags to pinned host memory as step `step`'s, for read().
+  // Nothing waits for the device.
+  void queue(int64_t step);
+
+  // Whether queue() queued flags that read() has not taken.
+  bool pending() const { return pending_step_ >= 0; }
+
+  // The queued step's outcome (its `loss` undefined: the device value may be overwritten since).
+  // Waits for the copy queue() queued (an event recorded when the step's work was queued; a step
+  // later it has normally passed). Reads pinned host memory, not the device.
+  StepOutcome read();
+
+ private:
+  torch::Tensor agreed_;                        // [loss, stop] summed over the ranks
+  std::optional<distributed::Pending> reduce_;  // its all-reduce
+  torch::Tensor flags_;                         // [stop, bad, skip] on the device
+  torch::Tensor host_;                          // their copy (pinned memory with a GPU)
+  std::optional<c10::Event> copied_;            // recorded after the copy (a GPU)
+  int64_t pending_step_ = -1;                   // the queued step not yet read; -1: none
+};
+
+// What the run learns of its steps, in order, as their flags reach the host.
+struct Settled {
+  std::vector<StepOutcome> outcomes;  // the steps whose flags arrived, oldest first
+  bool abandoned = false;  // the step just queued was dropped without its update: an earlier
+                           // step's outcome ends the run (a stop, train.max_bad_steps)
+};
+
+// Runs training steps over the components, counting them in a TrainingState.
+class Stepper {
+ public:
+  virtual ~Stepper() = default;
+
+  // Queues one step over `micro_batches`: forward (under autocast) and backward of each,
+  // gradients accumulating (with DDP: averaged over the ranks on the last), then the update with
+  // this step's learning rate, which the device skips when a gradient (with a scaler) or the
+  // loss is inf/NaN. Returns the outcomes that reached the host meanwhile: the previous step's,
+  // taken after this step's forward and backward are queued and before its update, so that the
+  // device never waits for the host. When that outcome ends the run (the ranks agreed to stop,
+  // or TrainingState::bad_steps_in_row reaches train.max_bad_steps), this step's update is not
+  // queued and it is not counted (`abandoned`). `observer` (may be null) is told where each
+  // phase begins. Every rank of a group must call this, in the same order: it runs DDP's
+  // all-reduces and the flags'.
+  virtual Settled run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+                      StepObserver* observer) = 0;
+
+  // The outcomes of the steps queued and not yet returned; waits for their flags' copy.
+  virtual std::vector<StepOutcome> settle() = 0;
+
+  // The mean loss of the step queued last (a device scalar).
+  virtual const torch::Tensor& last_loss() const = 0;
+};
+
+// Counts an outcome in `state` (skipped steps, bad steps in a row) as it reaches the host.
+void count_outcome(const StepOutcome& outcome, TrainingState& state);
+
+// Whether `outcome`, counted in `state`, ends the run: the ranks agreed to stop, or the losses
+// were inf/NaN in train.max_bad_steps steps in a row.
+bool ends_run(const StepOutcome& outcome, const TrainingState& state,
+              const config::TrainConfig& train);
+
+// The step that dispatches each of its operators (the other: GraphedStep, engine/graphed_step.h).
+class TrainStep final : public Stepper {
+ public:
+  TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state);
+
+  Settled run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+              StepObserver* observer) override;
+  std::vector<StepOutcome> settle() override;
+  const torch::Tensor& last_loss() const override { return loss_; }
+
+  // Clears the gradients, then forward and backward of each micro-batch; returns the mean loss,
+  // a device scalar. Reads nothing to the host (a group's flags are only started).
+  torch::Tensor forward_backward(const std::vector<data::Batch>& micro_batches, bool stop_requested,
+                                 StepObserver* observer);
+
+ private:
+  // Unscale, decide, clip and update; the device skips the update on a bad step (an optimizer
+  // that cannot: the flags are read at once, a host read).
+  void update(const torch::Tensor& loss);
+
+  Components& parts_;
+  const config::TrainConfig& train_;
+  TrainingState& state_;
+  StepFlags flags_;
+  torch::Tensor loss_;
+  std::optional<StepOutcome> ready_;  // read at once (an optimizer that cannot skip on the device)
+};
+
+}  // namespace trainer::engine

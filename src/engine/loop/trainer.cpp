@@ -1,0 +1,353 @@
+#include "engine/loop/trainer.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "engine/loop/batches.h"
+#include "engine/loop/components.h"
+#include "engine/loop/graphed_step.h"
+#include "engine/loop/metrics.h"
+#include "engine/measure/op_count.h"
+#include "engine/loop/trainer_state.h"
+#include "util/device.h"
+#include "util/format.h"
+#include "util/log.h"
+
+namespace trainer::engine {
+
+namespace {
+
+// Why a step ran out of memory, and what to do about it.
+std::string out_of_memory_message(const Components& parts, const config::LoadedConfig& loaded,
+                                  int64_t step, const std::string& error) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::string held;
+  if (parts.device.is_cuda()) {
+    const int index = parts.device.has_index() ? parts.device.index() : 0;
+    const auto m = cuda_memory(index);
+    held = strprintf(
+        "with %.0f MiB in tensors at the peak of the step, %.0f MiB reserved by the caching "
+        "allocator, of the device's %.0f MiB ",
+        static_cast<double>(m.peak) / kMiB, static_cast<double>(m.reserved) / kMiB,
+        static_cast<double>(cuda_total_memory(index)) / kMiB);
+  }
+  const auto& cfg = loaded.cfg;
+  return strprintf(
+      "out of memory in step %" PRId64 " at data.batch_size %" PRId64
+      " x train.grad_accum_steps %" PRId64
+      " %s(%s); `trainer doctor --config %s` estimates the step's memory and lists remedies: "
+      "a smaller data.batch_size with more train.grad_accum_steps, bfloat16, activation "
+      "checkpointing, more GPUs",
+      step, cfg.data.batch_size, cfg.train.grad_accum_steps, held.c_str(), error.c_str(),
+      loaded.source.c_str());
+}
+
+// One run of fit(): the loop's decisions after each step and at each epoch's end.
+class Run {
+ public:
+  Run(Trainer::State& s, const std::atomic<bool>* stop)
+      : s_(s),
+        cfg_(s.loaded.cfg),
+        stop_(stop),
+        log_(cfg_, s.parts, s.state, s.job.rank, s.checkpointer.resumed_step()) {
+    s.parts.model->train();
+    log::info(strprintf("training %" PRId64 " steps (%" PRId64 " per epoch) on %s",
+                        s.parts.total_steps - s.state.step, s.parts.steps_per_epoch,
+                        s.parts.device.str().c_str()));
+  }
+
+  bool steps_left() const { return s_.state.step < s_.parts.total_steps; }
+
+  // Trains one step and logs, evaluates and checkpoints as configured; false when the run ends
+  // here (a stop, train.stop_at_step or train.stop_at_top1).
+  bool step(const std::vector<data::Batch>& micro_batches) {
+    log_.count(micro_batches);
+    const Settled settled = train(micro_batches);
+    if (!settled.abandoned) ++s_.state.step_in_epoch;
+    for (const auto& outcome : settled.outcomes) take(outcome);
+    const int64_t step = s_.state.step;
+    const bool log_due = step % cfg_.run.log_every == 0 || step == s_.parts.total_steps;
+    const bool eval_due = cfg_.run.eval_every > 0 && step % cfg_.run.eval_every == 0;
+    const bool checkpoint_due = cfg_.run.checkpoint_every > 0 && step % cfg_.run.checkpoint_every == 0;
+    // What reads the step's outcome waits for its flags; other steps read them a step late.
+    if (log_due || eval_due || checkpoint_due || settled.abandoned || stops_here()) settle();
+    if (log_due) log_.train(s_.state.epoch);
+    log_.progress(s_.state.epoch);
+    if (eval_due) evaluate(s_.state.epoch);
+    if (checkpoint_due) checkpoint();
+    if (result_.reached_target) return false;
+    return !stops_after();
+  }
+
+  // At an epoch's end (or the run's last step): the evaluation and checkpoint due then.
+  void end_epoch() {
+    if (cfg_.run.eval_every == 0 && s_.state.last_eval_step != s_.state.step) {
+      evaluate(s_.state.epoch);
+    }
+    // Resuming from the end of an epoch runs no step of it and goes on with the next.
+    if (cfg_.run.checkpoint_every == 0 && s_.state.step_in_epoch == s_.parts.steps_per_epoch) {
+      checkpoint();
+    }
+  }
+
+  bool reached_target() const { return result_.reached_target; }
+
+  // The next step's batches. A data failure (a file unreadable or changed during training) ends
+  // the run; a process alone first saves the steps trained since the last checkpoint (in a group
+  // the other ranks could not take part in the save).
+  std::vector<data::Batch> next(StepBatches& batches) {
+    try {
+      return batches.next();
+    } catch (const data::DataError&) {
+      log_.clear();
+      if (!s_.parts.group && s_.state.step > 0) {
+        try {
+          checkpoint();
+        } catch (const std::exception& e) {
+          log::error(e.what());
+        }
+      }
+      throw;
+    }
+  }
+
+  // The evaluation at the end (unless stopped early) and the last checkpoint.
+  FitResult finish() {
+    settle();
+    const auto& st = s_.state;
+    if (!result_.stopped && cfg_.train.eval_at_end && st.last_eval_step != st.step) {
+      evaluate(s_.parts.total_steps > 0 ? (st.step - 1) / s_.parts.steps_per_epoch : 0);
+    }
+    checkpoint();
+    log_.clear();
+    result_.steps = st.step;
+    result_.seconds = log_.seconds();
+    result_.host_reads_per_step = counts_.reads_per_step();
+    result_.host_reads_outside_steps = counts_.reads_outside_steps();
+    result_.ops_per_step = counts_.ops_per_step();
+    return result_;
+  }
+
+ private:
+  // One step, its failures explained: out of memory with the batch settings and the remedies; in
+  // a group, any failure with the collective timeout as a possible cause.
+  Settled train(const std::vector<data::Batch>& micro_batches) {
+    const bool stop_requested = stop_ && stop_->load();
+    try {
+      log_.begin_step();
+      counts_.begin_step();
+      Settled settled = s_.step->run(micro_batches, stop_requested, nullptr);
+      counts_.end_step();
+      log_.end_step();
+      return settled;
+    } catch (const c10::OutOfMemoryError& e) {
+      log_.clear();
+      throw std::runtime_error(
+          out_of_memory_message(s_.parts, s_.loaded, s_.state.step + 1, error_line(e)));
+    } catch (const std::exception& e) {
+      if (!s_.parts.group) throw;
+      // Gloo reports a lost peer or a timeout as a plain error.
+      throw std::runtime_error(strprintf("rank %d: step %" PRId64
+                                         " failed: %s (when another rank has ended or is stuck, "
+                                         "collectives fail after dist.timeout_s, %g s)",
+                                         s_.job.rank, s_.state.step + 1, error_line(e).c_str(),
+                                         cfg_.dist.timeout_s));
+    }
+  }
+
+  // The outcomes of the steps still in flight.
+  void settle() {
+    for (const auto& outcome : s_.step->settle()) take(outcome);
+  }
+
+  // A step's outcome as it reaches the host (counted in the state by the stepper): a finite loss
+  // into the metrics window; an inf/NaN one warned about, and ending the run after
+  // train.max_bad_steps in a row; a stop agreed by a group's ranks.
+  void take(const StepOutcome& outcome) {
+    if (outcome.stop) stop_agreed_ = true;
+    if (!outcome.bad_loss) {
+      log_.add(outcome);
+      return;
+    }
+    const auto& st = s_.state;
+    log_.clear();
+    log::warn(strprintf("step %" PRId64 ": the loss is inf/NaN; update skipped (%" PRId64
+                        " in a row, train.max_bad_steps %" PRId64 ")",
+                        outcome.step, st.bad_steps_in_row, cfg_.train.max_bad_steps));
+    if (st.bad_steps_in_row < cfg_.train.max_bad_steps) return;
+    settle();
+    checkpoint();
+    throw std::runtime_error(strprintf(
+        "the training loss was inf/NaN in %" PRId64 " steps in a row, steps %" PRId64 " to %" PRId64
+        "; the model is as after step %" PRId64
+        ", saved in %s; lower optim.lr, set train.clip_grad_norm, or use amp.dtype bfloat16",
+        st.bad_steps_in_row, outcome.step - st.bad_steps_in_row + 1, outcome.step,
+        outcome.step - st.bad_steps_in_row, s_.checkpointer.last().c_str()));
+  }
+
+  // Whether train.stop_at_step ends the run at this step.
+  bool stops_here() const {
+    return cfg_.train.stop_at_step > 0 && s_.state.step == cfg_.train.stop_at_step && steps_left();
+  }
+
+  // Whether the run stops after this step: a signal (agreed by a group's ranks in the steps'
+  // flags; alone, at once) or train.stop_at_step.
+  bool stops_after() {
+    const bool stop_here = stops_here();
+    const bool signalled = s_.parts.agreeing() ? stop_agreed_ : stop_ && stop_->load();
+    if (!signalled && !stop_here) return false;
+    settle();
+    log_.clear();
+    log::warn(strprintf("stopping after step %" PRId64 " (%s); resume with --resume auto",
+                        s_.state.step, stop_here ? "train.stop_at_step" : "signal"));
+    result_.stopped = true;
+    return true;
+  }
+
+  void evaluate(int64_t epoch) {
+    settle();
+    log_.clear();
+    last_eval_ = result_.last_eval = engine::evaluate(s_.parts, s_.state.bad_samples);
+    s_.state.last_eval_step = s_.state.step;
+    log_.eval(last_eval_, epoch);
+    const double target = cfg_.train.stop_at_top1;
+    if (!last_eval_.sequence && target > 0.0 && last_eval_.top1 >= target) {
+      result_.reached_target = true;
+      log::info(
+          strprintf("top-1 %.2f%% reached train.stop_at_top1 %.2f%% after %.1f s; ending the run",
+                    100.0 * last_eval_.top1, 100.0 * target, log_.seconds()));
+    }
+  }
+
+  void checkpoint() {
+    settle();
+    s_.checkpointer.save(last_eval_);
+  }
+
+  Trainer::State& s_;
+  const config::Config& cfg_;
+  const std::atomic<bool>* stop_;
+  MetricsLog log_;
+  FitResult result_;
+  EvalResult last_eval_;  // the latest evaluation, for the checkpoint of its step
+  bool stop_agreed_ = false;  // a group's ranks agreed to stop (a step's flags)
+  StepCounts counts_;         // host reads and operators of the steps
+};
+
+}  // namespace
+
+Trainer::Trainer(const config::LoadedConfig& loaded, const distributed::DistEnv& job)
+    : s_(std::make_unique<State>(loaded, job)) {}
+
+Trainer::~Trainer() = default;
+
+FitResult Trainer::fit(const std::atomic<bool>* stop) {
+  Run run(*s_, stop);
+  StepBatches batches(*s_->parts.train_loader, s_->state, s_->parts.steps_per_epoch,
+                      s_->loaded.cfg.train.grad_accum_steps);
+  while (run.steps_left()) {
+    while (batches.has_step() && run.steps_left()) {
+      if (!run.step(run.next(batches))) return run.finish();
+    }
+    run.end_epoch();
+    if (run.reached_target()) break;
+    batches.next_epoch();
+  }
+  return run.finish();
+}
+
+void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch) {
+  auto& p = s_->parts;
+  StepBatches batches(*p.train_loader, s_->state, p.steps_per_epoch,
+                      s_->loaded.cfg.train.grad_accum_steps);
+  std::vector<data::Batch> fixed;  // with fixed_batch: the first step's, on the device
+  p.model->train();
+  for (int64_t i = 0; i < steps; ++i) {
+    if (!batches.has_step()) batches.next_epoch();
+    observer.begin_step();
+    if (fixed_batch && fixed.empty()) {
+      fixed = batches.next();
+      for (auto& b : fixed) {
+        b.inputs = b.inputs.to(p.device);
+        b.targets = b.targets.to(p.device);
+      }
+    }
+    const auto& micro = fixed_batch ? fixed : batches.next();
+    s_->step->run(micro, /*stop_requested=*/false, &observer);
+    ++s_->state.step_in_epoch;
+    observer.end_step(s_->step->last_loss());
+  }
+  s_->step->settle();
+}
+
+std::string Trainer::summary() const {
+  const auto& cfg = s_->loaded.cfg;
+  const auto& p = s_->parts;
+  std::ostringstream out;
+  out << "device: " << p.device.str() << "\n";
+  if (p.group) {
+    out << "distributed: rank " << s_->job.rank << " of " << s_->job.world_size << " ("
+        << p.group->backend() << ", started by " << s_->job.source << "), global batch "
+        << cfg.data.batch_size * cfg.train.grad_accum_steps * s_->job.world_size << "\n";
+  }
+  out << "data: " << cfg.data.name << ", " << p.splits.train->size() << " train / "
+      << p.splits.val->size() << " val samples, " << p.splits.spec.num_classes << " classes\n";
+  out << "steps: " << p.total_steps << " (" << p.steps_per_epoch << " per epoch, batch "
+      << cfg.data.batch_size << " x " << cfg.train.grad_accum_steps << " accumulation)\n";
+  out << "precision: " << (cfg.amp.enabled ? cfg.amp.dtype + " autocast" : std::string("float32"))
+      << (p.scaler ? " with gradient scaling" : "") << "\n";
+  if (cfg.model.checkpointing != "none") {
+    out << "activation checkpointing: " << cfg.model.checkpointing << "\n";
+  }
+  out << models::summary(*p.model, cfg.model.name);
+  return out.str();
+}
+
+bool Trainer::resume(const std::string& spec) {
+  if (!s_->checkpointer.resume(spec)) return false;
+  const int64_t stop_at = s_->loaded.cfg.train.stop_at_step;
+  if (stop_at > 0 && stop_at < s_->state.step) {
+    throw config::ConfigError({config::Issue{
+        s_->loaded.where("train.stop_at_step"), "train.stop_at_step",
+        "is " + std::to_string(stop_at) + " but the run resumes after step " +
+            std::to_string(s_->state.step) + "; set it above that step, or 0 to train on"}});
+  }
+  return true;
+}
+
+std::string Trainer::last_checkpoint() const {
+  return s_->checkpointer.last();
+}
+
+
+EvalResult Trainer::evaluate() {
+  return engine::evaluate(s_->parts, s_->state.bad_samples);
+}
+
+torch::nn::Module& Trainer::model() {
+  return *s_->parts.model;
+}
+
+int Trainer::rank() const {
+  return s_->job.rank;
+}
+
+int Trainer::world_size() const {
+  return s_->parts.world_size();
+}
+
+torch::Device Trainer::device() const {
+  return s_->parts.device;
+}
+
+const config::Config& Trainer::config() const {
+  return s_->loaded.cfg;
+}
+
+int64_t Trainer::tokens_per_sample() const {
+  const auto& spec = s_->parts.splits.spec;
+  return spec.sequence ? spec.sample_shape.at(0) : 0;
+}
+
+}  // namespace trainer::engine

@@ -1,0 +1,135 @@
+#include "engine/measure/flops.h"
+
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "nn/aligned_linear.h"
+
+namespace trainer::engine {
+namespace {
+
+// Counted operations and how to count them from their arguments and results.
+enum class Kind { none, matmul, addmm, linear, conv, attention };
+
+Kind kind_of(const char* name) {
+  static const std::pair<const char*, Kind> kinds[] = {
+      {"aten::mm", Kind::matmul},       {"aten::bmm", Kind::matmul},
+      {"aten::addmm", Kind::addmm},     {"aten::baddbmm", Kind::addmm},
+      {nn::kAlignedLinear, Kind::linear},
+      {"aten::conv2d", Kind::conv},     {"aten::scaled_dot_product_attention", Kind::attention}};
+  for (const auto& [n, k] : kinds) {
+    if (std::strcmp(name, n) == 0) return k;
+  }
+  return Kind::none;
+}
+
+std::vector<int64_t> sizes_of(const c10::IValue& v) {
+  if (!v.isTensor() || !v.toTensor().defined()) return {};
+  const auto s = v.toTensor().sizes();
+  return {s.begin(), s.end()};
+}
+
+// 2 per multiply-add: a [.., n, k] by a [.., k, m] product (batched: the leading sizes of a).
+int64_t product_flops(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  if (a.size() < 2 || b.size() < 2) return 0;
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < a.size(); ++i) batch *= a[i];
+  return 2 * batch * a[a.size() - 2] * a.back() * b.back();
+}
+
+// The shapes an operation was called with, kept from its start to its end.
+struct Shapes : at::ObserverContext {
+  Kind kind = Kind::none;
+  std::vector<std::vector<int64_t>> inputs;
+};
+
+int64_t flops_of(const Shapes& s, const at::RecordFunction& fn) {
+  const auto& in = s.inputs;
+  switch (s.kind) {
+    case Kind::matmul:
+      return in.size() >= 2 ? product_flops(in[0], in[1]) : 0;
+    case Kind::addmm:
+      return in.size() >= 3 ? product_flops(in[1], in[2]) : 0;
+    case Kind::linear: {  // x [..., C] by weight [V, C]
+      if (in.size() < 2 || in[0].empty() || in[1].size() != 2) return 0;
+      int64_t rows = 1;
+      for (size_t i = 0; i + 1 < in[0].size(); ++i) rows *= in[0][i];
+      return 2 * rows * in[1][1] * in[1][0];
+    }
+    case Kind::conv: {  // out [N, Cout, H, W] x weight [Cout, Cin/groups, kh, kw]
+      const auto outputs = fn.outputs();
+      if (in.size() < 2 || outputs.empty()) return 0;
+      const auto& w = in[1];
+      const auto out = sizes_of(outputs[0]);
+      if (w.size() != 4 || out.size() != 4) return 0;
+      return 2 * out[0] * out[1] * out[2] * out[3] * w[1] * w[2] * w[3];
+    }
+    case Kind::attention: {  // q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev]
+      if (in.size() < 3) return 0;
+      const auto &q = in[0], &k = in[1], &v = in[2];
+      if (q.size() != 4 || k.size() != 4 || v.size() != 4) return 0;
+      return 2 * q[0] * q[1] * q[2] * k[2] * q[3] + 2 * q[0] * q[1] * q[2] * k[2] * v[3];
+    }
+    case Kind::none:
+      break;
+  }
+  return 0;
+}
+
+// The live count: one per process; counted operations on this thread only.
+std::atomic<int64_t*> total{nullptr};
+thread_local int open_counted = 0;  // counted operations entered and not left on this thread
+
+// Inputs can be read only when an operation starts, results only when it ends.
+std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
+  const Kind kind = kind_of(fn.name());
+  if (kind == Kind::none) return nullptr;
+  auto shapes = std::make_unique<Shapes>();
+  shapes->kind = kind;
+  if (++open_counted == 1) {  // the outermost counted operation: the one counted
+    for (const auto& v : fn.inputs()) shapes->inputs.push_back(sizes_of(v));
+  }
+  return shapes;
+}
+
+void leave(const at::RecordFunction& fn, at::ObserverContext* context) {
+  auto* shapes = static_cast<Shapes*>(context);
+  if (!shapes) return;
+  if (--open_counted == 0) {
+    if (int64_t* t = total.load()) *t += flops_of(*shapes, fn);
+  }
+}
+
+}  // namespace
+
+int64_t count_flops(const std::function<void()>& fn) {
+  int64_t counted = 0;
+  int64_t* none = nullptr;
+  if (!total.compare_exchange_strong(none, &counted)) {
+    throw std::logic_error("count_flops: one count at a time");
+  }
+  // A callback of this thread only, with the operations' arguments and results; no profiler
+  // (whose CUDA tracing, once started, stays attached to the process).
+  const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&enter, &leave)
+                                                     .needsInputs(true)
+                                                     .needsOutputs(true)
+                                                     .scopes({at::RecordScope::FUNCTION}));
+  open_counted = 0;
+  try {
+    fn();
+  } catch (...) {
+    at::removeCallback(handle);
+    total = nullptr;
+    throw;
+  }
+  at::removeCallback(handle);
+  total = nullptr;
+  return counted;
+}
+
+}  // namespace trainer::engine
