@@ -363,4 +363,59 @@ TEST_F(Dist, AStuckRankEndsTheRunAtTheCollectiveTimeout) {
   EXPECT_NE(r.err.find("dist.timeout_s"), std::string::npos) << r.err;
 }
 
+// Each command's --json under trainer launch: with --local-ranks-filter 0 --no-prefix the console
+// holds rank 0's JSON as the command printed it, and with --log-dir rank_0.stdout holds it too;
+// without the flags every line carries its rank. bench writes its JSON to a file.
+TEST_F(Dist, EachCommandsJsonUnderTheLauncherParses) {
+  const auto run_dir = dir_ / "r";
+  ASSERT_EQ(run("--config configs/synthetic.yaml --set run.progress=never --run-dir '" +
+                run_dir.string() + "'")
+                .code,
+            0);
+  const std::string raw = "--nproc-per-node 2 --local-ranks-filter 0 --no-prefix";
+  for (const std::string& command : std::vector<std::string>{
+           "eval --checkpoint '" + run_dir.string() + "' --json",
+        "doctor --perf --quick --json --config configs/synthetic.yaml",
+        "doctor --json --config configs/synthetic.yaml"}) {
+    SCOPED_TRACE(command);
+    const fs::path logs = dir_ / ("logs" + std::to_string(command.size()));
+    auto r = launch(raw + " --log-dir '" + logs.string() + "'", command);
+    ASSERT_LE(r.code, 1) << r.err;  // doctor exits 1 on a FAIL finding
+    EXPECT_NO_THROW(nlohmann::json::parse(r.out)) << r.out;
+    EXPECT_NO_THROW(nlohmann::json::parse(read_file(logs / "rank_0.stdout")));
+    r = launch("--nproc-per-node 2", command);
+    EXPECT_NE(r.out.find("[rank0]: {"), std::string::npos) << r.out;
+  }
+  const fs::path json = dir_ / "bench.json";
+  const auto r = launch("--nproc-per-node 2", "bench --config configs/synthetic.yaml --steps 2 "
+                                              "--warmup 1 --json '" + json.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(read_file(json))["world_size"], 2);
+}
+
+// --nproc-per-node: auto means one per GPU, one without a GPU, for `trainer` and `trainer launch`
+// alike; a bad value names the flag typed.
+TEST_F(Dist, NprocPerNodeAutoHasOneMeaning) {
+  const std::string args = "--config configs/synthetic.yaml --set train.max_steps=2 "
+                           "--set run.progress=never";
+  if (run("doctor --json").out.find("\"cuda_available\": true") != std::string::npos) {
+    GTEST_SKIP() << "this machine has a GPU";
+  }
+  auto r = launch("--nproc-per-node auto", args + " --run-dir '" + (dir_ / "a").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("ranks 0..0 of 1"), std::string::npos) << r.err;
+  r = run(args + " --nproc-per-node auto --run-dir '" + (dir_ / "b").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("local job"), std::string::npos) << r.err;
+  for (const std::string bad : {"0", "two", "-1"}) {
+    r = run(args + " --nproc-per-node " + bad);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("--nproc-per-node: must be a number of processes >= 1 or auto, got '" +
+                         bad + "'"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("launch.nproc_per_node"), std::string::npos) << r.err;
+  }
+}
+
 }  // namespace

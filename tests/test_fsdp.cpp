@@ -269,6 +269,9 @@ TEST_F(Fsdp, NprocPerNodeStartsALocalJob) {
   EXPECT_EQ(losses(alone).size(), 5u);
   r = run(args + " --nproc-per-node two --run-dir '" + (dir_ / "bad").string() + "'");
   EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--nproc-per-node: must be a number"), std::string::npos) << r.err;
+  r = run(args + " --set launch.nproc_per_node=two --run-dir '" + (dir_ / "bad").string() + "'");
+  EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("launch.nproc_per_node"), std::string::npos) << r.err;
 }
 

@@ -191,7 +191,8 @@ TEST(LaunchArgs, RejectsBadValuesNamingTheFlag) {
 TEST(LaunchArgs, NprocAutoGpuCpu) {
   const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_EQ(parse({"--nproc-per-node", "auto", "--", "t"}, /*gpus=*/4).nproc_per_node, 4);
-  EXPECT_EQ(parse({"--nproc-per-node", "auto", "--", "t"}, /*gpus=*/0).nproc_per_node, cpus);
+  // auto without a GPU: one process, as `trainer --nproc-per-node auto` (cpu: one per CPU).
+  EXPECT_EQ(parse({"--nproc-per-node", "auto", "--", "t"}, /*gpus=*/0).nproc_per_node, 1);
   EXPECT_EQ(parse({"--nproc-per-node", "gpu", "--", "t"}, /*gpus=*/3).nproc_per_node, 3);
   EXPECT_EQ(parse({"--nproc-per-node", "cpu", "--", "t"}, /*gpus=*/3).nproc_per_node, cpus);
   // The GPUs are counted only when asked for.
@@ -318,6 +319,37 @@ TEST(Launcher, PrefixesOutputAndWritesTheLogDir) {
   EXPECT_TRUE(Contains(rank0, "no newline 0\n"));
   EXPECT_TRUE(Lacks(rank0, "[rank"));
   EXPECT_EQ(count(read_text(launch / "logs/rank_1.log"), "\n"), 3003);
+}
+
+// --local-ranks-filter 1 --no-prefix: the console shows rank 1's lines as it printed them; the
+// log files keep every rank's, and rank_<N>.stdout holds a rank's stdout alone.
+TEST(Launcher, FiltersRanksAndDropsThePrefix) {
+  Launch launch(
+      "echo \"{\\\"rank\\\": $RANK}\"\n"
+      "echo \"note from $RANK\" >&2\n");
+  launch.options.log_dir = (launch / "logs").string();
+  launch.options.local_ranks_filter = {1};
+  launch.options.prefix = false;
+  ASSERT_EQ(launch.run(), 0) << launch.log.str();
+  EXPECT_EQ(launch.out.str(), "{\"rank\": 1}\n");
+  EXPECT_EQ(launch.err.str(), "note from 1\n");
+  EXPECT_TRUE(Contains(read_text(launch / "logs/rank_0.log"), "note from 0\n"));
+  EXPECT_EQ(read_text(launch / "logs/rank_0.stdout"), "{\"rank\": 0}\n");
+  EXPECT_EQ(read_text(launch / "logs/rank_1.stdout"), "{\"rank\": 1}\n");
+}
+
+TEST(LaunchArgs, LocalRanksFilterAndNoPrefix) {
+  const auto o = parse({"--nproc-per-node", "3", "--local-ranks-filter", "0,2", "--no-prefix", "--",
+                        "t"},
+                       0);
+  EXPECT_EQ(o.local_ranks_filter, (std::vector<int>{0, 2}));
+  EXPECT_FALSE(o.prefix);
+  EXPECT_TRUE(parse({"--", "t"}, 0).prefix);
+  EXPECT_TRUE(Contains(usage_error({"--nproc-per-node", "2", "--local-ranks-filter", "2", "--",
+                                    "t"}),
+                       "--local-ranks-filter: local rank 2 is out of range"));
+  EXPECT_TRUE(Contains(usage_error({"--local-ranks-filter", "x", "--", "t"}),
+                       "--local-ranks-filter"));
 }
 
 TEST(Launcher, FailureStopsTheOtherWorkersAtOnce) {
