@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -413,6 +414,29 @@ TEST_F(Cli, DoctorPerfMeasuresTheCpu) {
 
 // The job verdict: the same config is compute-bound until its input is slowed down
 // (data.throttle_ms), then input-bound with the remedy.
+// doctor --perf's step rate is bench's: the same steps on a fixed batch, with nothing left running
+// (no profiler, no loader) that bench does not have. Best of 3 runs each, on the small MLP and
+// a small GPT, within 10%.
+TEST_F(Cli, DoctorPerfStepRateIsBenchs) {
+  for (const std::string config : {"configs/synthetic.yaml", "configs/bench/gpt_6x256.yaml"}) {
+    SCOPED_TRACE(config);
+    double doctor = 0, bench = 0;
+    for (int i = 0; i < 3; ++i) {
+      auto r = run("doctor --perf --quick --json --config " + config);
+      ASSERT_EQ(r.code, 0) << r.err;
+      doctor = std::max(
+          doctor, nlohmann::json::parse(r.out)["job"]["step_samples_per_sec"].get<double>());
+      const auto json = dir_ / "bench.json";
+      r = run("bench --config " + config + " --fixed-batch --steps 10 --warmup 3 --json '" +
+              json.string() + "'");
+      ASSERT_EQ(r.code, 0) << r.err;
+      bench = std::max(bench,
+                       nlohmann::json::parse(read_file(json))["samples_per_sec"].get<double>());
+    }
+    EXPECT_NEAR(doctor / bench, 1.0, 0.1) << "doctor " << doctor << ", bench " << bench;
+  }
+}
+
 TEST_F(Cli, DoctorPerfSaysWhenAJobIsInputBound) {
   auto verdict = [&](const std::string& extra) {
     // Steps of a wide MLP take milliseconds; synthetic batches are made in microseconds.
@@ -488,6 +512,42 @@ run: {progress: never}
   r = run("launch --standalone --nproc-per-node 2 -- " + predict + "'" + (root / "val").string() + "'");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("predict runs in one process"), std::string::npos) << r.err;
+}
+
+// A checkpoint's class names are checked when it is loaded: names that are not strings, or fewer
+// than the model's outputs, are one line naming the file (exit 1), not a JSON type error.
+TEST_F(Cli, ClassNamesOfACheckpointAreValidated) {
+  const auto run_dir = dir_ / "r";
+  ASSERT_EQ(run("--config configs/fashion_mnist_mlp.yaml --set train.max_steps=1 "
+                "--set run.progress=never --set run.eval_every=0 --set train.eval_at_end=false "
+                "--run-dir '" + run_dir.string() + "'")
+                .code,
+            0);
+  const auto file = run_dir / "checkpoints" / step_file(1);
+  const std::string bytes = read_file(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), sizeof n);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  fs::remove(run_dir / "checkpoints" / "manifest.json");  // edited by hand: no checksum to match
+  for (const auto& [classes, needle] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {nlohmann::json::array({1, 2, 3}), "classes hold 1, not a name"},
+           {nlohmann::json::array({"a", "b"}), "names 2 classes for a model of 10 outputs"}}) {
+    auto edited = header;
+    auto meta = nlohmann::json::parse(edited["__metadata__"]["trainer"].get<std::string>());
+    meta["classes"] = classes;
+    edited["__metadata__"]["trainer"] = meta.dump();
+    std::string text = edited.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    const uint64_t m = text.size();
+    std::string out(reinterpret_cast<const char*>(&m), sizeof m);
+    out += text + bytes.substr(8 + n);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
+    const auto r = run("eval --checkpoint '" + file.string() + "'");
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find(file.string()), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("json"), std::string::npos) << r.err;  // no JSON library's error
+  }
 }
 
 // trainer eval on the run dir of a training that keeps one checkpoint and saves every step: each
