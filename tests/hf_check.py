@@ -91,6 +91,29 @@ def untied_hf_to_trainer(trainer, tool, tokens, work):
     print("tied gpt refuses an untied head:", r.stderr.strip().splitlines()[-1])
     ours = trainer_logits(tool, weights, tokens, work, ["tie_embeddings=false"])
     compare("transformers (untied) -> trainer", ours, theirs)
+    # The same on 2 and 3 ranks: refused tied, trained untied (the head stays the file's, not wte).
+    at = args.index("--run-dir")
+    base = args[1:at] + args[at + 2:]  # the trainer's arguments without the run dir
+    for ranks in (2, 3):
+        launch = [trainer, "launch", "--standalone", "--nproc-per-node", str(ranks), "--"]
+        r = subprocess.run(launch + base + ["--run-dir", os.path.join(work, f"tied{ranks}")],
+                           capture_output=True, text=True)
+        if r.returncode != 2 or "model.tie_embeddings" not in r.stderr:
+            sys.exit(f"tied on {ranks} ranks: exit {r.returncode}, {r.stderr[-400:]!r}")
+        run_dir = os.path.join(work, f"untied{ranks}")
+        r = subprocess.run(launch + base + ["--set", "model.tie_embeddings=false",
+                                                  "--set", "optim.lr=1e-6",
+                                                  "--set", "data.batch_size=3",
+                                                  "--run-dir", run_dir],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"untied on {ranks} ranks: exit {r.returncode}, {r.stderr[-400:]!r}")
+        ckpt = load_file(os.path.join(run_dir, "checkpoints", "step_00000001.safetensors"))
+        head, wte = ckpt["model.lm_head.weight"], ckpt["model.transformer.wte.weight"]
+        expect = model.lm_head.weight.detach()
+        if (head - expect).abs().max() > 1e-3 or (head - wte).abs().max() < 1e-2:
+            sys.exit(f"untied on {ranks} ranks: the trained head is not the file's")
+        print(f"untied head on {ranks} ranks: loaded and trained")
 
 
 def pretrained_run(trainer, weights, work, name, extra=()):
