@@ -107,7 +107,7 @@ void register_lenet(ModelRegistry& registry) {
     checkpoint_policy(cfg, /*has_blocks=*/false);
     return Lenet(cfg.own<LenetOptions>(), input).ptr();
   };
-  registry.add("lenet", {make, nullptr}, config::options_of<LenetOptions>());
+  registry.add("lenet", ModelKind(make), config::options_of<LenetOptions>());
 }
 
 }  // namespace trainer::models

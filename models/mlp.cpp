@@ -63,7 +63,7 @@ void register_mlp(ModelRegistry& registry) {
     checkpoint_policy(cfg, /*has_blocks=*/false);
     return Mlp(cfg.own<MlpOptions>(), input).ptr();
   };
-  registry.add("mlp", {make, nullptr}, config::options_of<MlpOptions>());
+  registry.add("mlp", ModelKind(make), config::options_of<MlpOptions>());
 }
 
 }  // namespace trainer::models

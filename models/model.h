@@ -105,6 +105,9 @@ class Decoder {
 
 // A registered model: how to build it and what the engine needs to know before it does.
 struct ModelKind {
+  ModelKind() = default;
+  explicit ModelKind(ModelFactory make) : make(std::move(make)) {}
+
   ModelFactory make;
   // The tokens per sample a language model reads at most (gpt: model.block_size), the length the
   // token data sets cut samples to unless data.seq_len says otherwise; null for other models.
@@ -156,10 +159,11 @@ std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::M
 // of the last parameter, e.g. `fc.`) may be missing or differ in shape and keep their initial
 // values. Returns "" on success, else a description of every missing, unexpected and mis-shaped
 // name and of tied names given different values (followed by `untie_hint`), and then copies
-// nothing.
+// nothing. `kept_initial` (may be null) receives the head's names that kept their initial values.
 std::string load_weights(torch::nn::Module& module,
                          const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                         bool skip_head, const std::string& untie_hint = "");
+                         bool skip_head, const std::string& untie_hint = "",
+                         std::vector<std::string>* kept_initial = nullptr);
 
 // The prefix of the model's final layer, that of its last parameter (e.g. "fc."): what
 // load_weights' skip_head leaves out.

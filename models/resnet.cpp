@@ -223,7 +223,7 @@ void add(ModelRegistry& registry, const std::string& name, std::vector<int64_t> 
     return std::make_shared<ResNetImpl<Block>>(name, blocks, cfg.own<ResNetOptions>(),
                                                checkpoint_policy(cfg, /*has_blocks=*/true), input);
   };
-  registry.add(name, {make, nullptr}, config::options_of<ResNetOptions>());
+  registry.add(name, ModelKind(make), config::options_of<ResNetOptions>());
 }
 
 }  // namespace

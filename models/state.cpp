@@ -72,7 +72,8 @@ std::string differing_tied_names(
 
 std::string load_weights(torch::nn::Module& module,
                          const std::vector<std::pair<std::string, torch::Tensor>>& weights,
-                         bool skip_head, const std::string& untie_hint) {
+                         bool skip_head, const std::string& untie_hint,
+                         std::vector<std::string>* kept_initial) {
   const auto own = state_dict(module);
   const std::string head = skip_head ? head_prefix(module) : "";
   auto in_head = [&](const std::string& name) {
@@ -86,6 +87,7 @@ std::string load_weights(torch::nn::Module& module,
     auto it = given.find(name);
     if (it == given.end()) {
       if (!in_head(name)) missing.push_back(name);
+      if (in_head(name) && kept_initial) kept_initial->push_back(name);
       continue;
     }
     if (it->second.sizes() != tensor.sizes()) {
@@ -93,6 +95,7 @@ std::string load_weights(torch::nn::Module& module,
         mismatched.push_back(name + " " + shape_of(it->second) + " in the file, " +
                              shape_of(tensor) + " in the model");
       }
+      if (in_head(name) && kept_initial) kept_initial->push_back(name);
     } else {
       copies.emplace_back(tensor, it->second);
     }

@@ -183,7 +183,7 @@ void register_vit(ModelRegistry& registry) {
     return std::make_shared<VitImpl>(cfg.own<VitOptions>(),
                                      checkpoint_policy(cfg, /*has_blocks=*/true), input);
   };
-  registry.add("vit", {make, nullptr}, config::options_of<VitOptions>());
+  registry.add("vit", ModelKind(make), config::options_of<VitOptions>());
 }
 
 }  // namespace trainer::models

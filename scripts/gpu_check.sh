@@ -629,6 +629,17 @@ for case in ("r50_bf16_b32", "r50_bf16_b256", "gpt2_bf16"):
           get(loop, "phases_ms", "optimizer") / get(fused, "phases_ms", "optimizer"),
           num(get(fused, "ops_per_step", "optimizer"), ".0f"),
           num(get(loop, "ops_per_step", "optimizer"), ".0f")))
+# Where the time of a step goes, trainer against PyTorch eager (ms per step, and the ratio).
+for case in ("r50_bf16_b32", "r50_bf16_b256", "gpt2_bf16"):
+    t, p = runs.get((case, "trainer")), runs.get((case, "pytorch"))
+    if get(t, "phases_ms") is None or get(p, "phases_ms") is None:
+        continue
+    parts = []
+    for phase in ("data", "forward", "backward", "grad_sync", "optimizer"):
+        a, b = get(t, "phases_ms", phase), get(p, "phases_ms", phase)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            parts.append("%s %.2f / %.2f%s" % (phase, a, b, " (%.2fx)" % (a / b) if b > 0 else ""))
+    print("phases (%s), ms per step, trainer / eager: %s" % (case, ", ".join(parts)))
 for case in ("r50_bf16_b32", "gpt2_bf16"):
     eager, graph = runs.get((case, "trainer")), runs.get((case + "_graph", "trainer"))
     if get(eager, "samples_per_sec") and get(graph, "samples_per_sec"):

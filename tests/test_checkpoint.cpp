@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -87,10 +88,9 @@ TEST(SafetensorsTest, MalformedFilesAreFormatErrors) {
 
 // A file of the given header (JSON) and `data` bytes after it.
 std::vector<uint8_t> with_header(const std::string& json, size_t data = 0) {
-  std::vector<uint8_t> out(8);
+  std::vector<uint8_t> out(8 + json.size() + data, 0);
   for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(json.size() >> (8 * i));
-  out.insert(out.end(), json.begin(), json.end());
-  out.resize(out.size() + data);
+  std::copy(json.begin(), json.end(), out.begin() + 8);
   return out;
 }
 

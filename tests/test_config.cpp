@@ -543,7 +543,7 @@ TEST_F(ConfigTest, RangeErrorsCollected) {
                     "data:\n"
                     "  shape: [1, 0]\n"
                     "optim:\n"
-                    "  lr: 0\n"
+                    "  lr: -0.1\n"
                     "  betas: [0.9, 1.5]\n"
                     "sched:\n"
                     "  milestones: [5, 5]\n"
@@ -560,7 +560,7 @@ TEST_F(ConfigTest, RangeErrorsCollected) {
   EXPECT_HAS(all, "model.dropout: must be in [0, 1), got 1");
   EXPECT_HAS(all, "model.checkpointing: must be none, blocks or every:N");
   EXPECT_HAS(all, "data.shape: every entry must be >= 1, got 0");
-  EXPECT_HAS(all, path + ":12:3: optim.lr: must be > 0, got 0");
+  EXPECT_HAS(all, path + ":12:3: optim.lr: must be >= 0, got -0.1");
   EXPECT_HAS(all, "optim.betas: every entry must be in [0, 1), got 1.5");
   EXPECT_HAS(all, "sched.milestones: must be strictly increasing");
   EXPECT_HAS(all, "sched.gamma: must be in (0, 1], got 0");

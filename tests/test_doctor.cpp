@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -193,7 +194,7 @@ std::vector<uint8_t> fake_cuda_library() {
       std::memcpy(&e[28], &arch, 4);
       body.insert(body.end(), e.begin(), e.end());
     }
-    std::vector<uint8_t> out(16, 0);
+    std::vector<uint8_t> out(16 + body.size(), 0);  // a 16-byte header, then the entries
     const uint32_t magic = 0xBA55ED50u;
     const uint16_t version = 1, header = 16;
     const uint64_t size = body.size();
@@ -201,7 +202,7 @@ std::vector<uint8_t> fake_cuda_library() {
     std::memcpy(&out[4], &version, 2);
     std::memcpy(&out[6], &header, 2);
     std::memcpy(&out[8], &size, 8);
-    out.insert(out.end(), body.begin(), body.end());
+    std::copy(body.begin(), body.end(), out.begin() + 16);
     return out;
   };
   std::vector<uint8_t> section = fatbin({{2, 80}, {2, 90}});

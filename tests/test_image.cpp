@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -195,19 +196,32 @@ TEST(ImageTransformTest, RandomResizedCropFallsBackToCentralCrop) {
 }
 
 TEST(ImageTransformTest, CenterCropMatchesResizeThenCrop) {
-  // 500x375 -> Resize(256) = 341x256 -> CenterCrop(224) at left 58 (round half to even), top 16.
+  // 500x375 -> Resize(256) = 341x256 -> CenterCrop(224) at left 58 (117 / 2 rounded half to
+  // even), top 16.
   const Rect r = center_crop(500, 375, 256, 224);
-  const double f = 375.0 / 256.0;
-  EXPECT_EQ(r.x, std::lround(58 * f));
-  EXPECT_EQ(r.y, std::lround(16 * f));
-  EXPECT_EQ(r.width, std::lround(224 * f));
-  EXPECT_EQ(r.height, std::lround(224 * f));
-  // Portrait: the width is the shorter side.
+  EXPECT_EQ(r.x, 58);
+  EXPECT_EQ(r.y, 16);
+  EXPECT_EQ(r.width, 224);
+  EXPECT_EQ(r.height, 224);
+  // Portrait: the width is the shorter side; 100x200 -> 50x100, top (100 - 50) / 2.
   const Rect p = center_crop(100, 200, 50, 50);
   EXPECT_EQ(p.x, 0);
-  EXPECT_EQ(p.width, 100);
-  EXPECT_EQ(p.y, 50);
-  EXPECT_EQ(p.height, 100);
+  EXPECT_EQ(p.y, 25);
+  EXPECT_EQ(p.width, 50);
+  EXPECT_EQ(p.height, 50);
+  // The resize and crop of a picture whose centre is marked: the mark stays in the centre.
+  Image img;
+  img.width = 90;
+  img.height = 60;
+  img.rgb.assign(90 * 60 * 3, 0);
+  for (int y = 25; y < 35; ++y)
+    for (int x = 40; x < 50; ++x) img.rgb[static_cast<size_t>((y * 90 + x) * 3)] = 255;
+  auto out = torch::empty({3, 20, 20}, torch::kUInt8);
+  resize_center_crop(img, /*resize=*/30, /*crop=*/20, out);
+  // 90x60 -> 45x30 -> crop at (12, 5): the 10x10 mark becomes 5x5 at (20..25, 12..17) - (12, 5).
+  EXPECT_GT(out[0][10][10].item<uint8_t>(), 200);
+  EXPECT_EQ(out[0][0][0].item<uint8_t>(), 0);
+  EXPECT_TRUE(torch::all(out[1] == 0).item<bool>());
 }
 
 TEST(ImageTransformTest, CropResizeAndFlip) {
@@ -329,6 +343,39 @@ TEST_F(ImageFolderTest, EvalIsResizeAndCenterCrop) {
   EXPECT_NEAR(red.mean().item<double>(), 0.5, 0.05);
   EXPECT_GT(red.min().item<double>(), 0.2);
   EXPECT_LT(red.max().item<double>(), 0.8);
+}
+
+// data.val_fraction: a seeded share of each class of train/ validates, and trains no more.
+TEST_F(ImageFolderTest, ValFractionHoldsOutASeededShareOfEachClass) {
+  // Each image's blue value tells it apart: 10 + 10 * i for cats, 130 + 10 * i for dogs.
+  for (int i = 0; i < 10; ++i) {
+    add("train", "a_cat", std::to_string(i) + ".png", static_cast<uint8_t>(10 + 10 * i), 16, 16);
+    add("train", "b_dog", std::to_string(i) + ".png", static_cast<uint8_t>(130 + 10 * i), 16, 16);
+  }
+  auto cfg = config();
+  cfg.normalize = false;
+  cfg.options.set("val_fraction", 0.2);
+  auto blues = [](const Batch& b) {
+    std::vector<int64_t> out;
+    for (int64_t i = 0; i < b.inputs.size(0); ++i) {
+      out.push_back(std::lround(b.inputs[i][2].mean().item<double>() * 255.0));
+    }
+    return out;
+  };
+  const Splits s = make(cfg);
+  ASSERT_EQ(s.train->size(), 16);
+  ASSERT_EQ(s.val->size(), 4);
+  const Batch v = s.val->get(range(4));
+  // Two of each class, labelled as their folder.
+  EXPECT_EQ(v.targets.sum().item<int64_t>(), 2);
+  const auto held = blues(v), kept = blues(s.train->get(range(16)));
+  for (const auto b : held) {
+    EXPECT_EQ(std::count(kept.begin(), kept.end(), b), 0) << "image " << b << " in both splits";
+  }
+  // The same seed draws the same split; another seed another one.
+  EXPECT_EQ(blues(make(cfg).val->get(range(4))), held);
+  const Splits other = dataset_registry().get("imagefolder")(cfg, DataContext{/*seed=*/5});
+  EXPECT_NE(blues(other.val->get(range(4))), held);
 }
 
 TEST_F(ImageFolderTest, CorruptImageIsSkippedAndCounted) {

@@ -9,9 +9,33 @@
 #include "cli/commands.h"
 
 namespace trainer::cli {
-namespace {
 
 namespace fs = std::filesystem;
+
+std::string checkpoint_file(const std::string& spec, std::optional<checkpoint::State>* state) {
+  std::error_code ec;
+  if (fs::is_regular_file(spec, ec)) return spec;
+  if (!fs::is_directory(spec, ec)) {
+    throw UsageError("--checkpoint: " + spec + " is neither a checkpoint file nor a run dir");
+  }
+  const checkpoint::Directory dir((fs::path(spec) / "checkpoints").string(), 1, "");
+  // A training that keeps few checkpoints may remove the newest between the manifest's read and
+  // the file's: the manifest is read again, a few times.
+  std::optional<std::pair<std::string, checkpoint::State>> latest;
+  for (int attempt = 0;; ++attempt) {
+    try {
+      latest = dir.load_latest();
+      break;
+    } catch (const checkpoint::CorruptCheckpoint&) {
+      if (attempt == 2) throw;
+    }
+  }
+  if (!latest) throw UsageError("--checkpoint: " + spec + " holds no checkpoint (checkpoints/)");
+  if (state) *state = std::move(latest->second);
+  return latest->first;
+}
+
+namespace {
 
 // The checkpoint of --checkpoint `spec` (a run dir: its newest that verifies, read once, so that a
 // training pruning its checkpoints meanwhile cannot take it away) and the config to rebuild its
@@ -23,31 +47,13 @@ struct Resolved {
 
 Resolved checkpoint_and_config(const std::string& spec, const std::string& config) {
   std::error_code ec;
-  Resolved r{spec, config, std::nullopt};
-  fs::path run_dir;
-  if (fs::is_directory(spec, ec)) {
-    run_dir = spec;
-    const checkpoint::Directory dir((run_dir / "checkpoints").string(), 1, "");
-    // A training that keeps few checkpoints may remove the newest between the manifest's read and
-    // the file's: the manifest is read again, a few times.
-    std::optional<std::pair<std::string, checkpoint::State>> latest;
-    for (int attempt = 0;; ++attempt) {
-      try {
-        latest = dir.load_latest();
-        break;
-      } catch (const checkpoint::CorruptCheckpoint&) {
-        if (attempt == 2) throw;
-      }
-    }
-    if (!latest) throw UsageError("--checkpoint: " + spec + " holds no checkpoint (checkpoints/)");
-    r.checkpoint = latest->first;
-    r.state = std::move(latest->second);
-  } else if (fs::is_regular_file(spec, ec)) {
-    // <run dir>/checkpoints/step_N.safetensors
-    run_dir = fs::absolute(spec, ec).parent_path().parent_path();
-  } else {
-    throw UsageError("--checkpoint: " + spec + " is neither a checkpoint file nor a run dir");
-  }
+  Resolved r;
+  r.checkpoint = checkpoint_file(spec, &r.state);
+  r.config = config;
+  // A run dir, or <run dir>/checkpoints/step_N.safetensors.
+  const fs::path run_dir = fs::is_directory(spec, ec)
+                               ? fs::path(spec)
+                               : fs::absolute(spec, ec).parent_path().parent_path();
   if (!config.empty()) return r;
   const fs::path saved = run_dir / "config.yaml";
   if (!fs::is_regular_file(saved, ec)) {
@@ -82,16 +88,17 @@ CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
   if (!args.count("checkpoint"))
     throw UsageError(command + ": --checkpoint PATH|RUN_DIR is required");
   setup_logging(args["log-level"].as<std::string>(), job);
-  auto resolved = checkpoint_and_config(args["checkpoint"].as<std::string>(),
-                                        args.count("config") ? args["config"].as<std::string>() : "");
-  CheckpointModel m{resolved.checkpoint, load_config(resolved.config, set_and_device(args),
-                                                     engine::config_environment())};
+  auto resolved =
+      checkpoint_and_config(args["checkpoint"].as<std::string>(),
+                            args.count("config") ? args["config"].as<std::string>() : "");
+  CheckpointModel m{
+      resolved.checkpoint,
+      load_config(resolved.config, set_and_device(args), engine::config_environment()), nullptr, 0};
   // A sharded checkpoint loads whole: every rank uses the whole model, whatever the training
   // strategy was.
   m.loaded.cfg.dist.strategy = "ddp";
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
-  m.step = m.trainer->load_model(m.checkpoint, labels,
-                                 resolved.state ? &*resolved.state : nullptr);
+  m.step = m.trainer->load_model(m.checkpoint, labels, resolved.state ? &*resolved.state : nullptr);
   return m;
 }
 

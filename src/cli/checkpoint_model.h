@@ -3,14 +3,22 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "cli/options.h"
 #include "config/loader.h"
 #include "distributed/env.h"
 #include "engine/loop/trainer.h"
 
 namespace trainer::cli {
+
+// The checkpoint file of --checkpoint `spec`: the file itself, or a run dir's newest checkpoint
+// that verifies (its state, read already, in `state` when given). Throws UsageError for anything
+// else and for a run dir without checkpoints.
+std::string checkpoint_file(const std::string& spec,
+                            std::optional<checkpoint::State>* state = nullptr);
 
 // Adds --checkpoint, --config, --set, --device and --log-level to `options`.
 void add_checkpoint_options(cxxopts::Options& options);
@@ -25,9 +33,9 @@ struct CheckpointModel {
 // Sets up logging (--log-level) and loads the model of --checkpoint PATH|RUN_DIR (a run dir:
 // its newest checkpoint that verifies) into a Trainer built from the run dir's config.yaml, or
 // --config, with --set and --device; `labels` says whether the data's labels are used (eval), so
-// that they must mean the checkpoint's classes. Throws UsageError, naming `command`, when --checkpoint is
-// missing or names neither a checkpoint nor a run dir with a config. Every rank of `job` must
-// call it.
+// that they must mean the checkpoint's classes. Throws UsageError, naming `command`, when
+// --checkpoint is missing or names neither a checkpoint nor a run dir with a config. Every rank of
+// `job` must call it.
 CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
                                       const distributed::DistEnv& job, const std::string& command,
                                       engine::LabelUse labels = engine::LabelUse::none);

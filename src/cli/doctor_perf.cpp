@@ -15,8 +15,8 @@
 #include "distributed/env.h"
 #include "doctor/perf.h"
 #include "engine/loop/components.h"
-#include "engine/use/perf_probe.h"
 #include "engine/loop/trainer.h"
+#include "engine/use/perf_probe.h"
 #include "util/format.h"
 #include "util/gpu_monitor.h"
 
@@ -44,8 +44,7 @@ void device_rows(const engine::DevicePerf& d, const doctor::GpuState& state,
   }
   if (d.cuda) {
     rows.push_back(doctor::bandwidth_row(
-        "memory", "device copy", d.copy_gbps,
-        spec ? doctor::kCopyOfSpec * spec->memory_gbps : 0.0,
+        "memory", "device copy", d.copy_gbps, spec ? doctor::kCopyOfSpec * spec->memory_gbps : 0.0,
         "HBM below spec: memory clock, ECC errors or another process (nvidia-smi -q -d MEMORY)"));
     rows.push_back(doctor::pcie_row("h2d pinned", d.h2d_pinned, state));
     rows.push_back(doctor::pcie_row("d2h pinned", d.d2h_pinned, state));
@@ -62,9 +61,15 @@ void device_rows(const engine::DevicePerf& d, const doctor::GpuState& state,
     }
     return;
   }
-  rows.push_back(doctor::bandwidth_row(
-      "memory", "copy", d.copy_gbps, d.single_thread_copy_gbps,
-      "all threads copy slower than one: other processes or a CPU quota share the cores"));
+  // Against one thread's copy: all threads should copy at least as fast.
+  doctor::PerfRow copy{"memory", "copy", d.copy_gbps, d.single_thread_copy_gbps, "GB/s"};
+  const double ratio = d.single_thread_copy_gbps > 0 ? d.copy_gbps / d.single_thread_copy_gbps : 0;
+  copy.verdict = strprintf("%.2fx one thread's", ratio);
+  if (ratio > 0 && ratio < doctor::kLowFraction) {
+    copy.level = doctor::Level::warn;
+    copy.fix = "all threads copy slower than one: other processes or a CPU quota share the cores";
+  }
+  rows.push_back(copy);
 }
 
 // The collectives' rows: bus bandwidth at a few sizes against what the links promise.
@@ -133,8 +138,8 @@ nlohmann::json collectives(distributed::Group& group, const engine::PerfOptions&
                    {"busbw_gbps", doctor::bus_gbps(c.collective, static_cast<double>(c.bytes),
                                                    c.seconds, group.world_size())}});
   }
-  rows.push_back(doctor::transport_row(job.world_size > job.local_world_size,
-                                       infiniband_devices(), env_or("NCCL_NET", ""),
+  rows.push_back(doctor::transport_row(job.world_size > job.local_world_size, infiniband_devices(),
+                                       env_or("NCCL_NET", ""),
                                        env_or("NCCL_IB_DISABLE", "0") == "1", group.backend()));
   return all;
 }
@@ -183,7 +188,8 @@ int doctor_perf(const std::string& config_path, const std::vector<std::string>& 
         doctor::job_row(j.input_samples_per_sec, j.step_samples_per_sec, j.grad_sync_fraction));
     report["job"] = {{"input_samples_per_sec", j.input_samples_per_sec},
                      {"step_samples_per_sec", j.step_samples_per_sec},
-                     {"grad_sync_fraction", j.grad_sync_fraction}};
+                     {"grad_sync_fraction", j.grad_sync_fraction},
+                     {"steps", j.steps}};
   }
   if (!talk) return 0;
   report["rows"] = rows_json(rows);

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "checkpoint/checkpoint.h"
+#include "cli/checkpoint_model.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "engine/loop/checkpointer.h"
@@ -43,6 +44,37 @@ int export_hf(const std::string& path, const std::string& out, const std::string
   return 0;
 }
 
+// The pt export's metadata: format, model, step, the class names and the classifier's outputs.
+std::map<std::string, std::string> pt_metadata(const checkpoint::State& state,
+                                               const nlohmann::json& config,
+                                               const std::string& model,
+                                               const nlohmann::json& step) {
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"model", model}, {"step", step.dump()}};
+  if (state.meta.contains("classes") && !state.meta["classes"].empty()) {
+    metadata["classes"] = state.meta["classes"].dump();  // JSON list of the class names
+  }
+  // The classifier's outputs: model.num_classes, else (0: the data's) the class names' count or
+  // the data's data.num_classes.
+  // The config's values are its YAML text: "4".
+  auto positive = [&](const char* key) {
+    const nlohmann::json v = config.contains(key) ? config[key] : nlohmann::json();
+    const std::string text = v.is_string() ? v.get<std::string>() : v.dump();
+    return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos &&
+                   text.find_first_not_of('0') != std::string::npos
+               ? text
+               : std::string();
+  };
+  if (!positive("model.num_classes").empty()) {
+    metadata["num_classes"] = positive("model.num_classes");
+  } else if (metadata.count("classes")) {
+    metadata["num_classes"] = std::to_string(state.meta["classes"].size());
+  } else if (!positive("data.num_classes").empty()) {
+    metadata["num_classes"] = positive("data.num_classes");
+  }
+  return metadata;
+}
+
 }  // namespace
 
 // trainer export: the model weights of a checkpoint as a plain safetensors file with PyTorch
@@ -52,7 +84,8 @@ int export_command(int argc, char** argv) {
                            "Writes the model weights of a checkpoint as safetensors.");
   // clang-format off
   options.add_options()
-      ("checkpoint", "a checkpoint file (<run.dir>/checkpoints/step_*.safetensors)",
+      ("checkpoint", "a checkpoint file (<run.dir>/checkpoints/step_*.safetensors), or a run dir "
+       "(its newest checkpoint that verifies)",
        cxxopts::value<std::string>(), "PATH")
       ("out", "the safetensors file to write (--format hf: the folder)",
        cxxopts::value<std::string>(), "FILE|DIR")
@@ -70,9 +103,8 @@ int export_command(int argc, char** argv) {
     throw UsageError("export needs --checkpoint PATH and --out FILE");
   }
   log::setup(log::Level::info, /*rank=*/0);
-  const auto path = args["checkpoint"].as<std::string>();
+  const std::string path = checkpoint_file(args["checkpoint"].as<std::string>());
   const auto out = args["out"].as<std::string>();
-  if (!fs::is_regular_file(path)) throw UsageError("--checkpoint: " + path + " is not a file");
   std::error_code ec;
   if (fs::equivalent(path, out, ec)) {
     throw UsageError("--out " + out +
@@ -94,11 +126,7 @@ int export_command(int argc, char** argv) {
   const std::string format = args["format"].as<std::string>();
   if (format == "hf") return export_hf(path, out, model, weights, config);
   if (format != "pt") throw UsageError("--format: expected pt or hf, got '" + format + "'");
-  std::map<std::string, std::string> metadata = {
-      {"format", "pt"}, {"model", model}, {"step", step.dump()}};
-  if (state.meta.contains("classes") && !state.meta["classes"].empty()) {
-    metadata["classes"] = state.meta["classes"].dump();  // JSON list of the class names
-  }
+  const auto metadata = pt_metadata(state, config, model, step);
   write_atomically(
       out, [&](const ByteSink& sink) { checkpoint::write_safetensors(weights, metadata, sink); });
   std::cout << "wrote " << out << ": " << weights.size() << " tensors of " << model << " at step "

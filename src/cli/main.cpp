@@ -35,10 +35,10 @@ struct Command {
   int (*run)(int argc, char** argv);
 };
 constexpr Command kCommands[] = {
-    {"launch", trainer::cli::launch_command},  {"bench", trainer::cli::bench_command},
-    {"eval", trainer::cli::eval_command},      {"generate", trainer::cli::generate_command},
-    {"export", trainer::cli::export_command},  {"doctor", trainer::cli::doctor_command},
-    {"predict", trainer::cli::predict_command}};
+    {"train", trainer::cli::train_command},       {"launch", trainer::cli::launch_command},
+    {"bench", trainer::cli::bench_command},       {"eval", trainer::cli::eval_command},
+    {"generate", trainer::cli::generate_command}, {"export", trainer::cli::export_command},
+    {"doctor", trainer::cli::doctor_command},     {"predict", trainer::cli::predict_command}};
 
 int dispatch(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return trainer::cli::train_command(argc, argv);

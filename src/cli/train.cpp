@@ -49,7 +49,8 @@ cxxopts::Options train_options() {
        "--set launch.nproc_per_node=N): DDP, or FSDP with dist.strategy fsdp, under the hood",
        cxxopts::value<std::string>(), "N|auto")
       ("resume", "continue from the newest valid checkpoint of the run dir (auto; a fresh start "
-       "when there is none) or from a checkpoint file", cxxopts::value<std::string>(), "auto|PATH")
+       "when there is none), of another run dir, or from a checkpoint file",
+       cxxopts::value<std::string>(), "auto|RUN_DIR|PATH")
       ("log-level", "trace|debug|info|warn|error", cxxopts::value<std::string>()->default_value("info"),
        "L")
       ("h,help", "print this help")
@@ -122,9 +123,9 @@ void log_result(const engine::FitResult& result, const engine::Trainer& engine) 
   const auto& e = result.last_eval;
   std::string line = strprintf("done: %" PRId64 " steps in %.1f s", result.steps, result.seconds);
   if (e.samples > 0 && e.sequence) {
-    line += strprintf("; test loss %.4f, ppl %.3f", e.loss, e.ppl);
+    line += strprintf("; val loss %.4f, ppl %.3f", e.loss, e.ppl);
   } else if (e.samples > 0) {
-    line += strprintf("; test loss %.4f, top-1 accuracy %.2f%%, top-5 %.2f%%", e.loss,
+    line += strprintf("; val loss %.4f, top-1 accuracy %.2f%%, top-5 %.2f%%", e.loss,
                       100.0 * e.top1, 100.0 * e.top5);
   }
   log::info(line);
@@ -155,8 +156,10 @@ int train_command(int argc, char** argv) {
   setup_logging(args["log-level"].as<std::string>(), job);
   if (!args.count("config")) throw UsageError("--config FILE is required");
   const std::string resume = args.count("resume") ? args["resume"].as<std::string>() : "";
-  if (!resume.empty() && resume != "auto" && !fs::is_regular_file(resume)) {
-    throw UsageError("--resume: " + resume + " is not a checkpoint file (or use --resume auto)");
+  if (!resume.empty() && resume != "auto" && !fs::is_regular_file(resume) &&
+      !fs::is_directory(resume)) {
+    throw UsageError("--resume: " + resume +
+                     " is neither a checkpoint file nor a run dir (or use --resume auto)");
   }
   const auto loaded = load_config(args["config"].as<std::string>(), overrides_of(args),
                                   engine::config_environment());
@@ -173,6 +176,9 @@ int train_command(int argc, char** argv) {
     return run_local_job(std::vector<std::string>(argv + 1, argv + argc), nproc);
   }
   engine::Trainer engine(loaded, job);
+  if (job.rank == 0) {
+    for (const auto& w : engine.config_warnings()) log::warn(w);
+  }
   if (args.count("dry-run")) {
     std::cout << resolved << "\n" << engine.summary();
     return 0;

@@ -87,7 +87,7 @@ void TrainConfig::validate(Checks& c) const {
 
 void OptimConfig::validate(Checks& c) const {
   c.one_of("impl", impl, {"auto", "fused", "foreach", "loop"});
-  c.above("lr", lr, 0.0);
+  c.at_least("lr", lr, 0.0);  // 0: frozen weights (evaluation, a warm-up of statistics)
   c.at_least("weight_decay", weight_decay, 0.0);
 }
 
@@ -138,6 +138,8 @@ void DistConfig::validate(Checks& c) const {
   c.above("init_timeout_s", init_timeout_s, 0.0);
   c.above("timeout_s", timeout_s, 0.0);
 }
+
+void TrackingConfig::validate(Checks& /*c*/) const {}
 
 void LaunchConfig::validate(Checks& c) const {
   if (nproc_per_node == "auto") return;

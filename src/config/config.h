@@ -282,6 +282,19 @@ struct DistConfig {
   }
 };
 
+// Where the metrics go besides metrics.jsonl and TensorBoard.
+struct TrackingConfig {
+  bool csv = false;  // also <run.dir>/metrics.csv: the same records as a table
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("csv", csv);
+  }
+};
+
 // How `trainer --config` starts: in this process, or as a local job of several.
 struct LaunchConfig {
   std::string nproc_per_node = "1";  // processes to train on: N, or auto (one per local GPU; one
@@ -309,6 +322,7 @@ struct Config {
   AmpConfig amp;                // mixed precision
   DistConfig dist;              // distributed data parallel
   LaunchConfig launch;          // one process, or a local job of several
+  TrackingConfig tracking;      // metrics beside metrics.jsonl and TensorBoard
 
   template <class V>
   void visit(V& v) {
@@ -324,6 +338,7 @@ struct Config {
     v("amp", amp);
     v("dist", dist);
     v("launch", launch);
+    v("tracking", tracking);
   }
 };
 

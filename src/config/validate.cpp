@@ -62,8 +62,9 @@ void check_environment(const Config& c, const Environment& env, Checks& checks) 
   if (c.dist.backend == "nccl" && (!env.cuda_available || c.device == "cpu")) {
     checks.add("dist.backend", "nccl needs CUDA devices; use dist.backend: gloo or auto");
   }
+  // optim.lr 0 (frozen weights) decays nowhere: min_lr 0 is fine then.
   if ((c.sched.name == "cosine" || c.sched.name == "linear") && c.sched.min_lr >= 0.0 &&
-      !(c.sched.min_lr < c.optim.lr)) {
+      !(c.sched.min_lr < c.optim.lr) && !(c.optim.lr == 0.0 && c.sched.min_lr == 0.0)) {
     checks.add("sched.min_lr", "must be < optim.lr (" + format_number(c.optim.lr) + ") for the " +
                                    c.sched.name + " schedule, got " +
                                    format_number(c.sched.min_lr));

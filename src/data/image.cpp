@@ -98,10 +98,10 @@ Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, Re
   const int channels = cmyk ? 4 : 3;
   std::vector<uint8_t> pixels(static_cast<size_t>(img.width * img.height * channels));
   tjhandle tj = jpeg_decoder();
-  const int rc =
-      tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), pixels.data(),
-                    static_cast<int>(img.width), /*pitch=*/0, static_cast<int>(img.height),
-                    cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_FASTDCT);
+  const int rc = tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()),
+                               pixels.data(), static_cast<int>(img.width), /*pitch=*/0,
+                               static_cast<int>(img.height), cmyk ? TJPF_CMYK : TJPF_RGB,
+                               min_side > 0 ? TJFLAG_FASTDCT : TJFLAG_ACCURATEDCT);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(tj);
     // Warnings leave a usable image (e.g. extraneous bytes before a marker), except data that
@@ -224,19 +224,28 @@ Rect random_resized_crop(int64_t width, int64_t height, const std::vector<double
 
 Rect center_crop(int64_t width, int64_t height, int64_t resize, int64_t crop) {
   // Resize: the shorter side becomes `resize`, the longer one int(resize * long / short).
-  const int64_t shorter = std::min(width, height);
-  const double f = static_cast<double>(shorter) / static_cast<double>(resize);  // source px per
   const int64_t rw = width <= height ? resize : resize * width / height;
   const int64_t rh = width <= height ? resize * height / width : resize;
   // CenterCrop: offsets rounded half to even, as Python's round() in torchvision.
-  const double left = std::nearbyint(static_cast<double>(rw - crop) / 2.0);
-  const double top = std::nearbyint(static_cast<double>(rh - crop) / 2.0);
   Rect r;
-  r.x = std::clamp<int64_t>(std::llround(left * f), 0, width - 1);
-  r.y = std::clamp<int64_t>(std::llround(top * f), 0, height - 1);
-  r.width = std::clamp<int64_t>(std::llround(static_cast<double>(crop) * f), 1, width - r.x);
-  r.height = std::clamp<int64_t>(std::llround(static_cast<double>(crop) * f), 1, height - r.y);
+  r.x = static_cast<int64_t>(std::nearbyint(static_cast<double>(rw - crop) / 2.0));
+  r.y = static_cast<int64_t>(std::nearbyint(static_cast<double>(rh - crop) / 2.0));
+  r.width = std::min(crop, rw);
+  r.height = std::min(crop, rh);
   return r;
+}
+
+void resize_center_crop(const Image& image, int64_t resize, int64_t crop, torch::Tensor out) {
+  const int64_t rw = image.width <= image.height ? resize : resize * image.width / image.height;
+  const int64_t rh = image.width <= image.height ? resize * image.height / image.width : resize;
+  const Rect r = center_crop(image.width, image.height, resize, crop);
+  auto full = torch::from_blob(const_cast<uint8_t*>(image.rgb.data()),
+                               {1, image.height, image.width, 3}, torch::kUInt8)
+                  .permute({0, 3, 1, 2});  // [1, 3, H, W], channels last in memory
+  auto resized = (rw == image.width && rh == image.height)
+                     ? full
+                     : at::_upsample_bilinear2d_aa(full, {rh, rw}, /*align_corners=*/false);
+  out.copy_(resized[0].slice(1, r.y, r.y + r.height).slice(2, r.x, r.x + r.width));
 }
 
 void crop_resize(const Image& image, const Rect& region, int64_t size, bool flip,

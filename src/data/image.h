@@ -37,7 +37,9 @@ void image_size(const std::vector<uint8_t>& bytes, const std::string& path, int6
 // that keeps `region` (in full-size pixels) at least `min_side` pixels on both sides, so large
 // photos that end up as small crops decode several times faster; `region` is rescaled to the
 // decoded size. Throws DataError naming `path` for corrupt or truncated data and for a header
-// claiming more than `max_pixels` pixels, before allocating anything for them.
+// claiming more than `max_pixels` pixels, before allocating anything for them. `min_side` 0
+// decodes at full size with the accurate integer DCT, as PIL and torchvision do; otherwise with
+// the fast one.
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
                    int64_t min_side, int64_t max_pixels = kMaxImagePixels);
 
@@ -47,9 +49,14 @@ Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, R
 Rect random_resized_crop(int64_t width, int64_t height, const std::vector<double>& scale,
                          const std::vector<double>& ratio, Rng& rng);
 
-// torchvision's Resize(resize) + CenterCrop(crop) as one region of the original image: the
-// shorter side scaled to `resize`, then the central crop x crop.
+// torchvision's CenterCrop(crop) after Resize(resize), in the resized image's pixels: the
+// shorter side scaled to `resize` (the longer to int(resize * long / short)), then the central
+// crop x crop, its offsets rounded half to even.
 Rect center_crop(int64_t width, int64_t height, int64_t resize, int64_t crop);
+
+// torchvision's Resize(resize) (antialiased bilinear) then CenterCrop(crop), on the whole image,
+// written to `out` ([3, crop, crop] uint8, any strides); resize >= crop.
+void resize_center_crop(const Image& image, int64_t resize, int64_t crop, torch::Tensor out);
 
 // `region` of `image`, resized to size x size with antialiased bilinear filtering (as
 // torchvision's tensor and PIL resizes), optionally mirrored, written to `out` ([3, size, size]

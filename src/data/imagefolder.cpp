@@ -3,12 +3,15 @@
 // (so class indices agree with torchvision's), files are found recursively and sorted.
 //
 // Training samples: random-resized crop (data.crop_scale, data.crop_ratio) to image_size, flip
-// with probability data.hflip; evaluation: shorter side to resize_size, center crop image_size.
-// Both normalise with data.mean/std (ImageNet's by default).
+// with probability data.hflip; evaluation: shorter side to resize_size, center crop image_size
+// (torchvision's Resize + CenterCrop: antialiased bilinear on the full-size decode). Without
+// val_dir, a seeded data.val_fraction of each class of train_dir validates. Both normalise with
+// data.mean/std (ImageNet's by default).
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cinttypes>
 #include <map>
 #include <string>
 #include <utility>
@@ -29,24 +32,50 @@ const std::vector<double> kImagenetStd = {0.229, 0.224, 0.225};
 // Unreadable images in a row (each replaced by the next one) before the run stops.
 constexpr int kMaxConsecutiveBad = 16;
 
-bool has_image_extension(const std::string& name) {
+// The lower-case extension of a file name ("" without one).
+std::string extension_of(const std::string& name) {
   const auto dot = name.rfind('.');
-  if (dot == std::string::npos) return false;
+  if (dot == std::string::npos) return "";
   std::string ext = name.substr(dot + 1);
   for (auto& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext;
+}
+
+bool has_image_extension(const std::string& ext) {
   return ext == "jpg" || ext == "jpeg" || ext == "png";
 }
 
-// Image files under `dir`, recursively, in sorted order.
-void find_images(const std::string& dir, std::vector<std::string>& out) {
+// Image formats that are found but not decoded: counted and named in one log line.
+bool is_other_image(const std::string& ext) {
+  return ext == "webp" || ext == "bmp" || ext == "gif" || ext == "tif" || ext == "tiff";
+}
+
+// Image files under `dir`, recursively, in sorted order; `skipped` counts the images of other
+// formats by extension.
+void find_images(const std::string& dir, std::vector<std::string>& out,
+                 std::map<std::string, int64_t>& skipped) {
   for (const auto& name : list_dir(dir)) {
     const std::string path = dir + "/" + name;
+    const std::string ext = extension_of(name);
     if (is_directory(path)) {
-      find_images(path, out);
-    } else if (has_image_extension(name) && is_file(path)) {
+      find_images(path, out, skipped);
+    } else if (has_image_extension(ext) && is_file(path)) {
       out.push_back(path);
+    } else if (is_other_image(ext)) {
+      ++skipped[ext];
     }
   }
+}
+
+// One line naming the image files of formats that are not read, e.g. "3 .webp, 1 .bmp".
+void log_skipped(const std::string& dir, const std::map<std::string, int64_t>& skipped) {
+  if (skipped.empty()) return;
+  std::string counts;
+  for (const auto& [ext, n] : skipped) {
+    counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " ." + ext;
+  }
+  log::warn(dir + ": skipped " + counts +
+            " files: imagefolder reads JPEG and PNG; convert them to use them");
 }
 
 struct Index {
@@ -68,7 +97,7 @@ Index scan(const std::string& dir, const std::vector<std::string>* classes) {
                     "per class (" +
                     dir + "/<class>/<image>.jpg)");
   }
-  std::map<std::string, int64_t> label_of;
+  std::map<std::string, int64_t> label_of, skipped;
   const auto& names = classes ? *classes : index.classes;
   for (size_t i = 0; i < names.size(); ++i) label_of[names[i]] = static_cast<int64_t>(i);
   for (const auto& cls : index.classes) {
@@ -78,14 +107,43 @@ Index scan(const std::string& dir, const std::vector<std::string>* classes) {
                       "' is not among the training split's classes");
     }
     const size_t before = index.paths.size();
-    find_images(dir + "/" + cls, index.paths);
+    find_images(dir + "/" + cls, index.paths, skipped);
     if (index.paths.size() == before) {
       throw DataError(dir + "/" + cls + ": no images (.jpg, .jpeg or .png) in this class folder");
     }
     index.labels.resize(index.paths.size(), it->second);
   }
+  log_skipped(dir, skipped);
   if (classes) index.classes = *classes;
   return index;
+}
+
+// Moves a seeded `fraction` of each class's images of `train` into a validation index (at least
+// one per class that has two or more), keeping the sorted order within each part.
+Index split_off(Index& train, double fraction, int64_t seed) {
+  Index val, kept;
+  val.classes = kept.classes = train.classes;
+  std::map<int64_t, std::vector<size_t>> by_class;
+  for (size_t i = 0; i < train.paths.size(); ++i) by_class[train.labels[i]].push_back(i);
+  std::vector<bool> held(train.paths.size(), false);
+  Rng rng(static_cast<uint64_t>(seed) ^ 0x696d616765666f6cULL);
+  for (auto& [label, members] : by_class) {
+    const auto n = static_cast<int64_t>(members.size());
+    int64_t take = std::llround(fraction * static_cast<double>(n));
+    take = std::clamp<int64_t>(take, n >= 2 ? 1 : 0, n - 1);
+    for (int64_t k = 0; k < take; ++k) {  // a partial Fisher-Yates shuffle
+      std::swap(members[static_cast<size_t>(k)],
+                members[static_cast<size_t>(k + rng.below(n - k))]);
+      held[members[static_cast<size_t>(k)]] = true;
+    }
+  }
+  for (size_t i = 0; i < train.paths.size(); ++i) {
+    Index& to = held[i] ? val : kept;
+    to.paths.push_back(train.paths[i]);
+    to.labels.push_back(train.labels[i]);
+  }
+  train = std::move(kept);
+  return val;
 }
 
 struct FolderOptions {
@@ -161,9 +219,14 @@ class ImageFolder final : public Dataset {
     int64_t width = 0, height = 0;
     const auto& o = options_;
     image_size(bytes, path, width, height, o.max_pixels);
-    Rect region = o.train ? random_resized_crop(width, height, o.crop_scale, o.crop_ratio, rng)
-                          : center_crop(width, height, o.resize_size, o.image_size);
-    const bool flip = o.train && rng.bernoulli(o.hflip);
+    if (!o.train) {  // torchvision's Resize + CenterCrop, on the full-size decode
+      Rect whole{0, 0, width, height};
+      const Image image = decode_image(bytes, path, whole, /*min_side=*/0, o.max_pixels);
+      resize_center_crop(image, o.resize_size, o.image_size, std::move(out));
+      return;
+    }
+    Rect region = random_resized_crop(width, height, o.crop_scale, o.crop_ratio, rng);
+    const bool flip = rng.bernoulli(o.hflip);
     const Image image = decode_image(bytes, path, region, o.image_size, o.max_pixels);
     crop_resize(image, region, o.image_size, flip, std::move(out));
   }
@@ -197,10 +260,12 @@ struct ImageFolderOptions {
   std::vector<double> crop_ratio = {0.75, 4.0 / 3.0};  // random-resized-crop aspect-ratio range
   double hflip = 0.0;  // probability of flipping a training image horizontally
   int64_t max_image_pixels = kMaxImagePixels;  // larger headers are rejected (decompression bombs)
+  double val_fraction = 0.1;  // without val_dir: the seeded share of train_dir that validates
 
   template <class V>
   void visit(V& v) {
     v("hflip", hflip);
+    v("val_fraction", val_fraction);
     v("train_dir", train_dir);
     v("val_dir", val_dir);
     v("image_size", image_size);
@@ -216,6 +281,9 @@ struct ImageFolderOptions {
     c.at_least("image_size", image_size, 1);
     c.at_least("resize_size", resize_size, 1);
     c.at_least("max_image_pixels", max_image_pixels, 1);
+    if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
+      c.add("val_fraction", "must be in (0, 1), got " + format_number(val_fraction));
+    }
     if (resize_size >= 1 && image_size > resize_size) {
       c.add("resize_size", "must be >= data.image_size (" + std::to_string(image_size) + "), got " +
                                std::to_string(resize_size));
@@ -232,10 +300,10 @@ struct ImageFolderOptions {
   }
 };
 
-Splits make_imagefolder(const config::DataConfig& data, const DataContext& /*ctx*/) {
+Splits make_imagefolder(const config::DataConfig& data, const DataContext& ctx) {
   const auto& cfg = data.own<ImageFolderOptions>();
-  const std::string layout = "expected " + cfg.train_dir + "/<class>/<image> and " + cfg.val_dir +
-                             "/<class>/<image> under it";
+  const std::string layout = "expected " + cfg.train_dir + "/<class>/<image> (and " + cfg.val_dir +
+                             "/<class>/<image>) under it";
   if (data.root.empty())
     throw DataConfigError("data.root", "set it to the image folder; " + layout);
   const std::string root = strip_slashes(data.root);
@@ -245,14 +313,19 @@ Splits make_imagefolder(const config::DataConfig& data, const DataContext& /*ctx
   if (!is_directory(train_dir)) {
     throw DataConfigError("data.train_dir", train_dir + ": no such directory; " + layout);
   }
-  if (!is_directory(val_dir)) {
-    throw DataConfigError("data.val_dir", val_dir + ": no such directory; " + layout);
-  }
+  const bool split = !is_directory(val_dir);
   if (data.mean.size() > 1 && data.mean.size() != 3) {
     throw DataConfigError("data.mean", "give 3 entries (R, G, B) or a single value");
   }
   Index train = scan(train_dir, nullptr);
-  Index val = scan(val_dir, &train.classes);
+  Index val = split ? split_off(train, cfg.val_fraction, ctx.seed) : scan(val_dir, &train.classes);
+  if (split) {
+    log::warn(
+        strprintf("%s: no such directory; validating on %zu of %s's images instead, a "
+                  "seeded share of each class (data.val_fraction %s, seed %" PRId64 ")",
+                  val_dir.c_str(), val.paths.size(), cfg.train_dir.c_str(),
+                  format_number(cfg.val_fraction).c_str(), ctx.seed));
+  }
 
   FolderOptions options;
   options.image_size = cfg.image_size;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "doctor/findings.h"
@@ -42,6 +43,14 @@ double bus_gbps(const std::string& collective, double bytes, double seconds, int
 
 // One row of the report.
 struct PerfRow {
+  PerfRow() = default;
+  PerfRow(std::string group, std::string name, double measured, double expected, std::string unit)
+      : group(std::move(group)),
+        name(std::move(name)),
+        measured(measured),
+        expected(expected),
+        unit(std::move(unit)) {}
+
   std::string group;    // "compute", "memory", "interconnect", "input", "job"
   std::string name;     // e.g. "matmul bf16", "h2d pinned"
   double measured = 0;  // in `unit`

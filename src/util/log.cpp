@@ -1,9 +1,12 @@
 #include "util/log.h"
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <fstream>
 #include <memory>
 #include <utility>
 
@@ -11,6 +14,13 @@ namespace trainer::log {
 namespace {
 
 constexpr const char* kFileLogger = "file";
+
+// The lines logged before the run dir's file exists (the start-up: data, model, pretrained
+// weights, warnings), written at the top of the file when it is added.
+std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt>& early_lines() {
+  static std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink;
+  return sink;
+}
 
 std::string pattern(int rank) {
   return "[%Y-%m-%d %H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%^%l%$] %v";
@@ -55,13 +65,23 @@ void setup(Level level, int rank) {
   logger->set_pattern(pattern(rank));
   logger->set_level(to_spdlog(level));
   logger->flush_on(spdlog::level::info);
+  early_lines() = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(/*n_items=*/2000);
+  early_lines()->set_pattern(pattern(rank));
+  logger->sinks().push_back(early_lines());
   spdlog::set_default_logger(logger);
 }
 
 void add_file(const std::string& path, int rank) {
+  auto logger = spdlog::default_logger();
+  if (auto& early = early_lines()) {
+    std::ofstream out(path, std::ios::app);
+    for (const auto& line : early->last_formatted()) out << line;
+    auto& sinks = logger->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), early), sinks.end());
+    early.reset();
+  }
   auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
   file->set_pattern(pattern(rank));
-  auto logger = spdlog::default_logger();
   logger->sinks().push_back(file);
   auto file_logger = std::make_shared<spdlog::logger>(kFileLogger, file);
   file_logger->set_level(logger->level());

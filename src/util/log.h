@@ -18,7 +18,8 @@ bool parse_level(const std::string& text, Level* level);
 // prefix, so the lines of several processes can be told apart.
 void setup(Level level, int rank);
 
-// Also writes every log line to `path` (appending), with the same rank prefix.
+// Also writes every log line to `path` (appending), with the same rank prefix, after the lines
+// logged since setup() (up to 2000).
 void add_file(const std::string& path, int rank);
 
 void write(Level level, const std::string& line);

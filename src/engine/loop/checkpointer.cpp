@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
 
 #include "engine/loop/sharded_state.h"
@@ -74,11 +75,23 @@ bool Checkpointer::resume(const std::string& spec) {
   // Rank 0 picks the checkpoint; every rank loads that file.
   std::optional<std::pair<std::string, checkpoint::State>> latest;
   std::string path = spec;
-  if (spec == "auto" && job_.rank == 0) {
-    latest = dir_->load_latest();
+  std::error_code ec;
+  const bool run_dir = spec != "auto" && std::filesystem::is_directory(spec, ec);
+  if ((spec == "auto" || run_dir) && job_.rank == 0) {
+    // auto: this run's checkpoints; a run dir: that run's newest that verifies.
+    latest = run_dir ? checkpoint::Directory(spec + "/checkpoints", 1, "").load_latest()
+                     : dir_->load_latest();
     path = latest ? latest->first : "";
   }
   if (parts_.group) path = parts_.group->broadcast_text(path, /*root=*/0);
+  if (path.empty() && run_dir) {
+    config::Issue issue;
+    issue.where.file = "--resume " + spec;
+    issue.message =
+        "the run dir holds no checkpoint (checkpoints/); give another run dir, a "
+        "checkpoint file, or --resume auto";
+    throw config::ConfigError({issue});
+  }
   if (path.empty()) {
     log::info("no checkpoint in " + dir_->path() + "; starting from step 0");
     return false;
@@ -193,9 +206,9 @@ std::vector<std::string> Checkpointer::saved_classes(const nlohmann::json& meta,
   }
   const int64_t k = parts_.input.num_classes;
   if (!out.empty() && !parts_.splits.spec.sequence && static_cast<int64_t>(out.size()) != k) {
-    throw checkpoint::CorruptCheckpoint(strprintf(
-        "%s: its metadata names %zu classes for a model of %" PRId64 " outputs%s", path.c_str(),
-        out.size(), k, fix.c_str()));
+    throw checkpoint::CorruptCheckpoint(
+        strprintf("%s: its metadata names %zu classes for a model of %" PRId64 " outputs%s",
+                  path.c_str(), out.size(), k, fix.c_str()));
   }
   return out;
 }
@@ -215,8 +228,8 @@ void Checkpointer::match_classes(const std::vector<std::string>& saved, const st
     return "[" + out + "]";
   };
   const std::string both = "the data's classes " + list(names) +
-                           " differ from the classes the checkpoint " + path +
-                           " was trained on, " + list(saved);
+                           " differ from the classes the checkpoint " + path + " was trained on, " +
+                           list(saved);
   if (!loaded_.cfg.data.remap_classes) {
     throw config::ConfigError({config::Issue{
         loaded_.where("data.remap_classes"), "data.remap_classes",
@@ -304,8 +317,8 @@ void Checkpointer::restore_position(const nlohmann::json& meta, const std::strin
                                              position_mismatch(then, now, path)}});
   }
   const auto& saved = meta.contains("data_position") ? meta["data_position"] : nlohmann::json();
-  if (saved.is_object() && saved.value("epoch_samples", int64_t{-1}) !=
-                               state_.step_in_epoch * then.global_batch()) {
+  if (saved.is_object() &&
+      saved.value("epoch_samples", int64_t{-1}) != state_.step_in_epoch * then.global_batch()) {
     throw checkpoint::CorruptCheckpoint(path + ": its data position (" +
                                         saved.value("epoch_samples", nlohmann::json()).dump() +
                                         " samples) disagrees with its step_in_epoch");
@@ -313,20 +326,19 @@ void Checkpointer::restore_position(const nlohmann::json& meta, const std::strin
   // The same global batch takes the same samples per step on any number of ranks (each rank's
   // shard interleaves the epoch's order), so the step in the epoch carries over.
   if (state_.step_in_epoch > parts_.steps_per_epoch) {
-    throw config::ConfigError({config::Issue{
-        loaded_.where("data.name"), "data.name",
-        "the checkpoint " + path + " stopped after " +
-            std::to_string(state_.step_in_epoch * then.global_batch()) +
-            " samples of an epoch, which now has only " +
-            std::to_string(parts_.steps_per_epoch * now.global_batch()) +
-            " training samples; resume with the data it was written with"}});
+    throw config::ConfigError(
+        {config::Issue{loaded_.where("data.name"), "data.name",
+                       "the checkpoint " + path + " stopped after " +
+                           std::to_string(state_.step_in_epoch * then.global_batch()) +
+                           " samples of an epoch, which now has only " +
+                           std::to_string(parts_.steps_per_epoch * now.global_batch()) +
+                           " training samples; resume with the data it was written with"}});
   }
   if (then.world_size != now.world_size) {
     log::info(strprintf("resuming a run of %d ranks on %d, at sample %" PRId64 " of epoch %" PRId64
                         " (the global batch of %" PRId64 " unchanged)",
-                        then.world_size, now.world_size,
-                        state_.step_in_epoch * now.global_batch(), state_.epoch,
-                        now.global_batch()));
+                        then.world_size, now.world_size, state_.step_in_epoch * now.global_batch(),
+                        state_.epoch, now.global_batch()));
   }
 }
 

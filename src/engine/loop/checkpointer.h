@@ -34,10 +34,11 @@ class Checkpointer {
                const distributed::DistEnv& job);
 
   // Continues from a checkpoint: "auto" takes the newest one of <run.dir>/checkpoints that
-  // verifies (returns false, a fresh start, when there is none); anything else is a checkpoint
-  // file. Throws config::ConfigError when the checkpoint belongs to another model or optimizer,
-  // checkpoint::CorruptCheckpoint for a damaged file. Every rank must call this, in the same
-  // order (rank 0 picks the file and broadcasts its name).
+  // verifies (returns false, a fresh start, when there is none); a run dir, the newest of its
+  // checkpoints/ that verifies (config::ConfigError when it has none); anything else is a
+  // checkpoint file. Throws config::ConfigError when the checkpoint belongs to another model or
+  // optimizer, checkpoint::CorruptCheckpoint for a damaged file. Every rank must call this, in the
+  // same order (rank 0 picks the file and broadcasts its name).
   bool resume(const std::string& spec);
 
   // Loads only the model weights (and class names) of the checkpoint file `path` (verified, its

@@ -12,6 +12,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "nn/batch_norm.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace trainer::engine {
@@ -133,6 +134,11 @@ void check_foreign_config(const models::ModelKind& kind, const models::NamedWeig
   }
 }
 
+// " (Hugging Face GPT-2's layout, converted)" where the file is in the model's foreign layout.
+std::string kinds_note(const models::ModelKind& kind, const models::NamedWeights& weights) {
+  return kind.hf && kind.hf->matches(weights) ? " (" + kind.hf->name + "'s layout, converted)" : "";
+}
+
 // Copies model.pretrained's weights into the model.
 void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
   const auto& m = loaded.cfg.model;
@@ -145,9 +151,10 @@ void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
   const auto& kind = models::model_registry().get(m.name);
   check_foreign_config(kind, weights.tensors, loaded);
   // Hugging Face's layout of the model, where it has one, is converted first.
-  const std::string problems =
-      models::load_weights(*c.model, models::to_trainer_layout(m.name, weights.tensors),
-                           m.pretrained_skip_head, kind.untie_hint);
+  const auto converted = models::to_trainer_layout(m.name, weights.tensors);
+  std::vector<std::string> reinitialised;
+  const std::string problems = models::load_weights(*c.model, converted, m.pretrained_skip_head,
+                                                    kind.untie_hint, &reinitialised);
   if (!problems.empty()) {
     // The hint where the classifier is what does not fit.
     const std::string head = models::head_prefix(*c.model);
@@ -158,7 +165,12 @@ void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
                           ? ""
                           : " (model.pretrained_skip_head: true re-initialises the classifier)"));
   }
-  log::info("initialised from " + m.pretrained);
+  std::string kept;
+  for (const auto& n : reinitialised) kept += (kept.empty() ? "" : ", ") + n;
+  log::info(strprintf(
+      "initialised from %s: %zu tensors%s%s", m.pretrained.c_str(), converted.size(),
+      kinds_note(kind, weights.tensors).c_str(),
+      kept.empty() ? "" : ("; re-initialised (model.pretrained_skip_head): " + kept).c_str()));
 }
 
 void make_model(Components& c, const config::LoadedConfig& loaded) {
@@ -349,6 +361,23 @@ config::Environment config_environment() {
   env.choices["sched.name"] = optim::schedule_registry().names();
   env.choices["train.loss"] = losses::loss_registry().names();
   return env;
+}
+
+std::string warmup_warning(const config::Config& cfg, const Components& c) {
+  const auto& sched = cfg.sched;
+  const int64_t warmup =
+      sched.warmup_epochs > 0.0
+          ? std::llround(sched.warmup_epochs * static_cast<double>(c.steps_per_epoch))
+          : sched.warmup_steps;
+  if (warmup <= c.total_steps) return "";
+  // The run ends while the rate still rises: it never reaches optim.lr.
+  const double reached = sched.warmup_start_factor + (1.0 - sched.warmup_start_factor) *
+                                                         static_cast<double>(c.total_steps) /
+                                                         static_cast<double>(warmup);
+  return strprintf("the warm-up (%" PRId64 " steps) is longer than the run (%" PRId64
+                   " steps): the learning rate ends at %.0f%% of optim.lr; shorten "
+                   "sched.warmup_steps / sched.warmup_epochs or train longer",
+                   warmup, c.total_steps, 100.0 * reached);
 }
 
 }  // namespace trainer::engine

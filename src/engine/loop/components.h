@@ -93,4 +93,8 @@ config::LoadedConfig load_config(const std::string& path,
 // What configs are validated against: the CUDA devices present and every registry's names.
 config::Environment config_environment();
 
+// A config that under-delivers without failing: a warm-up longer than the run (the learning rate
+// never reaches optim.lr), as one line naming what reaches what; "" when there is none.
+std::string warmup_warning(const config::Config& cfg, const Components& c);
+
 }  // namespace trainer::engine

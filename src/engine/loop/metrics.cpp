@@ -53,8 +53,9 @@ nlohmann::json parse_line(std::string line) {
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step,
-                             bool evaluated_at_resume) {
+                             bool evaluated_at_resume, bool csv) {
   const auto path = std::filesystem::path(run_dir) / "metrics.jsonl";
+  std::vector<nlohmann::json> kept_records;  // for metrics.csv
   if (resume_step >= 0) {
     // Lines past the checkpoint's step will be written again by the resumed run.
     std::string kept;
@@ -66,6 +67,7 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
         const bool val = j.at("split").get<std::string>() == "val";
         if (step < resume_step || (step == resume_step && (!val || evaluated_at_resume))) {
           kept += line + "\n";
+          if (csv) kept_records.push_back(j);
         }
       } catch (const nlohmann::json::exception&) {
         // A line cut short by a crash.
@@ -79,6 +81,11 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
     events_ = std::make_unique<tensorboard::EventWriter>(
         (std::filesystem::path(run_dir) / "tb").string());
   }
+  if (csv) {
+    csv_ =
+        std::make_unique<CsvLog>((std::filesystem::path(run_dir) / "metrics.csv").string(),
+                                 std::vector<std::string>{"split", "step", "epoch"}, kept_records);
+  }
 }
 
 MetricsWriter::~MetricsWriter() = default;
@@ -87,6 +94,7 @@ void MetricsWriter::write(const nlohmann::json& record) {
   out_ << json_line(record) << '\n';
   out_.flush();
   if (!out_) throw std::runtime_error("writing metrics failed (disk full?)");
+  if (csv_) csv_->write(record);
   if (!events_) return;
   const double wall_time =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -169,8 +177,8 @@ MetricsLog::MetricsLog(const config::Config& cfg, Components& parts, TrainingSta
       first_step_(state.step) {
   if (rank == 0) {
     const bool evaluated = resumed_step >= 0 && state.last_eval_step == resumed_step;
-    writer_ =
-        std::make_unique<MetricsWriter>(cfg.run.dir, cfg.run.tensorboard, resumed_step, evaluated);
+    writer_ = std::make_unique<MetricsWriter>(cfg.run.dir, cfg.run.tensorboard, resumed_step,
+                                              evaluated, cfg.tracking.csv);
   }
   if (parts.device.is_cuda()) {
     cuda_index_ = parts.device.has_index() ? parts.device.index() : 0;

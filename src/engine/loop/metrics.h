@@ -17,22 +17,23 @@
 #include "engine/loop/evaluator.h"
 #include "engine/loop/state.h"
 #include "engine/loop/step.h"
+#include "util/csv_log.h"
 #include "util/gpu_monitor.h"
 #include "util/tensorboard.h"
 
 namespace trainer::engine {
 
 // The run's metrics: <run.dir>/metrics.jsonl, one JSON object per line, and, when enabled, the
-// same scalars as a TensorBoard event file in <run.dir>/tb/. Both are flushed per record, so a
-// crash loses nothing already written.
+// same scalars as a TensorBoard event file in <run.dir>/tb/ and as rows of <run.dir>/metrics.csv.
+// All are flushed per record, so a crash loses nothing already written.
 class MetricsWriter {
  public:
-  // Creates (truncates) metrics.jsonl in `run_dir`, and the event file when `tensorboard`. With
-  // resume_step >= 0, keeps the existing lines up to that step and appends after them; the
-  // evaluation lines of that step only when `evaluated_at_resume` (else the resumed run
-  // evaluates again and writes them).
+  // Creates (truncates) metrics.jsonl in `run_dir`, the event file when `tensorboard` and
+  // metrics.csv when `csv`. With resume_step >= 0, keeps the existing lines up to that step and
+  // appends after them (metrics.csv is rewritten from those); the evaluation lines of that step
+  // only when `evaluated_at_resume` (else the resumed run evaluates again and writes them).
   MetricsWriter(const std::string& run_dir, bool tensorboard, int64_t resume_step = -1,
-                bool evaluated_at_resume = false);
+                bool evaluated_at_resume = false, bool csv = false);
   ~MetricsWriter();
 
   // `record` has "split" ("train" or "val"), "step", "epoch" and numeric fields. TensorBoard
@@ -42,6 +43,7 @@ class MetricsWriter {
  private:
   std::ofstream out_;
   std::unique_ptr<tensorboard::EventWriter> events_;
+  std::unique_ptr<CsvLog> csv_;
 };
 
 // A one-line progress bar on stderr, redrawn in place; inactive when stderr is not a terminal

@@ -8,8 +8,8 @@
 #include "engine/loop/components.h"
 #include "engine/loop/graphed_step.h"
 #include "engine/loop/metrics.h"
-#include "engine/measure/op_count.h"
 #include "engine/loop/trainer_state.h"
+#include "engine/measure/op_count.h"
 #include "util/device.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -69,7 +69,8 @@ class Run {
     const int64_t step = s_.state.step;
     const bool log_due = step % cfg_.run.log_every == 0 || step == s_.parts.total_steps;
     const bool eval_due = cfg_.run.eval_every > 0 && step % cfg_.run.eval_every == 0;
-    const bool checkpoint_due = cfg_.run.checkpoint_every > 0 && step % cfg_.run.checkpoint_every == 0;
+    const bool checkpoint_due =
+        cfg_.run.checkpoint_every > 0 && step % cfg_.run.checkpoint_every == 0;
     // What reads the step's outcome waits for its flags; other steps read them a step late.
     if (log_due || eval_due || checkpoint_due || settled.abandoned || stops_here()) settle();
     if (log_due) log_.train(s_.state.epoch);
@@ -230,7 +231,7 @@ class Run {
   const std::atomic<bool>* stop_;
   MetricsLog log_;
   FitResult result_;
-  EvalResult last_eval_;  // the latest evaluation, for the checkpoint of its step
+  EvalResult last_eval_;      // the latest evaluation, for the checkpoint of its step
   bool stop_agreed_ = false;  // a group's ranks agreed to stop (a step's flags)
   StepCounts counts_;         // host reads and operators of the steps
 };
@@ -281,6 +282,13 @@ void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch)
   s_->step->settle();
 }
 
+std::vector<std::string> Trainer::config_warnings() const {
+  std::vector<std::string> out;
+  const std::string warmup = warmup_warning(s_->loaded.cfg, s_->parts);
+  if (!warmup.empty()) out.push_back(warmup);
+  return out;
+}
+
 std::string Trainer::summary() const {
   const auto& cfg = s_->loaded.cfg;
   const auto& p = s_->parts;
@@ -319,7 +327,6 @@ bool Trainer::resume(const std::string& spec) {
 std::string Trainer::last_checkpoint() const {
   return s_->checkpointer.last();
 }
-
 
 EvalResult Trainer::evaluate() {
   return engine::evaluate(s_->parts, s_->state.bad_samples);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/loader.h"
 #include "distributed/env.h"
@@ -61,6 +62,10 @@ class Trainer {
 
   // Device, data sizes, steps and the model summary (with its `parameters: N` line).
   std::string summary() const;
+
+  // What the config under-delivers (engine::warmup_warning), one line each, to say before
+  // training (and in --dry-run).
+  std::vector<std::string> config_warnings() const;
 
   // Continues from a checkpoint (Checkpointer::resume); config::ConfigError when
   // train.stop_at_step lies before the step resumed from. Every rank must call this, in the same

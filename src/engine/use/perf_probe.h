@@ -71,10 +71,12 @@ struct JobPerf {
   double input_samples_per_sec = 0;  // the loader alone, this process
   double step_samples_per_sec = 0;   // training steps on a fixed batch, this process
   double grad_sync_fraction = 0;     // of the step, waiting for gradient all-reduces
+  int64_t steps = 0;                 // the timed steps of step_samples_per_sec
 };
 
-// The input pipeline alone and the training step alone of `trainer`'s config. Every rank must
-// call this, in the same order.
+// The input pipeline alone and the training step alone of `trainer`'s config: the step is bench's
+// on a fixed batch, 10 steps after 3 of warm-up, and in one process as many more as fill 0.5 s
+// (quick) or 2 s. Every rank must call this, in the same order.
 JobPerf measure_job(Trainer& trainer, const PerfOptions& options);
 
 }  // namespace trainer::engine

@@ -1,0 +1,95 @@
+// End-to-end: metrics beside metrics.jsonl (tracking.csv), and runs with optim.lr 0.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_fixture.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using trainer::test_support::Cli;
+using trainer::test_support::max_abs_diff;
+using trainer::test_support::step_file;
+
+std::vector<std::string> split_cells(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream in(line);
+  for (std::string cell; std::getline(in, cell, ',');) out.push_back(cell);
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+// The cell a JSON value must have become: its JSON text, a string as it is.
+std::string expected_cell(const nlohmann::json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+// metrics.csv holds every record of metrics.jsonl, field for field, across a resume.
+TEST_F(Cli, TrackingCsvHoldsTheRecordsOfMetricsJsonl) {
+  const auto run_dir = dir_ / "run";
+  const std::string args = "--config configs/synthetic.yaml --set tracking.csv=true --run-dir '" +
+                           run_dir.string() + "'";
+  ASSERT_EQ(run(args + " --set train.stop_at_step=20").code, 0);
+  auto r = run(args + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  std::vector<nlohmann::json> records;
+  std::ifstream jsonl(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(jsonl, line);) records.push_back(nlohmann::json::parse(line));
+  std::ifstream csv(run_dir / "metrics.csv");
+  std::string line;
+  ASSERT_TRUE(std::getline(csv, line));
+  const auto header = split_cells(line);
+  ASSERT_GE(header.size(), 4u);
+  EXPECT_EQ(std::vector<std::string>(header.begin(), header.begin() + 3),
+            (std::vector<std::string>{"split", "step", "epoch"}));
+  size_t rows = 0;
+  for (; std::getline(csv, line); ++rows) {
+    ASSERT_LT(rows, records.size()) << "more rows than records";
+    const auto cells = split_cells(line);
+    ASSERT_EQ(cells.size(), header.size()) << line;
+    const auto& record = records[rows];
+    for (size_t c = 0; c < header.size(); ++c) {
+      const auto it = record.find(header[c]);
+      const std::string want = it == record.end() ? "" : expected_cell(*it);
+      EXPECT_EQ(cells[c], want) << "row " << rows << ", column " << header[c];
+    }
+    for (const auto& [key, value] : record.items()) {
+      if (value.is_primitive()) {
+        EXPECT_NE(std::find(header.begin(), header.end(), key), header.end()) << key;
+      }
+    }
+  }
+  EXPECT_EQ(rows, records.size());
+  EXPECT_GE(rows, 10u);  // 8 train records and 2 val records
+}
+
+// optim.lr 0 is accepted and leaves the weights as they were initialised.
+TEST_F(Cli, ALearningRateOfZeroLeavesTheWeights) {
+  for (const std::string lr : {"0", "0.05"}) {
+    SCOPED_TRACE("optim.lr " + lr);
+    const auto run_dir = dir_ / ("lr" + lr);
+    auto r = run("--config configs/synthetic.yaml --set optim.lr=" + lr +
+                 " --set optim.momentum=0.9 --set optim.weight_decay=0.01 --set train.max_steps=3 "
+                 "--set run.checkpoint_every=1 --set run.keep_last=3 --run-dir '" +
+                 run_dir.string() + "'");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double moved = max_abs_diff(run_dir / "checkpoints" / step_file(1),
+                                      run_dir / "checkpoints" / step_file(3), "model.");
+    if (lr == "0") {
+      EXPECT_EQ(moved, 0.0);
+    } else {
+      EXPECT_GT(moved, 0.0);
+    }
+  }
+}
+
+}  // namespace
