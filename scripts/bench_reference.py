@@ -34,7 +34,9 @@ amp.scaler: on), model.channels_last for ResNets and lenet, dist.sync_bn. The le
 stays at optim.lr: the schedule is not applied. Not supported (exit 2): model.checkpointing, data
 augmentation (data.crop_padding, data.hflip), other datasets and losses.
 
-Protocol: torch.manual_seed(seed); torch.set_num_threads(run.threads) when > 0; train mode.
+Protocol: torch.manual_seed(seed); torch.set_flush_denormal(run.flush_denormal) on the CPU (the
+trainer's default flushes denormal floats to zero); torch.set_num_threads(run.threads) when > 0;
+train mode.
 One step = for each micro-batch: next batch, forward, backward; then the optimizer. `warmup`
 steps run untimed, then `steps` timed steps. Phases (mean ms per step, rank 0):
   data       time blocked in next() on the DataLoader iterator (a new epoch's iterator included)
@@ -87,7 +89,7 @@ from reference_models import DEFAULT_ROOT, GPT, Lenet, Mlp, load_train
 DEFAULTS = {
     "seed": 0,
     "device": "auto",
-    "run": {"threads": 0},
+    "run": {"threads": 0, "flush_denormal": True},
     "model": {
         "name": "mlp", "num_classes": 0, "checkpointing": "none", "hidden": [256, 128],
         "channels": [32, 64], "kernel_size": 5, "fc_hidden": 128, "dropout": 0.0,
@@ -541,6 +543,8 @@ def main():
 
     device, ddp, world, rank = init_device(args.device or cfg["device"], cfg["dist"]["backend"])
     torch.manual_seed(cfg["seed"])
+    if device.type == "cpu":
+        torch.set_flush_denormal(bool(cfg["run"]["flush_denormal"]))
     if cfg["run"]["threads"] > 0:
         torch.set_num_threads(cfg["run"]["threads"])
     m, d, t, a = cfg["model"], cfg["data"], cfg["train"], cfg["amp"]

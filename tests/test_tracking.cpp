@@ -1,4 +1,5 @@
-// End-to-end: metrics beside metrics.jsonl (tracking.csv), and runs with optim.lr 0.
+// End-to-end: metrics beside metrics.jsonl (tracking.csv), profiler traces of training and of
+// bench (profile:, bench --profile), and runs with optim.lr 0.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -6,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -70,6 +72,68 @@ TEST_F(Cli, TrackingCsvHoldsTheRecordsOfMetricsJsonl) {
   }
   EXPECT_EQ(rows, records.size());
   EXPECT_GE(rows, 10u);  // 8 train records and 2 val records
+}
+
+// The names of a Chrome trace's complete events ("ph": "X"), with their counts.
+std::map<std::string, int> trace_events(const fs::path& path) {
+  std::map<std::string, int> out;
+  const auto trace = nlohmann::json::parse(trainer::test_support::read_file(path));
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.value("ph", "") == "X") ++out[e.value("name", "")];
+  }
+  return out;
+}
+
+int aten_events(const std::map<std::string, int>& events) {
+  int n = 0;
+  for (const auto& [name, count] : events) n += name.rfind("aten::", 0) == 0 ? count : 0;
+  return n;
+}
+
+// bench --profile: a Chrome trace with the ATen operators and the trainer's phases, and its count
+// of top-level operators per step within 5% of the operator count bench makes without the
+// profiler.
+TEST_F(Cli, BenchProfileWritesATraceThatCountsBenchsOperators) {
+  const auto dir = dir_ / "profile", json = dir_ / "bench.json";
+  auto r =
+      run("bench --config configs/synthetic.yaml --fixed-batch --steps 5 --warmup 2 "
+          "--profile '" +
+          dir.string() + "' --json '" + json.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto events = trace_events(dir / "rank_0.trace.json");
+  EXPECT_GT(aten_events(events), 0);
+  for (const char* phase : {"trainer::forward", "trainer::backward", "trainer::optimizer"}) {
+    EXPECT_EQ(events.count(phase) ? events.at(phase) : 0, 3) << phase;  // 3 profiled steps
+  }
+  const auto b = nlohmann::json::parse(trainer::test_support::read_file(json));
+  const double counted = b["ops_per_step"]["total"].get<double>();
+  const double profiled = b["profile"]["ops_per_step"].get<double>();
+  ASSERT_GT(counted, 0);
+  EXPECT_NEAR(profiled / counted, 1.0, 0.05) << "profiled " << profiled << ", counted " << counted;
+}
+
+// profile.start_step: steps 2 to 4 of a training run under the profiler, their trace in the run
+// dir and the operator table in train.log.
+TEST_F(Cli, ProfileSectionRecordsAWindowOfTrainingSteps) {
+  const auto run_dir = dir_ / "run";
+  auto r =
+      run("--config configs/synthetic.yaml --set train.max_steps=6 --set profile.start_step=2 "
+          "--set profile.steps=3 --set profile.record_shapes=true --run-dir '" +
+          run_dir.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto events = trace_events(run_dir / "profile" / "rank_0.trace.json");
+  EXPECT_GT(aten_events(events), 0);
+  for (const char* phase : {"trainer::forward", "trainer::backward", "trainer::optimizer"}) {
+    EXPECT_EQ(events.count(phase) ? events.at(phase) : 0, 3) << phase;
+  }
+  const std::string log = trainer::test_support::read_file(run_dir / "train.log");
+  EXPECT_NE(log.find("profiled steps 2 to 4"), std::string::npos) << log;
+  EXPECT_NE(log.find("ATen operators (top level)"), std::string::npos) << log;
+  // Without the section, no trace.
+  r = run("--config configs/synthetic.yaml --set train.max_steps=2 --run-dir '" +
+          (dir_ / "plain").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "plain" / "profile"));
 }
 
 // optim.lr 0 is accepted and leaves the weights as they were initialised.

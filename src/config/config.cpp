@@ -141,6 +141,11 @@ void DistConfig::validate(Checks& c) const {
 
 void TrackingConfig::validate(Checks& /*c*/) const {}
 
+void ProfileConfig::validate(Checks& c) const {
+  c.at_least("start_step", start_step, 0);
+  c.at_least("steps", steps, 1);
+}
+
 void LaunchConfig::validate(Checks& c) const {
   if (nproc_per_node == "auto") return;
   const bool digits = !nproc_per_node.empty() && nproc_per_node.size() <= 4 &&

@@ -28,6 +28,7 @@ struct RunConfig {
   std::string progress = "auto";  // progress bar: auto (when stderr is a terminal)|always|never
   bool tensorboard = true;        // also write the metrics as TensorBoard events to <dir>/tb/
   bool overwrite = false;  // a fresh run into a used dir moves its contents aside (else refused)
+  bool flush_denormal = true;  // CPU: denormal floats flushed to zero (FTZ/DAZ), no slow paths
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -45,6 +46,7 @@ struct RunConfig {
     v("progress", progress);
     v("tensorboard", tensorboard);
     v("overwrite", overwrite);
+    v("flush_denormal", flush_denormal);
   }
 };
 
@@ -295,6 +297,27 @@ struct TrackingConfig {
   }
 };
 
+// Training steps recorded by LibTorch's Kineto profiler (engine/loop/profile_window.h).
+struct ProfileConfig {
+  int64_t start_step = 0;      // the first profiled step (1-based); 0 = no profile
+  int64_t steps = 5;           // steps profiled from there
+  bool record_shapes = false;  // the operators' input shapes in the trace
+  bool with_stack = false;     // call stacks where LibTorch records them
+  bool memory = false;         // allocations and frees as [memory] events
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("start_step", start_step);
+    v("steps", steps);
+    v("record_shapes", record_shapes);
+    v("with_stack", with_stack);
+    v("memory", memory);
+  }
+};
+
 // How `trainer --config` starts: in this process, or as a local job of several.
 struct LaunchConfig {
   std::string nproc_per_node = "1";  // processes to train on: N, or auto (one per local GPU; one
@@ -323,6 +346,7 @@ struct Config {
   DistConfig dist;              // distributed data parallel
   LaunchConfig launch;          // one process, or a local job of several
   TrackingConfig tracking;      // metrics beside metrics.jsonl and TensorBoard
+  ProfileConfig profile;        // a window of steps under the profiler
 
   template <class V>
   void visit(V& v) {
@@ -339,6 +363,7 @@ struct Config {
     v("dist", dist);
     v("launch", launch);
     v("tracking", tracking);
+    v("profile", profile);
   }
 };
 

@@ -26,10 +26,13 @@ namespace {
 // Seeds and determinism switches; before anything draws random numbers or touches cuBLAS.
 void seed_everything(const config::Config& cfg) {
   torch::manual_seed(static_cast<uint64_t>(cfg.seed));
+  auto& ctx = at::globalContext();
+  // Before any thread is started: new threads (the intra-op pool, loader threads) inherit this
+  // thread's floating-point mode.
+  ctx.setFlushDenormal(cfg.run.flush_denormal);
   // Fixes this thread's intra-op thread count now, before loader threads set theirs to one.
   torch::set_num_threads(cfg.run.threads > 0 ? static_cast<int>(cfg.run.threads)
                                              : torch::get_num_threads());
-  auto& ctx = at::globalContext();
   if (cfg.deterministic) {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     ctx.setDeterministicAlgorithms(true, /*warn_only=*/false);

@@ -8,6 +8,7 @@
 #include "engine/loop/components.h"
 #include "engine/loop/graphed_step.h"
 #include "engine/loop/metrics.h"
+#include "engine/loop/profile_window.h"
 #include "engine/loop/trainer_state.h"
 #include "engine/measure/op_count.h"
 #include "util/device.h"
@@ -50,7 +51,8 @@ class Run {
       : s_(s),
         cfg_(s.loaded.cfg),
         stop_(stop),
-        log_(cfg_, s.parts, s.state, s.job.rank, s.checkpointer.resumed_step()) {
+        log_(cfg_, s.parts, s.state, s.job.rank, s.checkpointer.resumed_step()),
+        profile_(cfg_.profile, s.parts.device, cfg_.run.dir, s.job.rank) {
     s.parts.model->train();
     log::info(strprintf("training %" PRId64 " steps (%" PRId64 " per epoch) on %s",
                         s.parts.total_steps - s.state.step, s.parts.steps_per_epoch,
@@ -138,7 +140,9 @@ class Run {
     try {
       log_.begin_step();
       counts_.begin_step();
-      Settled settled = s_.step->run(micro_batches, stop_requested, nullptr);
+      StepObserver* observer = profile_.before(s_.state.step + 1);
+      Settled settled = s_.step->run(micro_batches, stop_requested, observer);
+      profile_.after(s_.state.step, s_.parts.total_steps);
       counts_.end_step();
       log_.end_step();
       return settled;
@@ -234,6 +238,7 @@ class Run {
   EvalResult last_eval_;      // the latest evaluation, for the checkpoint of its step
   bool stop_agreed_ = false;  // a group's ranks agreed to stop (a step's flags)
   StepCounts counts_;         // host reads and operators of the steps
+  ProfileWindow profile_;     // profile.start_step's window under the profiler
 };
 
 }  // namespace

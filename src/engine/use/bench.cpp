@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "engine/loop/components.h"
+#include "engine/loop/profiler.h"
 #include "engine/measure/memory.h"
 #include "engine/measure/op_count.h"
-#include "engine/use/profiler.h"
 #include "util/device.h"
+#include "util/format.h"
 #include "util/gpu_monitor.h"
+#include "util/log.h"
 
 namespace trainer::engine {
 
@@ -102,6 +104,9 @@ class PhaseTimer final : public StepObserver {
       step_ms += ms;
     }
     steps.push_back(step_ms);  // the last step's end is the last mark
+    for (size_t i = 0; i < steps.size(); ++i) {
+      log::debug(strprintf("bench: timed step %zu took %.2f ms", i + 1, steps[i]));
+    }
     const auto n = static_cast<double>(steps.size());
     for (auto& ms : r.phase_ms) ms /= n;
     double sum = 0;

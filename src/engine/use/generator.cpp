@@ -13,7 +13,9 @@ torch::Tensor sample_next(const torch::Tensor& logits, const SamplingOptions& op
                           at::Generator& generator) {
   torch::NoGradGuard no_grad;
   auto l = read_to_host(logits.to(torch::kFloat));  // [B, V]
-  if (options.temperature <= 0.0) return l.argmax(/*dim=*/1);
+  // Below the smallest normal float a temperature is a denormal, read as 0 where the CPU flushes
+  // them (run.flush_denormal): greedy, as at 0.
+  if (options.temperature < std::numeric_limits<float>::min()) return l.argmax(/*dim=*/1);
   // Less the row's largest first: a temperature near 0 then sends the others to -inf (the
   // likeliest tokens left, as at 0) instead of every logit to +-inf.
   l = (l - std::get<0>(l.max(/*dim=*/1, /*keepdim=*/true))) / options.temperature;

@@ -1,4 +1,4 @@
-#include "engine/use/profiler.h"
+#include "engine/loop/profiler.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
