@@ -112,6 +112,32 @@ TEST_F(Cli, PretrainedWeightsAreLoggedInTrainLog) {
   EXPECT_LT(log.find("initialised from"), log.find("done:")) << log;
 }
 
+// eval (and predict, generate) of --config alone score its model.pretrained weights: the same
+// result as the checkpoint they were exported from.
+TEST_F(Cli, EvalOfAPretrainedConfigScoresItsWeights) {
+  const auto a = dir_ / "a", weights = dir_ / "w.safetensors";
+  ASSERT_EQ(
+      run("--config configs/synthetic.yaml --set train.max_steps=3 --run-dir '" + a.string() + "'")
+          .code,
+      0);
+  ASSERT_EQ(run("export --checkpoint '" + a.string() + "' --out '" + weights.string() + "'").code,
+            0);
+  auto from_checkpoint = run("eval --checkpoint '" + a.string() + "' --json");
+  ASSERT_EQ(from_checkpoint.code, 0) << from_checkpoint.err;
+  auto from_config = run("eval --config configs/synthetic.yaml --set model.pretrained='" +
+                         weights.string() + "' --json");
+  ASSERT_EQ(from_config.code, 0) << from_config.err;
+  const auto c = nlohmann::json::parse(from_checkpoint.out);
+  const auto p = nlohmann::json::parse(from_config.out);
+  EXPECT_EQ(p["loss"], c["loss"]);
+  EXPECT_EQ(p["top1"], c["top1"]);
+  EXPECT_EQ(p["step"], 0);
+  // Neither a checkpoint nor pretrained weights: a usage error saying both ways.
+  auto r = run("eval --config configs/synthetic.yaml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "needs model.pretrained")) << r.err;
+}
+
 // An image folder without val/: a seeded data.val_fraction of train/ validates, said in a warning;
 // files of formats that are not read are counted and named in one warning.
 TEST_F(Cli, ImageFolderWithoutValSplitsTrainAndNamesSkippedFormats) {

@@ -65,6 +65,25 @@ Resolved checkpoint_and_config(const std::string& spec, const std::string& confi
   return r;
 }
 
+// The model of --config alone: its model.pretrained weights (loaded as training starts from them),
+// at step 0.
+CheckpointModel pretrained_model(const cxxopts::ParseResult& args, const distributed::DistEnv& job,
+                                 const std::string& command) {
+  CheckpointModel m{"",
+                    load_config(args["config"].as<std::string>(), set_and_device(args),
+                                engine::config_environment()),
+                    nullptr, 0};
+  m.checkpoint = m.loaded.cfg.model.pretrained;
+  if (m.checkpoint.empty()) {
+    throw UsageError(command + ": --config " + args["config"].as<std::string>() +
+                     " without --checkpoint needs model.pretrained (the weights to use); give "
+                     "--checkpoint PATH|RUN_DIR or --set model.pretrained=FILE");
+  }
+  m.loaded.cfg.dist.strategy = "ddp";
+  m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
+  return m;
+}
+
 }  // namespace
 
 void add_checkpoint_options(cxxopts::Options& options) {
@@ -72,7 +91,8 @@ void add_checkpoint_options(cxxopts::Options& options) {
   options.add_options()
       ("checkpoint", "a checkpoint file, or a run dir (its newest checkpoint that verifies)",
        cxxopts::value<std::string>(), "PATH|RUN_DIR")
-      ("config", "the config to rebuild model and data from (default: the run dir's config.yaml)",
+      ("config", "the config to rebuild model and data from (default: the run dir's config.yaml); "
+       "without --checkpoint, the config's model.pretrained weights are used",
        cxxopts::value<std::string>(), "FILE")
       ("set", "override a config key (repeatable)", cxxopts::value<std::vector<std::string>>(),
        "KEY.PATH=VALUE")
@@ -85,9 +105,13 @@ void add_checkpoint_options(cxxopts::Options& options) {
 CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
                                       const distributed::DistEnv& job, const std::string& command,
                                       engine::LabelUse labels) {
-  if (!args.count("checkpoint"))
-    throw UsageError(command + ": --checkpoint PATH|RUN_DIR is required");
+  if (!args.count("checkpoint") && !args.count("config")) {
+    throw UsageError(command +
+                     ": --checkpoint PATH|RUN_DIR is required (or --config FILE whose "
+                     "model.pretrained holds the weights)");
+  }
   setup_logging(args["log-level"].as<std::string>(), job);
+  if (!args.count("checkpoint")) return pretrained_model(args, job, command);
   auto resolved =
       checkpoint_and_config(args["checkpoint"].as<std::string>(),
                             args.count("config") ? args["config"].as<std::string>() : "");

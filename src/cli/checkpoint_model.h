@@ -33,9 +33,10 @@ struct CheckpointModel {
 // Sets up logging (--log-level) and loads the model of --checkpoint PATH|RUN_DIR (a run dir:
 // its newest checkpoint that verifies) into a Trainer built from the run dir's config.yaml, or
 // --config, with --set and --device; `labels` says whether the data's labels are used (eval), so
-// that they must mean the checkpoint's classes. Throws UsageError, naming `command`, when
-// --checkpoint is missing or names neither a checkpoint nor a run dir with a config. Every rank of
-// `job` must call it.
+// that they must mean the checkpoint's classes. Without --checkpoint: the model of --config with
+// its model.pretrained weights, at step 0. Throws UsageError, naming `command`, when neither is
+// given, when --config alone sets no model.pretrained, or when --checkpoint names neither a
+// checkpoint nor a run dir with a config. Every rank of `job` must call it.
 CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
                                       const distributed::DistEnv& job, const std::string& command,
                                       engine::LabelUse labels = engine::LabelUse::none);
