@@ -46,7 +46,6 @@ int export_hf(const std::string& path, const std::string& out, const std::string
 
 // The pt export's metadata: format, model, step, the class names and the classifier's outputs.
 std::map<std::string, std::string> pt_metadata(const checkpoint::State& state,
-                                               const nlohmann::json& config,
                                                const std::string& model,
                                                const nlohmann::json& step) {
   std::map<std::string, std::string> metadata = {
@@ -54,23 +53,11 @@ std::map<std::string, std::string> pt_metadata(const checkpoint::State& state,
   if (state.meta.contains("classes") && !state.meta["classes"].empty()) {
     metadata["classes"] = state.meta["classes"].dump();  // JSON list of the class names
   }
-  // The classifier's outputs: model.num_classes, else (0: the data's) the class names' count or
-  // the data's data.num_classes.
-  // The config's values are its YAML text: "4".
-  auto positive = [&](const char* key) {
-    const nlohmann::json v = config.contains(key) ? config[key] : nlohmann::json();
-    const std::string text = v.is_string() ? v.get<std::string>() : v.dump();
-    return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos &&
-                   text.find_first_not_of('0') != std::string::npos
-               ? text
-               : std::string();
-  };
-  if (!positive("model.num_classes").empty()) {
-    metadata["num_classes"] = positive("model.num_classes");
+  // The classifier's outputs, as the checkpoint records them; older checkpoints: the names' count.
+  if (state.meta.contains("num_classes") && state.meta["num_classes"].is_number_integer()) {
+    metadata["num_classes"] = state.meta["num_classes"].dump();
   } else if (metadata.count("classes")) {
     metadata["num_classes"] = std::to_string(state.meta["classes"].size());
-  } else if (!positive("data.num_classes").empty()) {
-    metadata["num_classes"] = positive("data.num_classes");
   }
   return metadata;
 }
@@ -126,7 +113,7 @@ int export_command(int argc, char** argv) {
   const std::string format = args["format"].as<std::string>();
   if (format == "hf") return export_hf(path, out, model, weights, config);
   if (format != "pt") throw UsageError("--format: expected pt or hf, got '" + format + "'");
-  const auto metadata = pt_metadata(state, config, model, step);
+  const auto metadata = pt_metadata(state, model, step);
   write_atomically(
       out, [&](const ByteSink& sink) { checkpoint::write_safetensors(weights, metadata, sink); });
   std::cout << "wrote " << out << ": " << weights.size() << " tensors of " << model << " at step "

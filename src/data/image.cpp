@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "data/dataset.h"
 
@@ -222,10 +223,19 @@ Rect random_resized_crop(int64_t width, int64_t height, const std::vector<double
   return Rect{(width - w) / 2, (height - h) / 2, w, h};
 }
 
+namespace {
+
+// torchvision's Resize(resize): the shorter side becomes `resize`, the longer one
+// int(resize * long / short). {width, height}.
+std::pair<int64_t, int64_t> resized_size(int64_t width, int64_t height, int64_t resize) {
+  return width <= height ? std::make_pair(resize, resize * height / width)
+                         : std::make_pair(resize * width / height, resize);
+}
+
+}  // namespace
+
 Rect center_crop(int64_t width, int64_t height, int64_t resize, int64_t crop) {
-  // Resize: the shorter side becomes `resize`, the longer one int(resize * long / short).
-  const int64_t rw = width <= height ? resize : resize * width / height;
-  const int64_t rh = width <= height ? resize * height / width : resize;
+  const auto [rw, rh] = resized_size(width, height, resize);
   // CenterCrop: offsets rounded half to even, as Python's round() in torchvision.
   Rect r;
   r.x = static_cast<int64_t>(std::nearbyint(static_cast<double>(rw - crop) / 2.0));
@@ -236,8 +246,7 @@ Rect center_crop(int64_t width, int64_t height, int64_t resize, int64_t crop) {
 }
 
 void resize_center_crop(const Image& image, int64_t resize, int64_t crop, torch::Tensor out) {
-  const int64_t rw = image.width <= image.height ? resize : resize * image.width / image.height;
-  const int64_t rh = image.width <= image.height ? resize * image.height / image.width : resize;
+  const auto [rw, rh] = resized_size(image.width, image.height, resize);
   const Rect r = center_crop(image.width, image.height, resize, crop);
   auto full = torch::from_blob(const_cast<uint8_t*>(image.rgb.data()),
                                {1, image.height, image.width, 3}, torch::kUInt8)

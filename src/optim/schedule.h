@@ -31,6 +31,9 @@ class Schedule {
   //   otherwise:         decay(step - W)
   double lr(int64_t step) const;
 
+  // The warm-up's optimizer steps (sched.warmup_steps, or sched.warmup_epochs resolved).
+  int64_t warmup_steps() const { return warmup_steps_; }
+
  private:
   double base_lr_;
   int64_t warmup_steps_;

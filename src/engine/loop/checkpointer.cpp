@@ -135,6 +135,8 @@ checkpoint::State Checkpointer::snapshot() const {
                {{"trainer", TRAINER_VERSION},
                 {"libtorch", TORCH_VERSION},
                 {"cuda_devices", cuda_device_count()}}}};
+  // The classifier's outputs (export's metadata: the torchvision model to build).
+  if (!parts_.splits.spec.sequence) out.meta["num_classes"] = parts_.input.num_classes;
   ToJson to_json{out.meta};
   TrainingState counters = state_;
   counters.visit(to_json);

@@ -368,10 +368,7 @@ config::Environment config_environment() {
 
 std::string warmup_warning(const config::Config& cfg, const Components& c) {
   const auto& sched = cfg.sched;
-  const int64_t warmup =
-      sched.warmup_epochs > 0.0
-          ? std::llround(sched.warmup_epochs * static_cast<double>(c.steps_per_epoch))
-          : sched.warmup_steps;
+  const int64_t warmup = c.schedule->warmup_steps();
   if (warmup <= c.total_steps) return "";
   // The run ends while the rate still rises: it never reaches optim.lr.
   const double reached = sched.warmup_start_factor + (1.0 - sched.warmup_start_factor) *
