@@ -374,6 +374,7 @@ CASES=(
   "gpt2_bf16_loop|gpu_gpt2.yaml|5|20|25|trainer|optim.impl=loop"
   "r50_bf16_b256_loop|gpu_resnet50.yaml|8|25|25|trainer|optim.impl=loop"
   "r50_fp16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|amp.dtype=float16|data.batch_size=32"
+  "observe|gpu_resnet50.yaml|0|6|40|observe|data.batch_size=32"
 )
 
 # PyTorch's DataLoader workers are processes that hand batches over through /dev/shm (154 MB a
@@ -407,6 +408,8 @@ run_bench() {
     fsdp_losses) two_curves "$base" "$config" "$steps" "$limit" dist.strategy "ddp fsdp" "$GPUS" \
                    "${sets[@]}"
                  return 0 ;;
+    observe) observe_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
+             return 0 ;;
     launch_all) cmd=("$TRAINER" launch --standalone --nproc-per-node "$GPUS" -- bench) ;;
     trainer) cmd=("$TRAINER" bench) ;;
     launch) cmd=("$TRAINER" launch --standalone --nproc-per-node 1 -- bench) ;;
@@ -477,6 +480,41 @@ print(json.dumps({"steps": len(la), "first_last": {a: [la[0], la[-1]], b: [lb[0]
                   "max_rel_diff": max(rel), "mean_rel_diff": sum(rel) / len(rel),
                   "max_abs_diff": max(absd), "mean_abs_diff": sum(absd) / len(absd)}))
 CURVES
+  say "$(basename "$base"): done in $((SECONDS - t0))s (exit $rc)"
+}
+
+# observe_run BASE CONFIG STEPS LIMIT --set...: STEPS steps of training with steps 3-4 under the
+# profiler (profile:) and the allocator's history written after step 4 (profile.memory_snapshot);
+# BASE.json counts the trace's CUDA kernels and copies and says whether torch.cuda._memory_viz
+# renders the snapshot.
+observe_run() {
+  local base=$1 config=$2 steps=$3 limit=$4 rc=0 t0=$SECONDS
+  shift 4
+  (cd "$ROOT" && timeout -k 10 "$limit" "$TRAINER" --config "$config" "$@" \
+    --set train.max_steps="$steps" --set run.eval_every=0 --set train.eval_at_end=false \
+    --set profile.start_step=3 --set profile.steps=2 --set profile.memory_snapshot=true \
+    --set profile.memory_snapshot_step=4 --run-dir "$base.run") >> "$base.log" 2>&1 || rc=$?
+  "$PY" - "$base.run" > "$base.json" 2>> "$base.log" <<'OBSERVE' || rc=1
+import json, os, subprocess, sys
+run = sys.argv[1]
+trace = json.load(open(os.path.join(run, "profile", "rank_0.trace.json")))
+cats = {}
+for e in trace["traceEvents"] if isinstance(trace, dict) else trace:
+    cats[e.get("cat", "")] = cats.get(e.get("cat", ""), 0) + 1
+snap, html = os.path.join(run, "memory_snapshot.pickle"), os.path.join(run, "memory.html")
+viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", snap, "-o",
+                      html], capture_output=True, text=True)
+size = lambda p: os.path.getsize(p) if os.path.exists(p) else 0
+out = {"kernels": cats.get("kernel", 0), "gpu_memcpy": cats.get("gpu_memcpy", 0),
+       "cpu_ops": cats.get("cpu_op", 0), "snapshot_bytes": size(snap),
+       "memory_viz_rc": viz.returncode, "memory_viz_html_bytes": size(html)}
+if viz.returncode != 0 or out["kernels"] == 0:
+    out["error"] = viz.stderr[-400:] or "no CUDA kernel in the trace"
+print(json.dumps(out))
+sys.exit(1 if "error" in out else 0)
+OBSERVE
+  echo "$rc $((SECONDS - t0))" > "$base.status"
+  rm -rf "$base.run/checkpoints" "$base.run/tb" "$base.run/memory.html"
   say "$(basename "$base"): done in $((SECONDS - t0))s (exit $rc)"
 }
 
@@ -582,7 +620,7 @@ def best_pytorch(case):
     return max(found) if found else (None, None)
 
 for case in order + sorted({k[0] for k in runs} - set(order)):
-    if case in ("graph_losses", "fsdp_losses", "doctor_perf"):
+    if case in ("graph_losses", "fsdp_losses", "doctor_perf", "observe"):
         continue
     for impl in ("trainer", "launch", "launch_all", "pytorch", "compile", "autotune"):
         r = runs.get((case, impl))
@@ -688,6 +726,14 @@ for impl in ("trainer", "pytorch"):
              pct(get(b, "peak_memory_mb"), get(a, "peak_memory_mb")),
              num(get(a, "step_time_ms", "p50"), ".1f"), num(get(b, "step_time_ms", "p50"), ".1f"),
              pct(get(b, "step_time_ms", "p50"), get(a, "step_time_ms", "p50"))))
+
+o = get(runs.get(("observe", "observe")))
+if isinstance(o, dict):
+    print("observe (r50 b32, profile: + profile.memory_snapshot): trace with %s CUDA kernels, %s "
+          "copies, %s CPU operators; memory snapshot %s bytes, torch.cuda._memory_viz exit %s "
+          "(%s bytes of HTML)" % (o.get("kernels"), o.get("gpu_memcpy"), o.get("cpu_ops"),
+                                  o.get("snapshot_bytes"), o.get("memory_viz_rc"),
+                                  o.get("memory_viz_html_bytes")))
 
 failed = ["%s/%s (%s)" % (k[0], k[1], r["status"]) for k, r in sorted(runs.items())
           if not r["status"].startswith(("ok", "skipped")) or

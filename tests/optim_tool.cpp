@@ -70,7 +70,7 @@ int run(int argc, char** argv) {
           t.at("g." + std::to_string(step) + "." + std::to_string(i)).clone();
     }
     optim::KernelInputs inputs;
-    if (clip > 0) optim::clip_for_step(*optimizer, params, clip, inputs);
+    if (clip > 0) optim::clip_for_step(*optimizer, params, clip, optim::grad_norm(params), inputs);
     optimizer->step(lrs[step].item<double>(), inputs);
   }
   checkpoint::NamedTensors out;

@@ -10,9 +10,10 @@
 #include "config/loader.h"
 #include "engine/loop/components.h"
 #include "engine/loop/graphed_step.h"
+#include "engine/loop/spike_guard.h"
+#include "engine/loop/trainer.h"
 #include "engine/measure/memory.h"
 #include "engine/measure/op_count.h"
-#include "engine/loop/trainer.h"
 #include "models/model.h"
 #include "temp_dir.h"
 
@@ -143,6 +144,11 @@ TEST_F(EngineTest, HostSyncsPerStep) {
   EXPECT_EQ(syncs_per_step({"train.clip_grad_norm=1"}), 0.0);
   EXPECT_EQ(syncs_per_step({"optim.name=adamw", "train.clip_grad_norm=1"}), 0.0);
   EXPECT_EQ(syncs_per_step({"optim.name=sgd", "optim.momentum=0.9", "amp.scaler=on"}), 0.0);
+  // The spike guard decides on the device too; the weight average is device work.
+  EXPECT_EQ(
+      syncs_per_step({"train.skip_update_zscore.loss=3", "train.skip_update_zscore.grad_norm=3",
+                      "train.skip_update_zscore.window=2", "train.ema.decay=0.9"}),
+      0.0);
   // An optimizer that cannot skip on the device: the decision is read at once.
   EXPECT_EQ(syncs_per_step({"optim.impl=loop"}), 1.0);
   EXPECT_EQ(syncs_per_step({"optim.impl=foreach"}), 1.0);
@@ -291,6 +297,20 @@ TEST_F(EngineTest, FusedStepsTakeTheScaleAsUnscalingFirstWould) {
   EXPECT_EQ(kernel.at("scaler.scale").item<double>(), 32768.0);  // backed off once
 }
 
+// Runs step `step` (0-based) over the next batch of `loader` in both steppers, and returns each
+// one's outcome.
+std::pair<StepOutcome, StepOutcome> run_both(data::Loader& loader, int step, Stepper& a,
+                                             Stepper& b) {
+  if (step % loader.batches_per_epoch() == 0) loader.start_epoch(step / loader.batches_per_epoch());
+  const std::vector<data::Batch> batch{*loader.next()};
+  a.run(batch, false, nullptr);
+  b.run(batch, false, nullptr);
+  const auto x = a.settle(), y = b.settle();
+  EXPECT_EQ(x.size(), 1u);
+  EXPECT_EQ(y.size(), 1u);
+  return {x.at(0), y.at(0)};
+}
+
 // A step replayed from a graph (train.cuda_graph; here the plumbing without a device graph)
 // trains as the eager step: the same skipped steps and scale, the same losses and weights within
 // float32 rounding of the learning rate, with the skip decided on the device, with and without
@@ -315,18 +335,10 @@ TEST_F(EngineTest, GraphedStepsTrainAsEagerOnes) {
       });
     }
     for (int step = 0; step < 8; ++step) {
-      auto& loader = *eager_parts.train_loader;
-      if (step % loader.batches_per_epoch() == 0)
-        loader.start_epoch(step / loader.batches_per_epoch());
-      const std::vector<data::Batch> batch{*loader.next()};
-      eager.run(batch, false, nullptr);
-      graphed.run(batch, false, nullptr);
-      const auto a = eager.settle(), b = graphed.settle();
-      ASSERT_EQ(a.size(), 1u);
-      ASSERT_EQ(b.size(), 1u);
-      EXPECT_EQ(a[0].step, step + 1);
-      EXPECT_EQ(b[0].step, step + 1);
-      EXPECT_EQ(a[0].skipped, b[0].skipped) << "step " << step + 1;
+      const auto [a, b] = run_both(*eager_parts.train_loader, step, eager, graphed);
+      EXPECT_EQ(a.step, step + 1);
+      EXPECT_EQ(b.step, step + 1);
+      EXPECT_EQ(a.skipped, b.skipped) << "step " << step + 1;
       // Within the rounding of the learning rate, which the graph reads as a float32 tensor.
       EXPECT_NEAR(eager.last_loss().item<float>(), graphed.last_loss().item<float>(), 1e-6)
           << "step " << step + 1;
@@ -347,10 +359,9 @@ TEST_F(EngineTest, GraphedStepsTrainAsEagerOnes) {
 // step late) and the bench path (run_steps) run the same graphed step: after the same steps over
 // the same batches, the same weights and optimizer state, bit for bit.
 TEST_F(EngineTest, TrainingAndBenchRunTheSameGraphedStep) {
-  const std::vector<std::string> sets = {"optim.name=adamw", "optim.lr=0.01",
-                                         "train.clip_grad_norm=1", "amp.scaler=on",
-                                         "train.max_steps=9", "run.log_every=2",
-                                         "run.eval_every=4", "run.checkpoint_every=3"};
+  const std::vector<std::string> sets = {
+      "optim.name=adamw",  "optim.lr=0.01",   "train.clip_grad_norm=1", "amp.scaler=on",
+      "train.max_steps=9", "run.log_every=2", "run.eval_every=4",       "run.checkpoint_every=3"};
   auto fit_cfg = load(sets);
   auto bench_cfg = load(sets);
   // A graphed step on the CPU replays its work eagerly (the config check allows it on CUDA only).
@@ -434,6 +445,135 @@ TEST_F(EngineTest, Bf16AutocastTrainsOnTheCpu) {
   EXPECT_LT(b, start - 0.05);
   EXPECT_NEAR(a, b, 0.05);
   EXPECT_NE(a, b);  // bfloat16 arithmetic did happen
+}
+
+// The spike guard in a replayed step (train.cuda_graph; here without a device graph) skips what
+// it skips in the eager step: a gradient 1000 times too large at step 7 is a spike of the
+// gradient norm in both, its update skipped, the weights the same.
+TEST_F(EngineTest, GraphedAndEagerStepsSkipTheSameSpike) {
+  const auto cfg =
+      load({"optim.impl=fused", "train.max_steps=10", "train.skip_update_zscore.grad_norm=3",
+            "train.skip_update_zscore.window=4"});
+  auto eager_parts = build_components(cfg, {});
+  auto graph_parts = build_components(cfg, {});
+  TrainingState eager_state, graph_state;
+  SpikeGuard eager_guard(cfg.cfg.train.skip_update_zscore, torch::kCPU);
+  SpikeGuard graph_guard(cfg.cfg.train.skip_update_zscore, torch::kCPU);
+  TrainStep eager(eager_parts, cfg.cfg.train, eager_state, &eager_guard);
+  GraphedStep graphed(graph_parts, cfg.cfg.train, graph_state, eager_graph(), /*warmup=*/2,
+                      &graph_guard);
+  for (auto* parts : {&eager_parts, &graph_parts}) {
+    auto calls = std::make_shared<int>(0);
+    parts->params.at(0).register_hook(
+        [calls](torch::Tensor grad) { return ++*calls == 7 ? grad * 1000.0 : grad; });
+  }
+  for (int step = 0; step < 10; ++step) {
+    const auto [a, b] = run_both(*eager_parts.train_loader, step, eager, graphed);
+    EXPECT_EQ(a.spike, step + 1 == 7) << "step " << step + 1;
+    EXPECT_EQ(b.spike, a.spike) << "step " << step + 1;
+    EXPECT_EQ(a.skipped, a.spike);
+    if (a.spike) EXPECT_GT(a.z_grad_norm, 3.0f);
+    EXPECT_NEAR(a.z_grad_norm, b.z_grad_norm, 1e-3) << "step " << step + 1;
+  }
+  EXPECT_EQ(eager_state.spike_skips, 1);
+  EXPECT_EQ(graph_state.spike_skips, 1);
+  EXPECT_EQ(eager_state.skipped_steps, 1);
+  for (size_t i = 0; i < eager_parts.params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(eager_parts.params[i], graph_parts.params[i], /*rtol=*/1e-6,
+                                /*atol=*/1e-7))
+        << "parameter " << i;
+  }
+}
+
+// train.rollback_on_nan: a NaN gradient at step 6 makes the weights NaN and step 7's loss NaN
+// (read at the end of step 7, which logs); the run goes back to step 4's checkpoint and on with
+// the data after step 7, the schedule's clock back at step 4's.
+TEST_F(EngineTest, RollbackGoesBackToTheCheckpointAndOnAfterTheBadData) {
+  const std::vector<std::string> common = {"train.max_steps=12", "run.checkpoint_every=4",
+                                           "run.keep_last=10", "sched.name=linear",
+                                           "sched.min_lr=0.01"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return load(extra);
+  };
+  const auto nan_at_call_6 = [](Trainer& t) {
+    auto calls = std::make_shared<int>(0);
+    t.model().parameters().at(0).register_hook(
+        [calls](torch::Tensor grad) { return ++*calls == 6 ? torch::full_like(grad, NAN) : grad; });
+  };
+  Trainer clean(with({}));
+  clean.fit();
+  const auto clean_dir = clean.config().run.dir;
+  // Stopped right after the rollback: the weights are step 4's.
+  auto stop_cfg = with({"train.rollback_on_nan=true", "train.stop_at_step=7"});
+  Trainer stopped(stop_cfg);
+  nan_at_call_6(stopped);
+  EXPECT_TRUE(stopped.fit().stopped);
+  const auto at_7 = checkpoint_tensors(stopped);
+  const auto step_4 = checkpoint::load(clean_dir + "/checkpoints/step_00000004.safetensors");
+  expect_same(at_7, {step_4.tensors.begin(), step_4.tensors.end()}, "model.");
+  // The whole run: 12 steps, 3 of them undone, its position the clean run's.
+  auto run_cfg = with({"train.rollback_on_nan=true"});
+  Trainer rolled(run_cfg);
+  nan_at_call_6(rolled);
+  EXPECT_EQ(rolled.fit().steps, 12);
+  const auto meta = checkpoint::load(rolled.last_checkpoint()).meta;
+  const auto clean_meta = checkpoint::load(clean.last_checkpoint()).meta;
+  EXPECT_EQ(meta.at("rollbacks").get<int64_t>(), 1);
+  EXPECT_EQ(meta.at("rolled_back_steps").get<int64_t>(), 3);
+  EXPECT_EQ(meta.at("skipped_steps").get<int64_t>(), 3);
+  EXPECT_EQ(meta.at("epoch"), clean_meta.at("epoch"));
+  EXPECT_EQ(meta.at("step_in_epoch"), clean_meta.at("step_in_epoch"));
+  for (const auto& [name, tensor] : checkpoint_tensors(rolled)) {
+    if (name.rfind("model.", 0) == 0) EXPECT_TRUE(tensor.isfinite().all().item<bool>()) << name;
+  }
+  // Step 8's learning rate is the clean run's step 5's: the clock went back with the weights.
+  const auto lr_at = [](const std::string& dir, int64_t step) {
+    std::ifstream in(dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (r.is_discarded()) continue;  // a NaN loss, written as Python's json writes it
+      if (r.at("split") == "train" && r.at("step") == step) return r.at("lr").get<double>();
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(lr_at(run_cfg.cfg.run.dir, 8), lr_at(clean_dir, 5));
+  EXPECT_NE(lr_at(clean_dir, 8), lr_at(clean_dir, 5));
+}
+
+// Settings a run cannot honour are config errors, each naming its key.
+TEST_F(EngineTest, GuardAndSnapshotSettingsTheRunCannotHonourAreConfigErrors) {
+  const auto issues_of = [&](const std::vector<std::string>& sets, bool cuda) {
+    const auto path = tmp_ / "bad.yaml";
+    std::ofstream(path) << "model: {name: mlp}\ndata: {name: synthetic}\n";
+    auto loaded = engine::load_config(path.string(), sets);
+    config::Environment env;
+    env.cuda_available = cuda;
+    std::vector<std::string> keys;
+    try {
+      config::check(loaded, env);
+    } catch (const config::ConfigError& e) {
+      for (const auto& issue : e.issues()) keys.push_back(issue.key);
+    }
+    return keys;
+  };
+  using Keys = std::vector<std::string>;
+  EXPECT_EQ(issues_of({"profile.memory_snapshot=true"}, false), Keys{"profile.memory_snapshot"});
+  EXPECT_EQ(issues_of({"profile.memory_snapshot=true", "device=cpu"}, true),
+            Keys{"profile.memory_snapshot"});
+  EXPECT_EQ(issues_of({"profile.memory_snapshot=true"}, true), Keys{});
+  EXPECT_EQ(issues_of({"profile.memory_snapshot_step=3"}, true),
+            Keys{"profile.memory_snapshot_step"});
+  EXPECT_EQ(issues_of({"train.rollback_on_nan=true", "train.max_bad_steps=0"}, false),
+            Keys{"train.rollback_on_nan"});
+  EXPECT_EQ(issues_of({"train.rollback_on_nan=true", "train.cuda_graph=true", "device=cuda",
+                       "optim.impl=fused", "data.drop_last=true"},
+                      true),
+            Keys{"train.cuda_graph"});
+  EXPECT_EQ(issues_of({"train.ema.decay=1"}, false), Keys{"train.ema.decay"});
+  EXPECT_EQ(issues_of({"train.ema.every=0"}, false), Keys{"train.ema.every"});
+  EXPECT_EQ(issues_of({"train.skip_update_zscore.window=1"}, false),
+            Keys{"train.skip_update_zscore.window"});
 }
 
 }  // namespace

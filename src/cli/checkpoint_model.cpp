@@ -97,9 +97,19 @@ void add_checkpoint_options(cxxopts::Options& options) {
       ("set", "override a config key (repeatable)", cxxopts::value<std::vector<std::string>>(),
        "KEY.PATH=VALUE")
       ("device", "cpu, cuda, cuda:N (same as --set device=...)", cxxopts::value<std::string>(), "D")
+      ("weights", "ema: the checkpoint's average of the weights (train.ema), the default where it "
+       "holds one; raw: the trained weights", cxxopts::value<std::string>(), "ema|raw")
       ("log-level", "trace|debug|info|warn|error",
        cxxopts::value<std::string>()->default_value("warn"), "L");
   // clang-format on
+}
+
+engine::WeightsUse weights_use(const cxxopts::ParseResult& args) {
+  if (!args.count("weights")) return engine::WeightsUse::average_if_saved;
+  const std::string w = args["weights"].as<std::string>();
+  if (w == "ema") return engine::WeightsUse::average;
+  if (w == "raw") return engine::WeightsUse::trained;
+  throw UsageError("--weights: expected ema or raw, got '" + w + "'");
 }
 
 CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
@@ -119,10 +129,13 @@ CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
       resolved.checkpoint,
       load_config(resolved.config, set_and_device(args), engine::config_environment()), nullptr, 0};
   // A sharded checkpoint loads whole: every rank uses the whole model, whatever the training
-  // strategy was.
+  // strategy was. Nothing trains: no average or spike guard beside the model.
   m.loaded.cfg.dist.strategy = "ddp";
+  m.loaded.cfg.train.ema = {};
+  m.loaded.cfg.train.skip_update_zscore = {};
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
-  m.step = m.trainer->load_model(m.checkpoint, labels, resolved.state ? &*resolved.state : nullptr);
+  m.step = m.trainer->load_model(m.checkpoint, labels, resolved.state ? &*resolved.state : nullptr,
+                                 weights_use(args));
   return m;
 }
 

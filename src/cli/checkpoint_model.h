@@ -20,8 +20,12 @@ namespace trainer::cli {
 std::string checkpoint_file(const std::string& spec,
                             std::optional<checkpoint::State>* state = nullptr);
 
-// Adds --checkpoint, --config, --set, --device and --log-level to `options`.
+// Adds --checkpoint, --config, --set, --device, --weights and --log-level to `options`.
 void add_checkpoint_options(cxxopts::Options& options);
+
+// --weights: ema, raw, or (absent) the average where the checkpoint holds one. Throws
+// UsageError for anything else.
+engine::WeightsUse weights_use(const cxxopts::ParseResult& args);
 
 struct CheckpointModel {
   std::string checkpoint;                    // the checkpoint file

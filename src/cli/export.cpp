@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "engine/loop/checkpointer.h"
+#include "engine/loop/weight_average.h"
 #include "models/model.h"
 #include "util/fileio.h"
 #include "util/log.h"
@@ -62,6 +63,23 @@ std::map<std::string, std::string> pt_metadata(const checkpoint::State& state,
   return metadata;
 }
 
+// --weights: the checkpoint's average (train.ema) where `use` asks for it and it holds one (then
+// `averaged` is set), else its trained weights; UsageError for ema without an average.
+checkpoint::NamedTensors chosen_weights(const checkpoint::State& state, engine::WeightsUse use,
+                                        const std::string& path, bool& averaged) {
+  if (use != engine::WeightsUse::trained) {
+    auto average = engine::averaged_weights(state);
+    averaged = !average.empty();
+    if (averaged) return average;
+  }
+  if (use == engine::WeightsUse::average) {
+    throw UsageError("--weights ema: " + path +
+                     " holds no average of the weights (it was trained without train.ema); use "
+                     "--weights raw");
+  }
+  return engine::model_weights(state);
+}
+
 }  // namespace
 
 // trainer export: the model weights of a checkpoint as a plain safetensors file with PyTorch
@@ -76,6 +94,8 @@ int export_command(int argc, char** argv) {
        cxxopts::value<std::string>(), "PATH")
       ("out", "the safetensors file to write (--format hf: the folder)",
        cxxopts::value<std::string>(), "FILE|DIR")
+      ("weights", "ema: the checkpoint's average of the weights (train.ema), the default where it "
+       "holds one; raw: the trained weights", cxxopts::value<std::string>(), "ema|raw")
       ("format", "pt: PyTorch state-dict names; hf: a Hugging Face folder (model.safetensors, "
        "config.json) that transformers' from_pretrained loads (gpt: GPT2LMHeadModel)",
        cxxopts::value<std::string>()->default_value("pt"), "pt|hf")
@@ -99,7 +119,9 @@ int export_command(int argc, char** argv) {
                      "replace the training checkpoint; choose another --out");
   }
   const auto state = checkpoint::load(path);
-  const auto weights = engine::model_weights(state);
+  bool averaged = false;
+  const auto weights = chosen_weights(state, weights_use(args), path, averaged);
+  const char* which = averaged ? " (train.ema's average)" : "";
   const auto& config = state.meta.contains("config") ? state.meta["config"] : nlohmann::json();
   const auto& step = state.meta.contains("step") ? state.meta["step"] : nlohmann::json();
   if (!config.is_object() || !config.contains("model.name") || !config["model.name"].is_string() ||
@@ -117,7 +139,7 @@ int export_command(int argc, char** argv) {
   write_atomically(
       out, [&](const ByteSink& sink) { checkpoint::write_safetensors(weights, metadata, sink); });
   std::cout << "wrote " << out << ": " << weights.size() << " tensors of " << model << " at step "
-            << step.dump() << "\n";
+            << step.dump() << which << "\n";
   return 0;
 }
 

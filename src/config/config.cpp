@@ -83,6 +83,25 @@ void TrainConfig::validate(Checks& c) const {
   c.at_least("clip_grad_norm", clip_grad_norm, 0.0);
   c.at_least("max_bad_steps", max_bad_steps, 0);
   c.fraction("label_smoothing", label_smoothing);
+  if (rollback_on_nan && max_bad_steps == 0) {
+    c.add("rollback_on_nan",
+          "acts on the steps that train.max_bad_steps's check finds inf/NaN, which 0 turns off; "
+          "set train.max_bad_steps >= 1");
+  }
+}
+
+void EmaConfig::validate(Checks& c) const {
+  if (!(decay >= 0.0 && decay < 1.0)) {
+    c.add("decay",
+          "must be in [0, 1) (0 = no average; timm's default 0.9998), got " + format_number(decay));
+  }
+  c.at_least("every", every, 1);
+}
+
+void ZScoreConfig::validate(Checks& c) const {
+  c.at_least("loss", loss, 0.0);
+  c.at_least("grad_norm", grad_norm, 0.0);
+  c.at_least("window", window, 2);
 }
 
 void OptimConfig::validate(Checks& c) const {
@@ -144,6 +163,12 @@ void TrackingConfig::validate(Checks& /*c*/) const {}
 void ProfileConfig::validate(Checks& c) const {
   c.at_least("start_step", start_step, 0);
   c.at_least("steps", steps, 1);
+  c.at_least("memory_snapshot_step", memory_snapshot_step, 0);
+  if (memory_snapshot_step > 0 && !memory_snapshot) {
+    c.add("memory_snapshot_step",
+          "needs profile.memory_snapshot: true (the allocator's history "
+          "is recorded from the start); set it, or 0");
+  }
 }
 
 void LaunchConfig::validate(Checks& c) const {

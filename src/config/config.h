@@ -130,6 +130,43 @@ struct DataConfig {
   }
 };
 
+// An exponential moving average of the trained weights (engine/loop/weight_average.h), with
+// timm's ModelEmaV3 semantics: parameters averaged, buffers taken from the model.
+struct EmaConfig {
+  double decay = 0.0;   // the average's decay per update, e.g. 0.9998; 0 = no average
+  bool warmup = false;  // decay warm-up: min(decay, 1 - (1 + n)^(-2/3)) at the n-th update after
+                        // the first
+  int64_t every = 1;    // update the average every this many optimizer steps
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("decay", decay);
+    v("warmup", warmup);
+    v("every", every);
+  }
+};
+
+// llm.c's loss-spike guard (engine/loop/spike_guard.h): skip an update whose loss or gradient
+// norm lies this many standard deviations above the mean of the previous `window` steps'.
+struct ZScoreConfig {
+  double loss = 0.0;       // z-score limit of the step's loss; 0 = not checked
+  double grad_norm = 0.0;  // z-score limit of the gradients' global norm; 0 = not checked
+  int64_t window = 100;    // steps in the running mean and standard deviation
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("loss", loss);
+    v("grad_norm", grad_norm);
+    v("window", window);
+  }
+};
+
 struct TrainConfig {
   int64_t epochs = 1;            // passes over the training set
   int64_t max_steps = 0;         // >0: stop after this many optimizer steps (overrides epochs)
@@ -146,6 +183,10 @@ struct TrainConfig {
                                // (0 = no per-step check: a bad loss stops the run when logged)
   bool cuda_graph = false;     // capture the step in a CUDA graph after 3 eager steps and replay
                                // it (one GPU process, batches of one shape, fused optimizer)
+  EmaConfig ema;               // an average of the weights, evaluated beside them
+  ZScoreConfig skip_update_zscore;  // skip the updates of loss or gradient-norm spikes
+  bool rollback_on_nan = false;     // an inf/NaN loss reloads the last checkpoint and goes on
+                                    // after the bad step's data
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -163,6 +204,9 @@ struct TrainConfig {
     v("eval_at_end", eval_at_end);
     v("max_bad_steps", max_bad_steps);
     v("cuda_graph", cuda_graph);
+    v("ema", ema);
+    v("skip_update_zscore", skip_update_zscore);
+    v("rollback_on_nan", rollback_on_nan);
   }
 };
 
@@ -299,11 +343,14 @@ struct TrackingConfig {
 
 // Training steps recorded by LibTorch's Kineto profiler (engine/loop/profile_window.h).
 struct ProfileConfig {
-  int64_t start_step = 0;      // the first profiled step (1-based); 0 = no profile
-  int64_t steps = 5;           // steps profiled from there
-  bool record_shapes = false;  // the operators' input shapes in the trace
-  bool with_stack = false;     // call stacks where LibTorch records them
-  bool memory = false;         // allocations and frees as [memory] events
+  int64_t start_step = 0;            // the first profiled step (1-based); 0 = no profile
+  int64_t steps = 5;                 // steps profiled from there
+  bool record_shapes = false;        // the operators' input shapes in the trace
+  bool with_stack = false;           // call stacks where LibTorch records them
+  bool memory = false;               // allocations and frees as [memory] events
+  bool memory_snapshot = false;      // record the CUDA caching allocator's history and write
+                                     // <run.dir>/memory_snapshot.pickle on out-of-memory
+  int64_t memory_snapshot_step = 0;  // also write it after this step; 0 = only on out-of-memory
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -315,6 +362,8 @@ struct ProfileConfig {
     v("record_shapes", record_shapes);
     v("with_stack", with_stack);
     v("memory", memory);
+    v("memory_snapshot", memory_snapshot);
+    v("memory_snapshot_step", memory_snapshot_step);
   }
 };
 

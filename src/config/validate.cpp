@@ -102,6 +102,23 @@ void check_cuda_graph(const Config& c, const Environment& env, Checks& checks) {
         "cannot capture DDP's reducer; set dist.find_unused_parameters and "
         "dist.reducer_at_world_size_1 to false");
   }
+  if (c.train.rollback_on_nan) {
+    fail(
+        "cannot follow train.rollback_on_nan (reloading the optimizer's state replaces tensors "
+        "the captured step writes); set one of them false");
+  }
+}
+
+// Settings that only a CUDA device has.
+void check_cuda_only(const Config& c, const Environment& env, Checks& checks) {
+  const bool cpu = c.device == "cpu" || (c.device == "auto" && !env.cuda_available);
+  if (cpu && c.profile.memory_snapshot) {
+    checks.add("profile.memory_snapshot",
+               "records the CUDA caching allocator's history, and this run trains on the CPU" +
+                   std::string(env.cuda_available ? "" : " (no CUDA device here)") +
+                   "; set it false, or profile.memory: true for the CPU's allocations in the "
+                   "trace");
+  }
 }
 
 // Registry-keyed values ("model.name", ...) that name nothing registered.
@@ -130,6 +147,7 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   c.visit(sections);
   detail::check_environment(c, env, top);
   detail::check_cuda_graph(c, env, top);
+  detail::check_cuda_only(c, env, top);
   detail::check_names(c, env, top);
   return detail::without_repeats(std::move(issues));
 }

@@ -15,17 +15,22 @@ namespace trainer::optim {
 // float32 scalar, undefined when it holds no gradient), a collective that every process must call.
 using SquaredNormSum = std::function<torch::Tensor(const torch::Tensor& squared)>;
 
+// The L2 norm of all the defined gradients of `params` together (over every shard with `sum`), a
+// float32 device scalar; undefined when no gradient is defined. Nothing waits for the device.
+torch::Tensor grad_norm(const std::vector<torch::Tensor>& params, const SquaredNormSum& sum = {});
+
 // Scales the defined gradients of `params` by min(1, max_norm / (total + 1e-6)), total being the
 // L2 norm of all of them together (over every shard with `sum`), and returns total, a float32
 // device scalar (undefined when no gradient is defined). Nothing waits for the device.
 torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
                              const SquaredNormSum& sum = {});
 
-// Clips the gradients of `params` as clip_grad_norm does, for a step of `optimizer`: one that
-// takes device inputs gets max(1, (total + 1e-6) / max_norm) as its gradient divisor
-// (`inputs.grad_scale`, which must be undefined) and divides in its kernel, saving a pass over
-// every gradient; any other has its gradients scaled here. Nothing waits for the device.
+// Clips the gradients of `params`, whose global norm is `total` (grad_norm), as clip_grad_norm
+// does, for a step of `optimizer`: one that takes device inputs gets
+// max(1, (total + 1e-6) / max_norm) as its gradient divisor (`inputs.grad_scale`, which must be
+// undefined) and divides in its kernel, saving a pass over every gradient; any other has its
+// gradients scaled here. Nothing waits for the device.
 void clip_for_step(const Optimizer& optimizer, const std::vector<torch::Tensor>& params,
-                   double max_norm, KernelInputs& inputs, const SquaredNormSum& sum = {});
+                   double max_norm, const torch::Tensor& total, KernelInputs& inputs);
 
 }  // namespace trainer::optim

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "engine/loop/sharded_state.h"
+#include "engine/loop/weight_average.h"
 #include "nn/rng.h"
 #include "util/device.h"
 #include "util/format.h"
@@ -22,6 +23,7 @@ constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimPrefix = "optim.";
 constexpr const char* kScalerPrefix = "scaler.";
 constexpr const char* kWindowLoss = "engine.window_loss";
+constexpr const char* kWindowGradNorm = "engine.window_grad_norm";
 constexpr int kFormat = 1;
 
 // Config keys whose change makes a checkpoint unusable: the weights' layout and what they mean.
@@ -62,11 +64,13 @@ checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt) {
 }
 
 Checkpointer::Checkpointer(const config::LoadedConfig& loaded, Components& parts,
-                           TrainingState& state, const distributed::DistEnv& job)
+                           TrainingState& state, const distributed::DistEnv& job,
+                           std::vector<SavedPart*> extras)
     : loaded_(loaded),
       parts_(parts),
       state_(state),
       job_(job),
+      extras_(std::move(extras)),
       dir_(std::make_unique<checkpoint::Directory>(loaded.cfg.run.dir + "/checkpoints",
                                                    loaded.cfg.run.keep_last,
                                                    loaded.cfg.run.keep_best)) {}
@@ -103,6 +107,27 @@ bool Checkpointer::resume(const std::string& spec) {
   return true;
 }
 
+int64_t Checkpointer::rollback() {
+  std::string path = last_;
+  if (parts_.group) path = parts_.group->broadcast_text(path, /*root=*/0);
+  const TrainingState now = state_;
+  const int64_t resumed = resumed_step_;
+  restore(checkpoint::load(path), path);
+  resumed_step_ = resumed;
+  const int64_t back_to = state_.step;
+  const int64_t undone = now.step - back_to;
+  const int64_t skipped_then = state_.skipped_steps;
+  state_ = now;  // the position, the counters of the run's history
+  state_.skipped_steps = skipped_then + undone;
+  state_.rollbacks = now.rollbacks + 1;
+  state_.rolled_back_steps = now.rolled_back_steps + undone;
+  state_.bad_steps_in_row = 0;
+  state_.window_steps = state_.window_samples = 0;
+  state_.window_loss = torch::zeros_like(now.window_loss);
+  if (now.window_grad_norm.defined()) state_.window_grad_norm.zero_();
+  return back_to;
+}
+
 checkpoint::State Checkpointer::snapshot() const {
   checkpoint::State out;
   // Sharded: the parameters and the optimizer's state are in the ranks' shard files.
@@ -121,6 +146,14 @@ checkpoint::State Checkpointer::snapshot() const {
                              nn::generator_state(nn::cuda_generator(i)));
   }
   out.tensors.emplace_back(kWindowLoss, state_.window_loss);
+  if (state_.window_grad_norm.defined()) {
+    out.tensors.emplace_back(kWindowGradNorm, state_.window_grad_norm);
+  }
+  for (const SavedPart* part : extras_) {
+    for (const auto& [name, tensor] : part->tensors()) {
+      out.tensors.emplace_back(part->prefix() + name, tensor);
+    }
+  }
   if (parts_.scaler) {
     for (const auto& [name, tensor] : parts_.scaler->state()) {
       out.tensors.emplace_back(kScalerPrefix + name, tensor);
@@ -162,9 +195,9 @@ void Checkpointer::restore(const checkpoint::State& ckpt, const std::string& pat
 }
 
 int64_t Checkpointer::load_model(const std::string& path, LabelUse labels,
-                                 const checkpoint::State* loaded) {
+                                 const checkpoint::State* loaded, WeightsUse weights) {
   const checkpoint::State ckpt = loaded ? *loaded : checkpoint::load(path);
-  restore_model(ckpt, path, labels);
+  restore_model(ckpt, path, labels, weights);
   if (!ckpt.meta.contains("step") || !ckpt.meta["step"].is_number_integer()) {
     throw checkpoint::CorruptCheckpoint(path + ": no integer 'step' in its metadata");
   }
@@ -173,15 +206,26 @@ int64_t Checkpointer::load_model(const std::string& path, LabelUse labels,
 
 // The metadata's format and config, the model weights and the class names.
 void Checkpointer::restore_model(const checkpoint::State& ckpt, const std::string& path,
-                                 LabelUse labels) {
+                                 LabelUse labels, WeightsUse weights) {
   const auto& meta = ckpt.meta;
   if (!meta.is_object() || meta.value("format", 0) != kFormat || !meta.contains("config")) {
     throw checkpoint::CorruptCheckpoint(path + ": not a checkpoint of this trainer version");
   }
   check_config(meta.at("config"), path);
+  checkpoint::NamedTensors chosen;
+  if (weights != WeightsUse::trained) chosen = averaged_weights(ckpt);
+  if (chosen.empty() && weights == WeightsUse::average) {
+    throw config::ConfigError({config::Issue{
+        loaded_.where("train.ema.decay"), "--weights ema",
+        "the checkpoint " + path +
+            " holds no average of the weights (it was trained without train.ema); use "
+            "--weights raw"}});
+  }
+  if (!chosen.empty()) log::info("using the checkpoint's average of the weights (train.ema)");
+  if (chosen.empty()) chosen = model_weights(ckpt);
   const std::string problems =
-      parts_.fsdp ? load_sharded_weights(parts_, model_weights(ckpt))
-                  : models::load_weights(*parts_.model, model_weights(ckpt), /*skip_head=*/false);
+      parts_.fsdp ? load_sharded_weights(parts_, chosen)
+                  : models::load_weights(*parts_.model, chosen, /*skip_head=*/false);
   if (!problems.empty()) {
     throw config::ConfigError({config::Issue{loaded_.where("model.name"), "model.name",
                                              "the checkpoint " + path + " does not fit model " +
@@ -296,6 +340,11 @@ void Checkpointer::restore_tensors(const checkpoint::State& ckpt, const std::str
     nn::set_generator_state(nn::cuda_generator(i), it->second);
   }
   state_.window_loss = take(kWindowLoss).to(parts_.device);
+  const auto norm = tensors.find(kWindowGradNorm);
+  state_.window_grad_norm =
+      norm == tensors.end() ? torch::Tensor() : norm->second.to(parts_.device);
+  for (SavedPart* part : extras_)
+    part->restore(checkpoint::with_prefix(ckpt.tensors, part->prefix()), path);
   if (!parts_.scaler) return;
   const auto scaler = checkpoint::with_prefix(ckpt.tensors, kScalerPrefix);
   if (scaler.empty()) {
@@ -412,9 +461,16 @@ std::string Checkpointer::position_mismatch(const DataPosition& then, const Data
 nlohmann::json Checkpointer::write_shards(std::string& error) const {
   std::string mine;
   try {
-    mine = checkpoint::write_shard(dir_->path(), state_.step, job_.rank, parts_.world_size(),
-                                   sharded_pieces(parts_, kModelPrefix, kOptimPrefix))
-               .dump();
+    auto pieces = sharded_pieces(parts_, kModelPrefix, kOptimPrefix);
+    for (const SavedPart* part : extras_) {
+      for (auto& piece : part->pieces()) {
+        piece.name = part->prefix() + piece.name;
+        pieces.push_back(std::move(piece));
+      }
+    }
+    mine =
+        checkpoint::write_shard(dir_->path(), state_.step, job_.rank, parts_.world_size(), pieces)
+            .dump();
   } catch (const std::exception& e) {
     mine = "!rank " + std::to_string(job_.rank) + ": " + e.what();
   }

@@ -12,6 +12,7 @@
 #include "distributed/env.h"
 #include "engine/loop/components.h"
 #include "engine/loop/evaluator.h"
+#include "engine/loop/saved_part.h"
 #include "engine/loop/state.h"
 
 namespace trainer::engine {
@@ -23,6 +24,10 @@ checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt);
 // must mean the classes the model was trained on; prediction names the model's own.
 enum class LabelUse { train_and_score, none };
 
+// Which of a checkpoint's weights a model takes: the average (train.ema) where the checkpoint
+// holds one, else the trained ones; the trained ones; or the average (an error without one).
+enum class WeightsUse { average_if_saved, trained, average };
+
 // Saves and restores the model, the optimizer's state, the RNGs, the gradient scaler and the
 // TrainingState, keeping run.keep_last checkpoints and the best by run.keep_best. Only rank 0
 // writes, every rank holding the same state; with dist.strategy fsdp each rank writes its shards
@@ -30,8 +35,9 @@ enum class LabelUse { train_and_score, none };
 // any number of ranks under either strategy.
 class Checkpointer {
  public:
+  // `extras`: the run's other saved parts (the weight average, the spike guard).
   Checkpointer(const config::LoadedConfig& loaded, Components& parts, TrainingState& state,
-               const distributed::DistEnv& job);
+               const distributed::DistEnv& job, std::vector<SavedPart*> extras = {});
 
   // Continues from a checkpoint: "auto" takes the newest one of <run.dir>/checkpoints that
   // verifies (returns false, a fresh start, when there is none); a run dir, the newest of its
@@ -49,8 +55,18 @@ class Checkpointer {
   // taken.
   // `loaded`: the file's state, read already (a run dir's newest checkpoint that verified, which
   // a running training may prune meanwhile).
+  // `weights`: which of its weights (config::ConfigError naming `path` for `average` when it
+  // holds none).
   int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score,
-                     const checkpoint::State* loaded = nullptr);
+                     const checkpoint::State* loaded = nullptr,
+                     WeightsUse weights = WeightsUse::trained);
+
+  // train.rollback_on_nan: goes back to the newest checkpoint (last()) after a bad step, keeping
+  // the data's position. The model, optimizer, scaler, RNGs and saved parts become the
+  // checkpoint's; the step count stays, the steps since the checkpoint counted as skipped (so
+  // the schedule's clock is the checkpoint's again) and as rolled back; the metrics window
+  // starts afresh. Returns the checkpoint's step. Every rank must call this, in the same order.
+  int64_t rollback();
 
   // Saves the state of the current step unless it is saved already, with `eval`'s metrics when
   // it was evaluated at this step. A failed save stops the run (throws) unless
@@ -61,6 +77,8 @@ class Checkpointer {
 
   // The newest checkpoint written or resumed from; "" when none.
   const std::string& last() const { return last_; }
+  // The step of the newest checkpoint written or resumed from, known to every rank; -1 when none.
+  int64_t saved_step() const { return saved_step_; }
   // The step of the checkpoint resumed from; -1 for a fresh run.
   int64_t resumed_step() const { return resumed_step_; }
 
@@ -83,7 +101,8 @@ class Checkpointer {
   checkpoint::State snapshot() const;
   void restore(const checkpoint::State& ckpt, const std::string& path);
   void check_config(const nlohmann::json& saved, const std::string& path) const;
-  void restore_model(const checkpoint::State& ckpt, const std::string& path, LabelUse labels);
+  void restore_model(const checkpoint::State& ckpt, const std::string& path, LabelUse labels,
+                     WeightsUse weights = WeightsUse::trained);
   // The class names in a checkpoint's metadata (none in older ones); CorruptCheckpoint when they
   // are not a list of names, one per model output.
   std::vector<std::string> saved_classes(const nlohmann::json& meta, const std::string& path) const;
@@ -102,6 +121,7 @@ class Checkpointer {
   Components& parts_;
   TrainingState& state_;
   const distributed::DistEnv& job_;
+  std::vector<SavedPart*> extras_;
   std::unique_ptr<checkpoint::Directory> dir_;
   std::string last_;
   int64_t resumed_step_ = -1;

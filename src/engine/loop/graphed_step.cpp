@@ -34,13 +34,14 @@ std::unique_ptr<StepGraph> eager_graph() {
 }
 
 GraphedStep::GraphedStep(Components& parts, const config::TrainConfig& train, TrainingState& state,
-                         std::unique_ptr<StepGraph> graph, int64_t warmup)
+                         std::unique_ptr<StepGraph> graph, int64_t warmup, SpikeGuard* guard)
     : parts_(parts),
       train_(train),
       state_(state),
+      guard_(guard),
       graph_(std::move(graph)),
       warmup_(warmup),
-      eager_(parts, train, state) {
+      eager_(parts, train, state, guard) {
   if (!parts.optimizer->takes_device_inputs()) {
     throw std::logic_error("a graphed step needs a fused optimizer");
   }
@@ -77,8 +78,7 @@ Settled GraphedStep::run(const std::vector<data::Batch>& micro_batches, bool sto
   }
   graph_->replay();
   if (observer) observer->begin(Phase::optimizer);
-  if (!state_.window_loss.defined()) state_.window_loss = torch::zeros({}, loss_.options());
-  state_.window_loss.add_(torch::where(bad_.to(torch::kBool), torch::zeros_like(loss_), loss_));
+  add_to_window(state_, loss_, norm_, bad_);
   ++state_.step;
   flags_.queue(state_.step);
   return settled;
@@ -122,22 +122,25 @@ void GraphedStep::work() {
   auto& p = parts_;
   const torch::Tensor loss = eager_.forward_backward(static_, false, nullptr);
   const bool clip = train_.clip_grad_norm > 0;
-  // The fused kernel divides the gradients by the scale unless clipping needs them unscaled.
-  const bool kernel_unscales = p.scaler && !clip;
+  // The fused kernel divides the gradients by the scale unless their norm (clipping, the spike
+  // guard) needs them unscaled.
+  const bool kernel_unscales = p.scaler && !clip && !(guard_ && guard_->checks_grad_norm());
   const torch::Tensor found_inf = !p.scaler         ? torch::Tensor()
                                   : kernel_unscales ? p.scaler->check(p.params)
                                                     : p.scaler->unscale(p.params);
-  // Skipped on the device: an inf/NaN gradient or loss.
-  const auto decision = flags_.decide(loss, found_inf, train_.max_bad_steps > 0);
+  const torch::Tensor norm = step_grad_norm(p, train_, guard_);
+  // Skipped on the device: an inf/NaN gradient or loss, a spike.
+  const auto decision = flags_.decide(loss, found_inf, train_.max_bad_steps > 0, guard_, norm);
   optim::KernelInputs in;
   in.lr = lr_;
   in.found_inf = decision.skip;
-  if (clip) optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, in);
+  if (clip) optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, norm, in);
   if (kernel_unscales) in.grad_scale = p.scaler->scale_tensor();
   p.optimizer->step(/*lr=*/0.0, in);
   if (p.scaler) p.scaler->update(found_inf);
   loss_ = loss;
   bad_ = decision.bad;
+  norm_ = norm;
 }
 
 }  // namespace trainer::engine

@@ -42,8 +42,9 @@ std::unique_ptr<StepGraph> cuda_graph(torch::Device device);
 class GraphedStep final : public Stepper {
  public:
   // The optimizer must take KernelInputs (optim.impl fused) and the job be one process.
+  // `guard`: train.skip_update_zscore's, or null (its check is captured with the step).
   GraphedStep(Components& parts, const config::TrainConfig& train, TrainingState& state,
-              std::unique_ptr<StepGraph> graph, int64_t warmup = 3);
+              std::unique_ptr<StepGraph> graph, int64_t warmup = 3, SpikeGuard* guard = nullptr);
 
   // The first `warmup` steps of this process run eagerly (also after a resume); the step after
   // them captures, every step replays. The batches
@@ -64,6 +65,7 @@ class GraphedStep final : public Stepper {
   Components& parts_;
   const config::TrainConfig& train_;
   TrainingState& state_;
+  SpikeGuard* guard_;
   std::unique_ptr<StepGraph> graph_;
   int64_t warmup_;
   int64_t eager_steps_ = 0;  // eager warm-up steps run by this process
@@ -73,6 +75,7 @@ class GraphedStep final : public Stepper {
   torch::Tensor lr_;                 // float32 learning rate on the device, set before each replay
   StepFlags flags_;                  // the skip decision, computed by each replay
   torch::Tensor loss_, bad_;         // written by each replay: the mean loss, the bad-loss flag
+  torch::Tensor norm_;               // and the gradient norm (undefined when not computed)
 };
 
 }  // namespace trainer::engine

@@ -218,22 +218,26 @@ double MetricsLog::eta() const {
          static_cast<double>(parts_.total_steps - state_.step);
 }
 
-std::pair<double, double> MetricsLog::window_sums() {
+MetricsLog::WindowSums MetricsLog::window_sums() {
   const double samples = static_cast<double>(state_.window_samples);
-  if (parts_.group) {  // the mean loss and the samples of every rank
+  const bool norms = state_.window_grad_norm.defined();
+  if (parts_.group || norms) {  // the mean loss (and gradient norm) and the samples of every rank
     auto sums = torch::stack({state_.window_loss.to(torch::kDouble),
-                              torch::full_like(state_.window_loss, samples, torch::kDouble)});
-    parts_.group->all_reduce({sums}, distributed::Reduce::sum);
+                              torch::full_like(state_.window_loss, samples, torch::kDouble),
+                              norms ? state_.window_grad_norm.to(torch::kDouble)
+                                    : torch::zeros_like(state_.window_loss, torch::kDouble)});
+    const double ranks = parts_.group ? parts_.group->world_size() : 1;
+    if (parts_.group) parts_.group->all_reduce({sums}, distributed::Reduce::sum);
     const auto host = read_to_host(sums);
     const auto s = host.accessor<double, 1>();
-    return {s[0] / parts_.group->world_size(), s[1]};
+    return {s[0] / ranks, s[1], s[2] / ranks};
   }
-  return {state_.window_steps > 0 ? host_double(state_.window_loss) : 0.0, samples};
+  return {state_.window_steps > 0 ? host_double(state_.window_loss) : 0.0, samples, 0.0};
 }
 
 void MetricsLog::train(int64_t epoch) {
   const double seconds = seconds_since(window_start_);
-  const auto [loss_sum, samples] = window_sums();
+  const auto [loss_sum, samples, grad_norm_sum] = window_sums();
   // NAN when every step of the window had a bad loss (and was skipped).
   last_loss_ = state_.window_steps > 0 ? loss_sum / static_cast<double>(state_.window_steps) : NAN;
   last_sps_ = seconds > 0 ? samples / seconds : 0.0;
@@ -250,6 +254,13 @@ void MetricsLog::train(int64_t epoch) {
   record["loss"] = last_loss_;  // NaN when every step of the window had a bad loss
   if (parts_.scaler) record["loss_scale"] = parts_.scaler->scale_value();
   if (parts_.scaler || state_.skipped_steps > 0) record["skipped_steps"] = state_.skipped_steps;
+  if (cfg_.train.skip_update_zscore.loss > 0 || cfg_.train.skip_update_zscore.grad_norm > 0) {
+    record["spike_skips"] = state_.spike_skips;
+  }
+  if (state_.rollbacks > 0) record["rolled_back_steps"] = state_.rolled_back_steps;
+  if (state_.window_grad_norm.defined() && state_.window_steps > 0) {
+    record["grad_norm"] = grad_norm_sum / static_cast<double>(state_.window_steps);
+  }
   std::string line = strprintf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
                                " loss %.4f lr %.3g %.0f samples/s ETA %s",
                                state_.step, parts_.total_steps, epoch, last_loss_, lr, last_sps_,
@@ -263,6 +274,7 @@ void MetricsLog::train(int64_t epoch) {
   }
   state_.window_steps = state_.window_samples = 0;
   state_.window_loss.zero_();
+  if (state_.window_grad_norm.defined()) state_.window_grad_norm.zero_();
   window_start_ = Clock::now();
 }
 
@@ -283,12 +295,12 @@ void MetricsLog::add_gpu_readings(nlohmann::json& record, std::string& line) {
   }
 }
 
-void MetricsLog::eval(const EvalResult& e, int64_t epoch) {
+void MetricsLog::eval(const EvalResult& e, int64_t epoch, const std::string& split) {
   clear();
   nlohmann::json record = {
-      {"split", "val"}, {"step", state_.step}, {"epoch", epoch}, {"loss", e.loss}};
-  std::string line =
-      strprintf("eval step %" PRId64 " epoch %" PRId64 ": loss %.4f", state_.step, epoch, e.loss);
+      {"split", split}, {"step", state_.step}, {"epoch", epoch}, {"loss", e.loss}};
+  std::string line = strprintf("%s step %" PRId64 " epoch %" PRId64 ": loss %.4f",
+                               split == "val" ? "eval" : "eval (ema)", state_.step, epoch, e.loss);
   if (e.sequence) {
     record["ppl"] = e.ppl;
     line += strprintf(" ppl %.3f (%" PRId64 " tokens)", e.ppl, e.samples);

@@ -92,8 +92,9 @@ class MetricsLog {
   // Every rank must call this, in the same order (the window's sums are all-reduced);
   // synchronises the device (reads the loss).
   void train(int64_t epoch);
-  // Writes an evaluation's record and log line.
-  void eval(const EvalResult& result, int64_t epoch);
+  // Writes an evaluation's record and log line; `split` names it ("val", or "val_ema" for
+  // train.ema's average).
+  void eval(const EvalResult& result, int64_t epoch, const std::string& split = "val");
   // Redraws the progress bar.
   void progress(int64_t epoch);
   // Clears the progress bar so that other output starts on a clean line.
@@ -106,7 +107,10 @@ class MetricsLog {
   // Seconds left at this process's average step time.
   double eta() const;
   // The window's mean loss and samples of every rank.
-  std::pair<double, double> window_sums();
+  struct WindowSums {
+    double loss = 0.0, samples = 0.0, grad_norm = 0.0;
+  };
+  WindowSums window_sums();
   // NVML's and the allocator's figures, into the record and the line.
   void add_gpu_readings(nlohmann::json& record, std::string& line);
 

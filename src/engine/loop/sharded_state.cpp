@@ -5,10 +5,7 @@
 #include <set>
 
 namespace trainer::engine {
-namespace {
 
-// Every name of each parameter: its canonical one (unique_named_parameters) -> all its state-dict
-// names.
 std::map<std::string, std::vector<std::string>> parameter_names(const torch::nn::Module& model) {
   std::map<const void*, std::string> canonical;
   for (const auto& [name, p] : models::unique_named_parameters(model)) {
@@ -21,8 +18,6 @@ std::map<std::string, std::vector<std::string>> parameter_names(const torch::nn:
   }
   return out;
 }
-
-}  // namespace
 
 std::set<std::string> parameter_entries(const torch::nn::Module& model) {
   std::set<std::string> out;

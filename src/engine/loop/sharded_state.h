@@ -23,6 +23,10 @@ std::vector<checkpoint::ShardPiece> sharded_pieces(const Components& parts,
                                                    const std::string& model_prefix,
                                                    const std::string& optim_prefix);
 
+// Every name of each parameter: its canonical one (unique_named_parameters) -> all its state-dict
+// names.
+std::map<std::string, std::vector<std::string>> parameter_names(const torch::nn::Module& model);
+
 // The names in models::state_dict(model) that are parameters (the others are buffers).
 std::set<std::string> parameter_entries(const torch::nn::Module& model);
 

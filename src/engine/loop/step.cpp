@@ -25,11 +25,13 @@ void StepFlags::start(const torch::Tensor& loss, bool stop_requested, distribute
   // Summed over the ranks, the loss is inf/NaN when any rank's is, and the stop flag positive
   // when any rank was asked to stop.
   agreed_ = torch::stack({loss, torch::full({}, stop_requested ? 1.0 : 0.0, loss.options())});
+  world_ = group->world_size();
   reduce_ = group->all_reduce_async({agreed_}, distributed::Reduce::sum);
 }
 
 StepFlags::Decision StepFlags::decide(const torch::Tensor& loss, const torch::Tensor& found_inf,
-                                      bool skip_bad) {
+                                      bool skip_bad, SpikeGuard* guard,
+                                      const torch::Tensor& grad_norm) {
   if (reduce_) reduce_->wait();
   reduce_.reset();
   const bool agreeing = agreed_.defined();
@@ -41,20 +43,28 @@ StepFlags::Decision StepFlags::decide(const torch::Tensor& loss, const torch::Te
   d.bad = skip_bad ? summed.isfinite().logical_not().to(torch::kFloat)
                    : torch::zeros({}, summed.options().dtype(torch::kFloat));
   d.skip = found_inf.defined() ? torch::maximum(d.bad, found_inf.to(torch::kFloat)) : d.bad;
-  flags_ = torch::stack({stop.to(torch::kFloat), d.bad, d.skip});
+  if (!guard) {
+    flags_ = torch::stack({stop.to(torch::kFloat), d.bad, d.skip});
+    return d;
+  }
+  torch::Tensor z;  // [2]: the loss's and the gradient norm's z-scores
+  const auto spike =
+      guard->check(agreeing ? summed / static_cast<double>(world_) : loss, grad_norm, z);
+  d.skip = torch::maximum(d.skip, spike);
+  flags_ = torch::cat({torch::stack({stop.to(torch::kFloat), d.bad, d.skip, spike}), z});
   return d;
 }
 
 void StepFlags::queue(int64_t step) {
   if (!host_.defined()) {
-    host_ = torch::empty({3}, torch::TensorOptions(torch::kFloat)
-                                  .pinned_memory(flags_.is_cuda()));
+    host_ = torch::empty({flags_.numel()},
+                         torch::TensorOptions(torch::kFloat).pinned_memory(flags_.is_cuda()));
   }
   host_.copy_(flags_, /*non_blocking=*/true);
   if (flags_.is_cuda()) {
     if (!copied_) copied_.emplace(c10::DeviceType::CUDA);
-    copied_->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
-                        ->getStream(flags_.device()));
+    copied_->record(
+        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(flags_.device()));
   }
   pending_step_ = step;
 }
@@ -67,23 +77,53 @@ StepOutcome StepFlags::read() {
   out.stop = f[0] > 0.0f;
   out.bad_loss = f[1] != 0.0f;
   out.skipped = f[2] != 0.0f;
+  if (host_.numel() > 3) {  // the spike guard's
+    out.spike = f[3] != 0.0f;
+    out.z_loss = f[4];
+    out.z_grad_norm = f[5];
+  }
   pending_step_ = -1;
   return out;
 }
 
+torch::Tensor step_grad_norm(Components& parts, const config::TrainConfig& train,
+                             const SpikeGuard* guard) {
+  if (train.clip_grad_norm <= 0 && !(guard && guard->checks_grad_norm())) return {};
+  optim::SquaredNormSum over_shards;  // sharded gradients: the norm over every rank's
+  if (parts.fsdp) {
+    over_shards = [&parts](const torch::Tensor& squared) {
+      return parts.fsdp->reduce_over_shards(squared, distributed::Reduce::sum);
+    };
+  }
+  return optim::grad_norm(parts.params, over_shards);
+}
+
+void add_to_window(TrainingState& state, const torch::Tensor& loss, const torch::Tensor& grad_norm,
+                   const torch::Tensor& bad) {
+  if (!state.window_loss.defined()) state.window_loss = torch::zeros({}, loss.options());
+  const auto skip = bad.to(torch::kBool);
+  state.window_loss.add_(torch::where(skip, torch::zeros_like(loss), loss));
+  if (!grad_norm.defined()) return;
+  if (!state.window_grad_norm.defined()) state.window_grad_norm = torch::zeros_like(loss);
+  state.window_grad_norm.add_(torch::where(skip, torch::zeros_like(grad_norm), grad_norm));
+}
+
 void count_outcome(const StepOutcome& outcome, TrainingState& state) {
   if (outcome.skipped) ++state.skipped_steps;
+  if (outcome.spike) ++state.spike_skips;
   state.bad_steps_in_row = outcome.bad_loss ? state.bad_steps_in_row + 1 : 0;
 }
 
 bool ends_run(const StepOutcome& outcome, const TrainingState& state,
               const config::TrainConfig& train) {
-  return outcome.stop || (outcome.bad_loss && train.max_bad_steps > 0 &&
+  // With train.rollback_on_nan the run decides (Run::take): back to a checkpoint, or the end.
+  return outcome.stop || (outcome.bad_loss && train.max_bad_steps > 0 && !train.rollback_on_nan &&
                           state.bad_steps_in_row >= train.max_bad_steps);
 }
 
-TrainStep::TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state)
-    : parts_(parts), train_(train), state_(state) {}
+TrainStep::TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state,
+                     SpikeGuard* guard)
+    : parts_(parts), train_(train), state_(state), guard_(guard) {}
 
 Settled TrainStep::run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
                        StepObserver* observer) {
@@ -157,21 +197,21 @@ void TrainStep::update(const torch::Tensor& loss) {
   const bool clip = train_.clip_grad_norm > 0;
   const bool fused = p.optimizer->takes_device_inputs();
   // A fused optimizer divides the gradients by the scale itself (as torch.amp does for
-  // fused=True), unless clipping needs them unscaled before.
-  const bool kernel_unscales = p.scaler && fused && !clip;
+  // fused=True), unless their norm (clipping, the spike guard) needs them unscaled before.
+  const bool needs_norm = clip || (guard_ && guard_->checks_grad_norm());
+  const bool kernel_unscales = p.scaler && fused && !needs_norm;
   torch::Tensor found_inf;
   if (p.scaler) {
     found_inf = kernel_unscales ? p.scaler->check(p.params) : p.scaler->unscale(p.params);
     // Sharded gradients: inf/NaN in any rank's shard skips the step everywhere.
     if (p.fsdp) found_inf = p.fsdp->reduce_over_shards(found_inf, distributed::Reduce::max);
   }
+  const torch::Tensor norm = step_grad_norm(p, train_, guard_);
   // Decided on the device, the same on every rank: skip the update on inf/NaN gradients
-  // (averaged, so equal on every rank) or an inf/NaN loss on any rank.
-  const auto decision = flags_.decide(loss, found_inf, train_.max_bad_steps > 0);
+  // (averaged, so equal on every rank), an inf/NaN loss on any rank, or a spike.
+  const auto decision = flags_.decide(loss, found_inf, train_.max_bad_steps > 0, guard_, norm);
   // The window's losses on the device: those of steps whose loss is finite on every rank.
-  if (!state_.window_loss.defined()) state_.window_loss = torch::zeros({}, loss.options());
-  state_.window_loss.add_(torch::where(decision.bad.to(torch::kBool),
-                                       torch::zeros_like(loss), loss));
+  add_to_window(state_, loss, norm, decision.bad);
   const double lr = p.schedule->lr(state_.updates());
   ++state_.step;
   flags_.queue(state_.step);
@@ -183,15 +223,7 @@ void TrainStep::update(const torch::Tensor& loss) {
   if (!ready_ || !ready_->skipped) {
     optim::KernelInputs device;
     if (fused) device.found_inf = decision.skip;
-    if (clip) {
-      optim::SquaredNormSum over_shards;  // sharded gradients: the norm over every rank's
-      if (p.fsdp) {
-        over_shards = [&p](const torch::Tensor& squared) {
-          return p.fsdp->reduce_over_shards(squared, distributed::Reduce::sum);
-        };
-      }
-      optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, device, over_shards);
-    }
+    if (clip) optim::clip_for_step(*p.optimizer, p.params, train_.clip_grad_norm, norm, device);
     if (kernel_unscales) device.grad_scale = p.scaler->scale_tensor();
     p.optimizer->step(lr, device);
   }

@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "distributed/process_group.h"
 #include "engine/loop/components.h"
+#include "engine/loop/spike_guard.h"
 #include "engine/loop/state.h"
 
 namespace trainer::engine {
@@ -43,9 +44,12 @@ class StepObserver {
 struct StepOutcome {
   int64_t step = 0;       // the step (TrainingState::step after it)
   torch::Tensor loss;     // mean loss over the micro-batches, a device scalar (this rank's)
-  bool skipped = false;   // the update was not applied (inf/NaN gradients or loss)
+  bool skipped = false;   // the update was not applied (inf/NaN gradients or loss, a spike)
   bool bad_loss = false;  // the loss was inf or NaN (on some rank)
   bool stop = false;      // some rank was asked to stop
+  bool spike = false;     // train.skip_update_zscore found the loss or gradient norm a spike
+  float z_loss = 0.0f;    // their z-scores (0 when not checked or the window is not full)
+  float z_grad_norm = 0.0f;
 };
 
 // The flags a step decides by: the loss (inf/NaN: skip), whether some rank was asked to stop
@@ -60,13 +64,15 @@ class StepFlags {
 
   // Waits for the all-reduce (on the device's stream), then decides on the device: with
   // `skip_bad` (train.max_bad_steps > 0) `bad` is 1 when the loss (of some rank) is inf/NaN, else
-  // always 0; `skip` is 1 when `bad` or `found_inf` (undefined without a scaler) is; float32
-  // scalars (skip: a fused optimizer's found_inf). Nothing waits for the device. The flags stay
-  // on the device until queue().
+  // always 0; `skip` is 1 when `bad` or `found_inf` (undefined without a scaler) is, or when
+  // `guard` (may be null) finds the loss (the ranks' mean) or `grad_norm` (undefined: not
+  // computed) a spike; float32 scalars (skip: a fused optimizer's found_inf). Nothing waits for
+  // the device. The flags stay on the device until queue().
   struct Decision {
     torch::Tensor bad, skip;
   };
-  Decision decide(const torch::Tensor& loss, const torch::Tensor& found_inf, bool skip_bad);
+  Decision decide(const torch::Tensor& loss, const torch::Tensor& found_inf, bool skip_bad,
+                  SpikeGuard* guard = nullptr, const torch::Tensor& grad_norm = {});
 
   // Queues the copy of the decided flags to pinned host memory as step `step`'s, for read().
   // Nothing waits for the device.
@@ -82,11 +88,12 @@ class StepFlags {
 
  private:
   torch::Tensor agreed_;                        // [loss, stop] summed over the ranks
+  int world_ = 1;                               // the ranks summed in agreed_
   std::optional<distributed::Pending> reduce_;  // its all-reduce
-  torch::Tensor flags_;                         // [stop, bad, skip] on the device
-  torch::Tensor host_;                          // their copy (pinned memory with a GPU)
-  std::optional<c10::Event> copied_;            // recorded after the copy (a GPU)
-  int64_t pending_step_ = -1;                   // the queued step not yet read; -1: none
+  torch::Tensor flags_;  // [stop, bad, skip] (with a guard: spike, z_loss, z_grad_norm too)
+  torch::Tensor host_;   // their copy (pinned memory with a GPU)
+  std::optional<c10::Event> copied_;  // recorded after the copy (a GPU)
+  int64_t pending_step_ = -1;         // the queued step not yet read; -1: none
 };
 
 // What the run learns of its steps, in order, as their flags reach the host.
@@ -121,6 +128,17 @@ class Stepper {
   virtual const torch::Tensor& last_loss() const = 0;
 };
 
+// The gradients' global norm when a step needs it (train.clip_grad_norm, or `guard` checking
+// it), over every rank's shard with fsdp (every rank must call this, in the same order); else
+// undefined. Nothing waits for the device.
+torch::Tensor step_grad_norm(Components& parts, const config::TrainConfig& train,
+                             const SpikeGuard* guard);
+
+// Adds a step's `loss` and `grad_norm` (when defined) to the metrics window in `state`, unless
+// `bad`: device work only.
+void add_to_window(TrainingState& state, const torch::Tensor& loss, const torch::Tensor& grad_norm,
+                   const torch::Tensor& bad);
+
 // Counts an outcome in `state` (skipped steps, bad steps in a row) as it reaches the host.
 void count_outcome(const StepOutcome& outcome, TrainingState& state);
 
@@ -132,7 +150,9 @@ bool ends_run(const StepOutcome& outcome, const TrainingState& state,
 // The step that dispatches each of its operators (the other: GraphedStep, engine/graphed_step.h).
 class TrainStep final : public Stepper {
  public:
-  TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state);
+  // `guard`: train.skip_update_zscore's, or null.
+  TrainStep(Components& parts, const config::TrainConfig& train, TrainingState& state,
+            SpikeGuard* guard = nullptr);
 
   Settled run(const std::vector<data::Batch>& micro_batches, bool stop_requested,
               StepObserver* observer) override;
@@ -152,6 +172,7 @@ class TrainStep final : public Stepper {
   Components& parts_;
   const config::TrainConfig& train_;
   TrainingState& state_;
+  SpikeGuard* guard_;
   StepFlags flags_;
   torch::Tensor loss_;
   std::optional<StepOutcome> ready_;  // read at once (an optimizer that cannot skip on the device)

@@ -7,6 +7,7 @@
 #include "engine/loop/batches.h"
 #include "engine/loop/components.h"
 #include "engine/loop/graphed_step.h"
+#include "engine/loop/memory_history.h"
 #include "engine/loop/metrics.h"
 #include "engine/loop/profile_window.h"
 #include "engine/loop/trainer_state.h"
@@ -21,7 +22,8 @@ namespace {
 
 // Why a step ran out of memory, and what to do about it.
 std::string out_of_memory_message(const Components& parts, const config::LoadedConfig& loaded,
-                                  int64_t step, const std::string& error) {
+                                  int64_t step, const std::string& error,
+                                  const std::string& snapshot) {
   constexpr double kMiB = 1024.0 * 1024.0;
   std::string held;
   if (parts.device.is_cuda()) {
@@ -39,9 +41,13 @@ std::string out_of_memory_message(const Components& parts, const config::LoadedC
       " x train.grad_accum_steps %" PRId64
       " %s(%s); `trainer doctor --config %s` estimates the step's memory and lists remedies: "
       "a smaller data.batch_size with more train.grad_accum_steps, bfloat16, activation "
-      "checkpointing, more GPUs",
+      "checkpointing, more GPUs%s",
       step, cfg.data.batch_size, cfg.train.grad_accum_steps, held.c_str(), error.c_str(),
-      loaded.source.c_str());
+      loaded.source.c_str(),
+      snapshot.empty() ? ""
+                       : ("; the allocator's history until then is in " + snapshot +
+                          " (python -m torch.cuda._memory_viz trace_plot " + snapshot + ")")
+                             .c_str());
 }
 
 // One run of fit(): the loop's decisions after each step and at each epoch's end.
@@ -52,7 +58,8 @@ class Run {
         cfg_(s.loaded.cfg),
         stop_(stop),
         log_(cfg_, s.parts, s.state, s.job.rank, s.checkpointer.resumed_step()),
-        profile_(cfg_.profile, s.parts.device, cfg_.run.dir, s.job.rank) {
+        profile_(cfg_.profile, s.parts.device, cfg_.run.dir, s.job.rank),
+        memory_(cfg_.profile, s.parts.device, cfg_.run.dir, s.job.rank) {
     s.parts.model->train();
     log::info(strprintf("training %" PRId64 " steps (%" PRId64 " per epoch) on %s",
                         s.parts.total_steps - s.state.step, s.parts.steps_per_epoch,
@@ -66,9 +73,13 @@ class Run {
   bool step(const std::vector<data::Batch>& micro_batches) {
     log_.count(micro_batches);
     const Settled settled = train(micro_batches);
-    if (!settled.abandoned) ++s_.state.step_in_epoch;
+    if (!settled.abandoned) {
+      ++s_.state.step_in_epoch;
+      if (s_.average) s_.average->update(s_.state.step);
+    }
     for (const auto& outcome : settled.outcomes) take(outcome);
     const int64_t step = s_.state.step;
+    memory_.after(step);
     const bool log_due = step % cfg_.run.log_every == 0 || step == s_.parts.total_steps;
     const bool eval_due = cfg_.run.eval_every > 0 && step % cfg_.run.eval_every == 0;
     const bool checkpoint_due =
@@ -148,8 +159,9 @@ class Run {
       return settled;
     } catch (const c10::OutOfMemoryError& e) {
       log_.clear();
+      const std::string snapshot = memory_.write();
       throw std::runtime_error(
-          out_of_memory_message(s_.parts, s_.loaded, s_.state.step + 1, error_line(e)));
+          out_of_memory_message(s_.parts, s_.loaded, s_.state.step + 1, error_line(e), snapshot));
     } catch (const std::exception& e) {
       if (!s_.parts.group) throw;
       // Gloo reports a lost peer or a timeout as a plain error.
@@ -170,11 +182,14 @@ class Run {
   // into the metrics window; an inf/NaN one warned about, and ending the run after
   // train.max_bad_steps in a row; a stop agreed by a group's ranks.
   void take(const StepOutcome& outcome) {
+    if (outcome.step <= undone_through_) return;  // a step a rollback undid
     if (outcome.stop) stop_agreed_ = true;
+    if (outcome.spike) warn_spike(outcome);
     if (!outcome.bad_loss) {
       log_.add(outcome);
       return;
     }
+    if (cfg_.train.rollback_on_nan && roll_back(outcome)) return;
     const auto& st = s_.state;
     log_.clear();
     log::warn(strprintf("step %" PRId64 ": the loss is inf/NaN; update skipped (%" PRId64
@@ -189,6 +204,36 @@ class Run {
         ", saved in %s; lower optim.lr, set train.clip_grad_norm, or use amp.dtype bfloat16",
         st.bad_steps_in_row, outcome.step - st.bad_steps_in_row + 1, outcome.step,
         outcome.step - st.bad_steps_in_row, s_.checkpointer.last().c_str()));
+  }
+
+  void warn_spike(const StepOutcome& o) {
+    log_.clear();
+    log::warn(strprintf("step %" PRId64
+                        ": update skipped by train.skip_update_zscore (loss z-score %.2f, "
+                        "gradient norm z-score %.2f; %" PRId64 " skipped so far)",
+                        o.step, o.z_loss, o.z_grad_norm, s_.state.spike_skips));
+  }
+
+  // train.rollback_on_nan after the bad step `outcome`: back to the newest checkpoint, going on
+  // with the data after the steps queued so far. False when no checkpoint was written yet.
+  bool roll_back(const StepOutcome& outcome) {
+    log_.clear();
+    if (s_.checkpointer.saved_step() < 0) {
+      log::warn(strprintf("step %" PRId64
+                          ": the loss is inf/NaN and no checkpoint was written yet for "
+                          "train.rollback_on_nan to go back to",
+                          outcome.step));
+      return false;
+    }
+    s_.step->settle();  // the steps queued after the bad one are undone with it
+    undone_through_ = s_.state.step;
+    const int64_t back_to = s_.checkpointer.rollback();
+    log::warn(strprintf("step %" PRId64
+                        ": the loss is inf/NaN; train.rollback_on_nan: back to the checkpoint of "
+                        "step %" PRId64 ", the data of steps %" PRId64 " to %" PRId64
+                        " skipped (rollback %" PRId64 " of this run)",
+                        outcome.step, back_to, back_to + 1, undone_through_, s_.state.rollbacks));
+    return true;
   }
 
   // Whether train.stop_at_step ends the run at this step.
@@ -216,6 +261,11 @@ class Run {
     last_eval_ = result_.last_eval = engine::evaluate(s_.parts, s_.state.bad_samples);
     s_.state.last_eval_step = s_.state.step;
     log_.eval(last_eval_, epoch);
+    if (s_.average) {  // train.ema's average, with the model's buffers
+      WeightAverage::Swapped swapped(*s_.average);
+      int64_t seen = 0;  // its unreadable samples are the evaluation's above, counted there
+      log_.eval(engine::evaluate(s_.parts, seen), epoch, "val_ema");
+    }
     const double target = cfg_.train.stop_at_top1;
     if (!last_eval_.sequence && target > 0.0 && last_eval_.top1 >= target) {
       result_.reached_target = true;
@@ -235,10 +285,12 @@ class Run {
   const std::atomic<bool>* stop_;
   MetricsLog log_;
   FitResult result_;
-  EvalResult last_eval_;      // the latest evaluation, for the checkpoint of its step
-  bool stop_agreed_ = false;  // a group's ranks agreed to stop (a step's flags)
-  StepCounts counts_;         // host reads and operators of the steps
-  ProfileWindow profile_;     // profile.start_step's window under the profiler
+  EvalResult last_eval_;        // the latest evaluation, for the checkpoint of its step
+  bool stop_agreed_ = false;    // a group's ranks agreed to stop (a step's flags)
+  StepCounts counts_;           // host reads and operators of the steps
+  ProfileWindow profile_;       // profile.start_step's window under the profiler
+  MemoryHistory memory_;        // profile.memory_snapshot's allocator history
+  int64_t undone_through_ = 0;  // the last step a rollback undid
 };
 
 }  // namespace
@@ -282,6 +334,7 @@ void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch)
     const auto& micro = fixed_batch ? fixed : batches.next();
     s_->step->run(micro, /*stop_requested=*/false, &observer);
     ++s_->state.step_in_epoch;
+    if (s_->average) s_->average->update(s_->state.step);
     observer.end_step(s_->step->last_loss());
   }
   s_->step->settle();

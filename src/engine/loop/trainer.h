@@ -18,8 +18,8 @@
 #include "distributed/env.h"
 #include "engine/loop/checkpointer.h"
 #include "engine/loop/evaluator.h"
-#include "engine/measure/memory.h"
 #include "engine/loop/step.h"
+#include "engine/measure/memory.h"
 
 namespace trainer::engine {
 
@@ -73,10 +73,12 @@ class Trainer {
   bool resume(const std::string& spec);
 
   // Loads the model weights of a checkpoint file for evaluation or prediction
-  // (Checkpointer::load_model, which checks the data's classes when `labels` says they are used)
-  // and returns its step. Every rank must call this.
+  // (Checkpointer::load_model, which checks the data's classes when `labels` says they are used;
+  // `weights`: the trained ones or train.ema's average) and returns its step. Every rank must
+  // call this.
   int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score,
-                     const checkpoint::State* loaded = nullptr);
+                     const checkpoint::State* loaded = nullptr,
+                     WeightsUse weights = WeightsUse::trained);
 
   // Trains to the end (or until *stop becomes true, or train.stop_at_step), evaluating, logging
   // and checkpointing as configured; a stop writes a checkpoint first. Writes

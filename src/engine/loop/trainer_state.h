@@ -7,9 +7,11 @@
 #include "engine/loop/checkpointer.h"
 #include "engine/loop/components.h"
 #include "engine/loop/graphed_step.h"
+#include "engine/loop/spike_guard.h"
 #include "engine/loop/state.h"
 #include "engine/loop/step.h"
 #include "engine/loop/trainer.h"
+#include "engine/loop/weight_average.h"
 
 namespace trainer::engine {
 
@@ -18,15 +20,34 @@ struct Trainer::State {
       : loaded(l),
         job(j),
         parts(build_components(loaded, job)),
-        checkpointer(loaded, parts, state, job),
-        step(make_stepper(parts, loaded.cfg.train, state)) {
+        guard(make_guard(loaded.cfg.train, parts)),
+        average(loaded.cfg.train.ema.decay > 0.0
+                    ? std::make_unique<WeightAverage>(loaded.cfg.train.ema, parts)
+                    : nullptr),
+        checkpointer(loaded, parts, state, job, saved_parts()),
+        step(make_stepper(parts, loaded.cfg.train, state, guard.get())) {
     state.window_loss = torch::zeros({}, torch::TensorOptions().device(parts.device));
+  }
+
+  static std::unique_ptr<SpikeGuard> make_guard(const config::TrainConfig& train,
+                                                const Components& parts) {
+    const auto& z = train.skip_update_zscore;
+    if (z.loss <= 0.0 && z.grad_norm <= 0.0) return nullptr;
+    return std::make_unique<SpikeGuard>(z, parts.device);
+  }
+
+  // What checkpoints hold besides the model, the optimizer and the counters.
+  std::vector<SavedPart*> saved_parts() {
+    std::vector<SavedPart*> out;
+    if (guard) out.push_back(guard.get());
+    if (average) out.push_back(average.get());
+    return out;
   }
 
   // The step that dispatches its operators, or (train.cuda_graph) the one that replays them.
   static std::unique_ptr<Stepper> make_stepper(Components& parts, const config::TrainConfig& train,
-                                               TrainingState& state) {
-    if (!train.cuda_graph) return std::make_unique<TrainStep>(parts, train, state);
+                                               TrainingState& state, SpikeGuard* guard) {
+    if (!train.cuda_graph) return std::make_unique<TrainStep>(parts, train, state, guard);
     if (parts.world_size() > 1) {
       throw std::runtime_error("train.cuda_graph: a job of " + std::to_string(parts.world_size()) +
                                " processes; a captured step runs in one (DDP's all-reduces are "
@@ -35,13 +56,16 @@ struct Trainer::State {
     // On the CPU (which only the tests reach: the config check refuses it) the captured work is
     // replayed eagerly.
     return std::make_unique<GraphedStep>(
-        parts, train, state, parts.device.is_cuda() ? cuda_graph(parts.device) : eager_graph());
+        parts, train, state, parts.device.is_cuda() ? cuda_graph(parts.device) : eager_graph(),
+        /*warmup=*/3, guard);
   }
 
   const config::LoadedConfig loaded;  // held by value: the caller's copy may go away first
   const distributed::DistEnv job;     // this process's place in the job
   Components parts;
   TrainingState state;
+  std::unique_ptr<SpikeGuard> guard;       // train.skip_update_zscore; null when off
+  std::unique_ptr<WeightAverage> average;  // train.ema; null when off
   Checkpointer checkpointer;
   std::unique_ptr<Stepper> step;
 };

@@ -55,8 +55,8 @@ distributed::Group* Trainer::group() const {
 }
 
 int64_t Trainer::load_model(const std::string& path, LabelUse labels,
-                            const checkpoint::State* loaded) {
-  return s_->state.step = s_->checkpointer.load_model(path, labels, loaded);
+                            const checkpoint::State* loaded, WeightsUse weights) {
+  return s_->state.step = s_->checkpointer.load_model(path, labels, loaded, weights);
 }
 
 namespace {
