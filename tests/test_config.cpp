@@ -829,7 +829,7 @@ TEST(KeyPathsTest, ContainsLeavesInOrder) {
   EXPECT_EQ(pos("optim"), static_cast<long>(keys.size()));  // sections are not leaves
   EXPECT_EQ(pos("dist.timeout_s") + 1, pos("launch.nproc_per_node"));
   EXPECT_EQ(pos("launch.nproc_per_node") + 1, pos("tracking.csv"));
-  EXPECT_EQ(pos("profile.memory"), static_cast<long>(keys.size()) - 1);
+  EXPECT_EQ(pos("profile.memory_snapshot_step"), static_cast<long>(keys.size()) - 1);
 }
 
 }  // namespace

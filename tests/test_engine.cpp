@@ -574,6 +574,12 @@ TEST_F(EngineTest, GuardAndSnapshotSettingsTheRunCannotHonourAreConfigErrors) {
   EXPECT_EQ(issues_of({"train.ema.every=0"}, false), Keys{"train.ema.every"});
   EXPECT_EQ(issues_of({"train.skip_update_zscore.window=1"}, false),
             Keys{"train.skip_update_zscore.window"});
+  EXPECT_EQ(issues_of({"tracking.mlflow.uri=localhost:5000"}, false), Keys{"tracking.mlflow.uri"});
+  EXPECT_EQ(issues_of({"tracking.mlflow.tags=team"}, false), Keys{"tracking.mlflow.tags"});
+  EXPECT_EQ(issues_of({"tracking.mlflow.uri=http://127.0.0.1:5000",
+                       "tracking.mlflow.tags=team=a, owner = b"},
+                      false),
+            Keys{});
 }
 
 }  // namespace

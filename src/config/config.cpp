@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "util/format.h"
+#include "util/strings.h"
 
 namespace trainer::config {
 namespace {
@@ -159,6 +160,36 @@ void DistConfig::validate(Checks& c) const {
 }
 
 void TrackingConfig::validate(Checks& /*c*/) const {}
+
+std::vector<std::pair<std::string, std::string>> MlflowConfig::tag_list() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& item : split(tags, ',')) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    out.emplace_back(trim(item.substr(0, eq)), trim(item.substr(eq + 1)));
+  }
+  return out;
+}
+
+void MlflowConfig::validate(Checks& c) const {
+  if (!uri.empty() && uri.rfind("http://", 0) != 0 && uri.rfind("https://", 0) != 0) {
+    c.add("uri",
+          "must be the http:// or https:// address of an MLflow tracking server (start "
+          "one with `mlflow server --host 127.0.0.1 --port 5000`), got '" +
+              uri + "'");
+  }
+  if (!uri.empty() && experiment.empty()) c.add("experiment", "must name an experiment");
+  for (const auto& item : split(tags, ',')) {
+    const auto eq = item.find('=');
+    if (trim(item).empty() || eq == std::string::npos || trim(item.substr(0, eq)).empty()) {
+      c.add("tags",
+            "expected key=value pairs separated by commas (e.g. team=vision,"
+            "owner=ana), got '" +
+                item + "'");
+      break;
+    }
+  }
+}
 
 void ProfileConfig::validate(Checks& c) const {
   c.at_least("start_step", start_step, 0);

@@ -328,9 +328,32 @@ struct DistConfig {
   }
 };
 
+// An MLflow tracking server the run logs to (tracking/mlflow.h), from rank 0.
+struct MlflowConfig {
+  std::string uri;                     // http(s)://host:port of `mlflow server`; "" = off
+  std::string experiment = "Default";  // the experiment's name; created when missing
+  std::string run_name;                // "" = the run dir's name
+  std::string tags;                    // the run's own tags: "key=value,key=value"
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
+  // The tags as (key, value) pairs; nullopt-free: malformed entries are validate()'s errors.
+  std::vector<std::pair<std::string, std::string>> tag_list() const;
+
+  template <class V>
+  void visit(V& v) {
+    v("uri", uri);
+    v("experiment", experiment);
+    v("run_name", run_name);
+    v("tags", tags);
+  }
+};
+
 // Where the metrics go besides metrics.jsonl and TensorBoard.
 struct TrackingConfig {
-  bool csv = false;  // also <run.dir>/metrics.csv: the same records as a table
+  bool csv = false;     // also <run.dir>/metrics.csv: the same records as a table
+  MlflowConfig mlflow;  // an MLflow tracking server
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -338,6 +361,7 @@ struct TrackingConfig {
   template <class V>
   void visit(V& v) {
     v("csv", csv);
+    v("mlflow", mlflow);
   }
 };
 

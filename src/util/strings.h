@@ -10,6 +10,12 @@ namespace trainer {
 // `parts` separated by `separator`.
 std::string join(const std::vector<std::string>& parts, const std::string& separator);
 
+// The pieces of `text` between the `separator`s; empty for an empty text.
+std::vector<std::string> split(const std::string& text, char separator);
+
+// `text` without leading and trailing spaces and tabs.
+std::string trim(const std::string& text);
+
 // The text before the first newline of `text`.
 std::string first_line(const std::string& text);
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "engine/loop/mlflow_run.h"
 #include "engine/measure/memory.h"
 #include "util/device.h"
 #include "util/fileio.h"
@@ -64,7 +65,7 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
       try {
         const auto j = parse_line(line);
         const int64_t step = j.at("step").get<int64_t>();
-        const bool val = j.at("split").get<std::string>() == "val";
+        const bool val = j.at("split").get<std::string>().rfind("val", 0) == 0;  // val_ema too
         if (step < resume_step || (step == resume_step && (!val || evaluated_at_resume))) {
           kept += line + "\n";
           if (csv) kept_records.push_back(j);
@@ -90,11 +91,22 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
 
 MetricsWriter::~MetricsWriter() = default;
 
+void MetricsWriter::finish(const std::string& status, const std::string& last_checkpoint) {
+  if (!mlflow_) return;
+  if (!last_checkpoint.empty()) mlflow_->set_tag("trainer.last_checkpoint", last_checkpoint);
+  mlflow_->finish(status);
+}
+
 void MetricsWriter::write(const nlohmann::json& record) {
   out_ << json_line(record) << '\n';
   out_.flush();
   if (!out_) throw std::runtime_error("writing metrics failed (disk full?)");
   if (csv_) csv_->write(record);
+  if (mlflow_) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::system_clock::now().time_since_epoch());
+    mlflow_->log(tracking::record_metrics(record, ms.count()));
+  }
   if (!events_) return;
   const double wall_time =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -179,6 +191,7 @@ MetricsLog::MetricsLog(const config::Config& cfg, Components& parts, TrainingSta
     const bool evaluated = resumed_step >= 0 && state.last_eval_step == resumed_step;
     writer_ = std::make_unique<MetricsWriter>(cfg.run.dir, cfg.run.tensorboard, resumed_step,
                                               evaluated, cfg.tracking.csv);
+    writer_->track(start_mlflow(cfg, resumed_step >= 0));
   }
   if (parts.device.is_cuda()) {
     cuda_index_ = parts.device.has_index() ? parts.device.index() : 0;
@@ -207,6 +220,10 @@ void MetricsLog::end_step() {
 
 void MetricsLog::add(const StepOutcome& /*outcome*/) {
   ++state_.window_steps;  // its loss is in window_loss already (the step adds it on the device)
+}
+
+void MetricsLog::finish(const std::string& status, const std::string& last_checkpoint) {
+  if (writer_) writer_->finish(status, last_checkpoint);
 }
 
 double MetricsLog::seconds() const {

@@ -17,6 +17,7 @@
 #include "engine/loop/evaluator.h"
 #include "engine/loop/state.h"
 #include "engine/loop/step.h"
+#include "tracking/mlflow.h"
 #include "util/csv_log.h"
 #include "util/gpu_monitor.h"
 #include "util/tensorboard.h"
@@ -36,14 +37,22 @@ class MetricsWriter {
                 bool evaluated_at_resume = false, bool csv = false);
   ~MetricsWriter();
 
-  // `record` has "split" ("train" or "val"), "step", "epoch" and numeric fields. TensorBoard
-  // tags are "<split>/<field>", except the learning rate, tagged "lr".
+  // `record` has "split" ("train", "val" or "val_ema"), "step", "epoch" and numeric fields.
+  // TensorBoard tags (and MLflow's metric names) are "<split>/<field>", except the learning
+  // rate, tagged "lr".
   void write(const nlohmann::json& record);
+
+  // Also sends every record to `mlflow` (tracking.mlflow).
+  void track(std::unique_ptr<tracking::MlflowTracker> mlflow) { mlflow_ = std::move(mlflow); }
+  // Ends the MLflow run with `status` (FINISHED or KILLED), tagged with the run's last
+  // checkpoint; waits a few seconds at most for the server.
+  void finish(const std::string& status, const std::string& last_checkpoint);
 
  private:
   std::ofstream out_;
   std::unique_ptr<tensorboard::EventWriter> events_;
   std::unique_ptr<CsvLog> csv_;
+  std::unique_ptr<tracking::MlflowTracker> mlflow_;
 };
 
 // A one-line progress bar on stderr, redrawn in place; inactive when stderr is not a terminal
@@ -102,6 +111,9 @@ class MetricsLog {
 
   // Seconds since the log began.
   double seconds() const;
+
+  // The run ended: `status` FINISHED, or KILLED when stopped early (to resume), for the trackers.
+  void finish(const std::string& status, const std::string& last_checkpoint);
 
  private:
   // Seconds left at this process's average step time.

@@ -137,6 +137,7 @@ class Run {
     log_.clear();
     result_.steps = st.step;
     result_.seconds = log_.seconds();
+    log_.finish(result_.stopped ? "KILLED" : "FINISHED", s_.checkpointer.last());
     result_.host_reads_per_step = counts_.reads_per_step();
     result_.host_reads_outside_steps = counts_.reads_outside_steps();
     result_.ops_per_step = counts_.ops_per_step();

@@ -1,0 +1,302 @@
+#include "tracking/mlflow.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "util/http.h"
+#include "util/log.h"
+
+namespace trainer::tracking {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMetricsPerBatch = 1000;  // MLflow's limits per log-batch request
+constexpr size_t kParamsPerBatch = 100;
+constexpr size_t kParamValueMax = 6000;
+constexpr double kRequestTimeoutS = 5.0;
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+json key_values(const KeyValues& kv, size_t value_max = std::string::npos) {
+  json out = json::array();
+  for (const auto& [k, v] : kv) out.push_back({{"key", k}, {"value", v.substr(0, value_max)}});
+  return out;
+}
+
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+}  // namespace
+
+MlflowTracker::MlflowTracker(MlflowRunSpec spec, size_t max_queued)
+    : spec_(std::move(spec)), max_queued_(max_queued) {
+  while (!spec_.uri.empty() && spec_.uri.back() == '/') spec_.uri.pop_back();
+  resumed_ = !spec_.run_id.empty();
+  thread_ = std::thread([this] { work(); });
+}
+
+MlflowTracker::~MlflowTracker() {
+  finish("FAILED");
+}
+
+void MlflowTracker::log(std::vector<Metric> metrics) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& m : metrics) {
+    if (metrics_.size() >= max_queued_) {
+      metrics_.pop_front();
+      ++front_seq_;
+      ++dropped_;
+    }
+    metrics_.push_back(std::move(m));
+  }
+  wake_.notify_one();
+}
+
+void MlflowTracker::set_tag(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tags_.emplace_back(key, value);
+  wake_.notify_one();
+}
+
+void MlflowTracker::finish(const std::string& status, double wait_s) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    if (!status_) status_ = status;
+    wake_.notify_one();
+    // The background thread sends what is queued, then the status.
+    wake_.wait_for(lock, std::chrono::duration<double>(wait_s), [this] { return status_sent_; });
+    stopping_ = true;
+    if (!status_sent_) {
+      log::warn("MLflow at " + spec_.uri + ": not reachable at the end of the run; " +
+                std::to_string(metrics_.size()) +
+                " metrics and the run's status were not sent (metrics.jsonl has them)");
+    }
+    wake_.notify_one();
+  }
+  thread_.join();
+}
+
+std::string MlflowTracker::run_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return run_id_;
+}
+
+int64_t MlflowTracker::dropped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
+}
+
+void MlflowTracker::work() {
+  double backoff_s = 0.25;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stopping_) return;
+      wake_.wait_for(lock, std::chrono::seconds(1), [this] {
+        return stopping_ || !metrics_.empty() || !tags_.empty() || (status_ && !status_sent_);
+      });
+      if (stopping_) return;
+    }
+    const bool ok = ensure_run() && send_batch() && send_status();
+    if (ok) {
+      backoff_s = 0.25;
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_.wait_for(lock, std::chrono::duration<double>(backoff_s), [this] { return stopping_; });
+    backoff_s = std::min(backoff_s * 2.0, 4.0);
+  }
+}
+
+bool MlflowTracker::ensure_run() {
+  if (resumed_ && run_id().empty()) {
+    json body = {{"run_id", spec_.run_id}, {"status", "RUNNING"}};
+    if (!call("POST", "runs/update", body.dump())) {
+      if (missing_) {  // the server no longer has it (another database)
+        log::info("MLflow: the run " + spec_.run_id + " to continue is not on " + spec_.uri +
+                  "; starting a new one");
+        resumed_ = false;
+      }
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    run_id_ = spec_.run_id;
+    params_sent_ = artifacts_sent_ = true;  // logged by the run this one continues
+    return true;
+  }
+  return ensure_experiment() && create_run() && send_params() && send_artifacts();
+}
+
+bool MlflowTracker::ensure_experiment() {
+  if (!experiment_id_.empty()) return true;
+  const auto found =
+      call("GET", "experiments/get-by-name?experiment_name=" + url_encode(spec_.experiment), "");
+  if (found) {
+    experiment_id_ = json::parse(*found).at("experiment").at("experiment_id").get<std::string>();
+    return true;
+  }
+  const auto made = call("POST", "experiments/create", json{{"name", spec_.experiment}}.dump());
+  if (!made) return false;
+  experiment_id_ = json::parse(*made).at("experiment_id").get<std::string>();
+  return true;
+}
+
+bool MlflowTracker::create_run() {
+  if (!run_id().empty()) return true;
+  json body = {{"experiment_id", experiment_id_},
+               {"run_name", spec_.run_name},
+               {"start_time", now_ms()},
+               {"tags", key_values(spec_.tags)}};
+  const auto made = call("POST", "runs/create", body.dump());
+  if (!made) return false;
+  const auto info = json::parse(*made).at("run").at("info");
+  artifact_uri_ = info.value("artifact_uri", "");
+  const std::string id = info.at("run_id").get<std::string>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    run_id_ = id;
+  }
+  if (spec_.on_run_id) spec_.on_run_id(id);
+  log::info("MLflow: run " + id + " in experiment '" + spec_.experiment + "' at " + spec_.uri);
+  return true;
+}
+
+bool MlflowTracker::send_params() {
+  for (; !params_sent_ && !spec_.params.empty();) {
+    const size_t n = std::min(kParamsPerBatch, spec_.params.size());
+    const KeyValues batch(spec_.params.begin(), spec_.params.begin() + n);
+    json body = {{"run_id", run_id()}, {"params", key_values(batch, kParamValueMax)}};
+    if (!call("POST", "runs/log-batch", body.dump())) return false;
+    spec_.params.erase(spec_.params.begin(), spec_.params.begin() + n);
+  }
+  params_sent_ = true;
+  return true;
+}
+
+bool MlflowTracker::send_artifacts() {
+  constexpr const char* kProxied = "mlflow-artifacts:";
+  for (; !artifacts_sent_ && !spec_.artifacts.empty();) {
+    const auto& [file, name] = spec_.artifacts.front();
+    const auto bytes = read_file(file);
+    if (artifact_uri_.rfind(kProxied, 0) == 0 && bytes) {
+      std::string where = artifact_uri_.substr(std::string(kProxied).size());
+      while (!where.empty() && where.front() == '/') where.erase(0, 1);
+      const std::string url = "/api/2.0/mlflow-artifacts/artifacts/" + where + "/" + name;
+      if (!call("PUT", url, *bytes, "application/octet-stream")) return false;
+    } else {
+      log::info("MLflow: " + name + " not uploaded (the run's artifact store " + artifact_uri_ +
+                " is not served by the tracking server); the run's tags name the run dir");
+    }
+    spec_.artifacts.erase(spec_.artifacts.begin());
+  }
+  artifacts_sent_ = true;
+  return true;
+}
+
+bool MlflowTracker::send_batch() {
+  for (;;) {
+    std::vector<Metric> metrics;
+    KeyValues tags;
+    int64_t first = 0;  // the sequence number of metrics[0]
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      first = front_seq_;
+      const size_t n = std::min(kMetricsPerBatch, metrics_.size());
+      metrics.assign(metrics_.begin(), metrics_.begin() + static_cast<std::ptrdiff_t>(n));
+      tags = tags_;
+    }
+    if (metrics.empty() && tags.empty()) return true;
+    json m = json::array();
+    for (const auto& x : metrics) {
+      m.push_back(
+          {{"key", x.key}, {"value", x.value}, {"timestamp", x.timestamp_ms}, {"step", x.step}});
+    }
+    json body = {{"run_id", run_id()}, {"metrics", m}, {"tags", key_values(tags)}};
+    if (!call("POST", "runs/log-batch", body.dump())) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    // What was sent leaves the queue, less what a full queue dropped meanwhile.
+    const int64_t end = first + static_cast<int64_t>(metrics.size());
+    const size_t gone =
+        std::min(static_cast<size_t>(std::max<int64_t>(end - front_seq_, 0)), metrics_.size());
+    metrics_.erase(metrics_.begin(), metrics_.begin() + static_cast<std::ptrdiff_t>(gone));
+    front_seq_ += static_cast<int64_t>(gone);
+    tags_.erase(tags_.begin(), tags_.begin() + static_cast<std::ptrdiff_t>(tags.size()));
+  }
+}
+
+bool MlflowTracker::send_status() {
+  std::string status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status_ || status_sent_ || !metrics_.empty() || !tags_.empty()) return true;
+    status = *status_;
+  }
+  json body = {{"run_id", run_id()}, {"status", status}, {"end_time", now_ms()}};
+  if (!call("POST", "runs/update", body.dump())) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  status_sent_ = true;
+  wake_.notify_all();
+  return true;
+}
+
+std::optional<std::string> MlflowTracker::call(const std::string& method, const std::string& path,
+                                               const std::string& body,
+                                               const std::string& content_type) {
+  const std::string url = spec_.uri + (path.front() == '/' ? path : "/api/2.0/mlflow/" + path);
+  std::string error;
+  const auto reply = http_request(method, url, body, content_type, kRequestTimeoutS, error);
+  if (!reply) {
+    failed(error);
+    return std::nullopt;
+  }
+  missing_ =
+      reply->status != 200 && reply->body.find("RESOURCE_DOES_NOT_EXIST") != std::string::npos;
+  if (reply->status != 200) {
+    if (missing_) return std::nullopt;  // an answer (a missing experiment), not a failure
+    failed("HTTP " + std::to_string(reply->status) + " from " + path + ": " +
+           reply->body.substr(0, 300));
+    return std::nullopt;
+  }
+  if (failing_) {
+    log::info("MLflow at " + spec_.uri + " answers again; sending what was queued");
+    failing_ = false;
+  }
+  return reply->body;
+}
+
+void MlflowTracker::failed(const std::string& what) {
+  if (!failing_) {
+    log::warn("MLflow at " + spec_.uri + ": " + what +
+              "; retrying in the background (training goes on; metrics.jsonl has every record)");
+  }
+  failing_ = true;
+}
+
+std::vector<Metric> record_metrics(const nlohmann::json& record, int64_t timestamp_ms) {
+  std::vector<Metric> out;
+  const std::string split = record.value("split", "");
+  const int64_t step = record.value("step", int64_t{0});
+  for (const auto& [key, value] : record.items()) {
+    if (key == "split" || key == "step" || key == "epoch" || !value.is_number()) continue;
+    const double v = value.get<double>();
+    if (!std::isfinite(v)) continue;
+    out.push_back({key == "lr" ? key : split + "/" + key, v, timestamp_ms, step});
+  }
+  return out;
+}
+
+}  // namespace trainer::tracking

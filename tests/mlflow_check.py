@@ -1,0 +1,234 @@
+"""tracking.mlflow against a real MLflow tracking server.
+
+Usage: mlflow_check.py TRAINER_BINARY SOURCE_DIR
+
+Starts `mlflow server` (sqlite backend, artifacts served, a free port on 127.0.0.1) and checks,
+reading the runs back with MLflow's Python client:
+  1. a run of configs/synthetic.yaml: every metric of metrics.jsonl (tag names as TensorBoard's,
+     the same steps and values), the resolved config as params, the system and config tags,
+     config.yaml as an artifact, status FINISHED;
+  2. a run stopped halfway (status KILLED) and resumed continues the same MLflow run, which then
+     holds every record of metrics.jsonl once;
+  3. the server stopped while a run trains and started again later: the run is not slowed by
+     more than 5% against the same run without tracking, and the records logged while the
+     server was down arrive.
+Exits 77 (skipped) when mlflow is not installed.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+from run_check import report
+
+try:
+    import mlflow  # noqa: F401
+    from mlflow.tracking import MlflowClient
+except ImportError:
+    print("mlflow is not installed in this Python; skipping")
+    sys.exit(77)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`mlflow server` on a port, started and stopped at will."""
+
+    def __init__(self, folder, port):
+        self.folder, self.port, self.proc = folder, port, None
+        self.uri = f"http://127.0.0.1:{port}"
+
+    def start(self, timeout=120):
+        db = os.path.join(self.folder, "mlflow.db")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+             str(self.port), "--backend-store-uri", f"sqlite:///{db}", "--artifacts-destination",
+             os.path.join(self.folder, "artifacts"), "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.folder, "server.log"), "a"),
+            start_new_session=True)  # its workers in its process group, stopped with it
+        deadline = time.time() + timeout
+        while time.time() < deadline:  # until it answers
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("mlflow server did not answer")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc:  # its workers too
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def train(trainer, source, run_dir, uri, *sets, resume=False, check=True):
+    args = [trainer, "--config", os.path.join(source, "configs/synthetic.yaml"), "--run-dir",
+            run_dir, "--log-level", "info"]
+    if uri:
+        args += ["--set", f"tracking.mlflow.uri={uri}", "--set", "tracking.mlflow.experiment=ci",
+                 "--set", "tracking.mlflow.tags=team=ci,purpose=check"]
+    for s in sets:
+        args += ["--set", s]
+    if resume:
+        args += ["--resume", "auto"]
+    return subprocess.run(args, capture_output=True, text=True, check=check)
+
+
+def records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def expected_metrics(run_dir):
+    out = {}
+    for r in records(run_dir):
+        for key, value in r.items():
+            if key in ("split", "step", "epoch") or not isinstance(value, (int, float)):
+                continue
+            name = key if key == "lr" else f"{r['split']}/{key}"
+            out.setdefault(name, []).append((r["step"], float(value)))
+    return out
+
+
+def compare_metrics(client, run_id, run_dir, failures, label):
+    want = expected_metrics(run_dir)
+    got_keys = set(client.get_run(run_id).data.metrics)
+    if got_keys != set(want):
+        failures.append(f"{label}: metric names {sorted(got_keys)}, metrics.jsonl {sorted(want)}")
+    for key, points in want.items():
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        if [s for s, _ in history] != [s for s, _ in sorted(points)] or any(
+                abs(a - b) > 1e-9 * max(1.0, abs(b))
+                for (_, a), (_, b) in zip(history, sorted(points))):
+            failures.append(f"{label}: {key}: MLflow has {len(history)} points, metrics.jsonl "
+                            f"{len(points)}; first differences {history[:2]} vs {points[:2]}")
+            return
+
+
+def check_run(client, trainer, source, tmp, uri, failures):
+    run_dir = os.path.join(tmp, "plain")
+    train(trainer, source, run_dir, uri, "run.log_every=1")
+    run_id = open(os.path.join(run_dir, "mlflow_run_id")).read().strip()
+    run = client.get_run(run_id)
+    compare_metrics(client, run_id, run_dir, failures, "plain run")
+    if run.info.status != "FINISHED":
+        failures.append(f"plain run: status {run.info.status}")
+    flat = subprocess.run([trainer, "--config", os.path.join(run_dir, "config.yaml"),
+                           "--print-config"], capture_output=True, text=True, check=True).stdout
+    config = yaml.safe_load(flat)
+    if run.data.params.get("optim.lr") != str(config["optim"]["lr"]) or \
+            run.data.params.get("model.name") != "mlp" or len(run.data.params) < 50:
+        failures.append(f"plain run: params {dict(list(run.data.params.items())[:5])}... "
+                        f"({len(run.data.params)})")
+    tags = run.data.tags
+    for key in ("trainer.version", "trainer.libtorch", "trainer.host", "trainer.run_dir",
+                "trainer.last_checkpoint", "mlflow.source.name"):
+        if not tags.get(key):
+            failures.append(f"plain run: no tag {key}")
+    if tags.get("team") != "ci" or tags.get("mlflow.runName") != "plain":
+        failures.append(f"plain run: tags team={tags.get('team')} "
+                        f"runName={tags.get('mlflow.runName')}")
+    names = [a.path for a in client.list_artifacts(run_id)]
+    if "config.yaml" not in names:
+        failures.append(f"plain run: artifacts {names}")
+
+
+def check_resume(client, trainer, source, tmp, uri, failures):
+    run_dir = os.path.join(tmp, "resumed")
+    train(trainer, source, run_dir, uri, "train.stop_at_step=9")
+    first = open(os.path.join(run_dir, "mlflow_run_id")).read().strip()
+    if client.get_run(first).info.status != "KILLED":
+        failures.append(f"stopped run: status {client.get_run(first).info.status}")
+    train(trainer, source, run_dir, uri, "train.stop_at_step=0", resume=True)
+    second = open(os.path.join(run_dir, "mlflow_run_id")).read().strip()
+    if first != second:
+        failures.append(f"the resumed run started another MLflow run ({first} -> {second})")
+    compare_metrics(client, first, run_dir, failures, "resumed run")
+    if client.get_run(first).info.status != "FINISHED":
+        failures.append(f"resumed run: status {client.get_run(first).info.status}")
+
+
+def loop_seconds(stderr):
+    m = re.search(r"done: \d+ steps in ([0-9.]+) s", stderr)
+    return float(m.group(1)) if m else float("nan")
+
+
+def check_server_down(client, server, trainer, source, tmp, failures):
+    # About 12 s of training on one thread (the server, restarting, has the other core), 10
+    # records a second.
+    sets = ["run.threads=1", "train.max_steps=12000", "data.train_samples=4096",
+            "model.hidden=[512,512]", "run.log_every=100", "run.eval_every=2000",
+            "run.checkpoint_every=0", "run.progress=never"]
+    base = loop_seconds(train(trainer, source, os.path.join(tmp, "base"), "", *sets).stderr)
+    run_dir = os.path.join(tmp, "down")
+    args = [trainer, "--config", os.path.join(source, "configs/synthetic.yaml"), "--run-dir",
+            run_dir, "--log-level", "info", "--set", f"tracking.mlflow.uri={server.uri}"]
+    for s in sets:
+        args += ["--set", s]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    id_file = os.path.join(run_dir, "mlflow_run_id")
+    deadline = time.time() + 60
+    while not os.path.exists(id_file) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    server.stop()
+    time.sleep(1.0)
+    server.start()
+    if proc.poll() is not None:
+        failures.append("the run ended before the server was back; nothing was logged after it")
+    stderr = proc.communicate(timeout=300)[1]
+    took = loop_seconds(stderr)
+    print(f"server down for part of the run: loop {took:.2f} s, without tracking {base:.2f} s")
+    if proc.returncode != 0:
+        failures.append(f"the run with the server stopped exited {proc.returncode}: "
+                        f"{stderr[-500:]}")
+        return
+    if not took <= 1.05 * base:
+        failures.append(f"the run took {took:.2f} s with the server down, {base:.2f} s without "
+                        "tracking (more than 5% slower)")
+    if "retrying in the background" not in stderr or "answers again" not in stderr:
+        failures.append("no warning that the server was down, or none that it came back")
+    run_id = open(id_file).read().strip()
+    compare_metrics(client, run_id, run_dir, failures, "server down")
+
+
+def main():
+    trainer, source = sys.argv[1], sys.argv[2]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Server(tmp, free_port())
+        server.start()
+        try:
+            client = MlflowClient(tracking_uri=server.uri)
+            check_run(client, trainer, source, tmp, server.uri, failures)
+            check_resume(client, trainer, source, tmp, server.uri, failures)
+            check_server_down(client, server, trainer, source, tmp, failures)
+        finally:
+            server.stop()
+    return report(failures)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
