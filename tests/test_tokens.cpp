@@ -1,4 +1,4 @@
-// The tokens dataset: byte-level text and uint16 token files.
+// The tokens dataset: byte-level text, uint16 and uint32 token files.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -109,6 +109,23 @@ TEST_F(TokensTest, Uint16FolderLayout) {
   const Batch v = s.val->get({1});
   EXPECT_EQ(row(v.inputs[0]), (std::vector<int64_t>{50005, 50006, 50007, 50008, 50009}));
   EXPECT_EQ(row(v.targets[0]), (std::vector<int64_t>{50006, 50007, 50008, 50009, 50010}));
+}
+
+// data.token_format: uint32, for vocabularies past uint16: ids above 65535 read back whole.
+TEST_F(TokensTest, Uint32Tokens) {
+  std::string bytes;
+  for (uint32_t i = 0; i < 40; ++i) {
+    const uint32_t t = 70000 + i * 1000;
+    for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>((t >> (8 * b)) & 0xFF));
+  }
+  auto cfg = config(write("wide.u32", bytes), /*seq_len=*/4);
+  cfg.options.set("token_format", std::string("uint32"));
+  const Splits s = make(cfg);
+  EXPECT_EQ(s.spec.num_classes, 70000 + 39 * 1000 + 1);
+  const Batch v = s.val->get({0});  // the last quarter: tokens 30..39
+  EXPECT_EQ(row(v.inputs[0]), (std::vector<int64_t>{100000, 101000, 102000, 103000}));
+  cfg.root = write("short.u32", bytes.substr(0, 6));
+  EXPECT_THROW(make(cfg), DataError);  // 6 bytes: not whole uint32 tokens
 }
 
 TEST_F(TokensTest, BadFilesAreClearErrors) {

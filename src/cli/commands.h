@@ -51,6 +51,10 @@ int predict_command(int argc, char** argv);
 // code.
 int generate_command(int argc, char** argv);
 
+// trainer tokenize --tokenizer DIR --out FILE FILES...; argv[0] is "tokenize". Returns the exit
+// code.
+int tokenize_command(int argc, char** argv);
+
 // The overrides of --set, then of --device as the `device=` it stands for (commands declaring
 // both).
 std::vector<std::string> set_and_device(const cxxopts::ParseResult& args);

@@ -9,6 +9,7 @@
 //   trainer eval --checkpoint PATH|RUN_DIR [--config FILE] [--set K=V]... [--json]
 //   trainer generate --checkpoint PATH|RUN_DIR [--prompt TEXT] [--max-new-tokens N] ...
 //   trainer predict --checkpoint PATH|RUN_DIR --input FILE|DIR [--top-k K] [--json]
+//   trainer tokenize --tokenizer DIR --out FILE [--threads N] FILES...
 //   trainer --help | --version
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
@@ -38,7 +39,8 @@ constexpr Command kCommands[] = {
     {"train", trainer::cli::train_command},       {"launch", trainer::cli::launch_command},
     {"bench", trainer::cli::bench_command},       {"eval", trainer::cli::eval_command},
     {"generate", trainer::cli::generate_command}, {"export", trainer::cli::export_command},
-    {"doctor", trainer::cli::doctor_command},     {"predict", trainer::cli::predict_command}};
+    {"doctor", trainer::cli::doctor_command},     {"predict", trainer::cli::predict_command},
+    {"tokenize", trainer::cli::tokenize_command}};
 
 int dispatch(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return trainer::cli::train_command(argc, argv);

@@ -76,6 +76,8 @@ const char* kOtherCommands =
     "   classify image files\n"
     "  trainer bench --config FILE [--steps N] [--warmup N] [--json FILE]"
     "   time training steps (trainer bench --help)\n"
+    "  trainer tokenize --tokenizer DIR --out FILE.bin FILES..."
+    "   text files to GPT-2 tokens for data.name: tokens\n"
     "\nExit codes: 0 success (also: stopped by SIGINT/SIGTERM after a checkpoint), "
     "1 runtime failure, 2 usage or configuration error.\n";
 

@@ -69,7 +69,7 @@ class TokenFile {
   size_t size_ = 0;
 };
 
-// Tokens [begin, end) of a file, 1 or 2 bytes each.
+// Tokens [begin, end) of a file, 1, 2 or 4 bytes each (little-endian).
 struct TokenRange {
   std::shared_ptr<const TokenFile> file;
   int64_t width = 1;  // bytes per token
@@ -82,7 +82,9 @@ struct TokenRange {
     file->read(static_cast<size_t>((begin + first) * width), bytes.size(), bytes.data());
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* p = bytes.data() + i * width;
-      out[i] = width == 1 ? p[0] : static_cast<int64_t>(p[0] | (p[1] << 8));  // little-endian
+      uint32_t v = 0;
+      for (int64_t b = 0; b < width; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
+      out[i] = static_cast<int64_t>(v);
     }
   }
   int64_t max_token() const {
@@ -141,11 +143,12 @@ TokenRange open_tokens(const std::string& path, const std::string& format) {
                                              path.compare(path.size() - 4, 4, ".bin") == 0);
   TokenRange r;
   r.file = std::make_shared<const TokenFile>(path);
-  r.width = uint16 ? 2 : 1;
-  if (uint16 && r.file->size() % 2 != 0) {
+  r.width = format == "uint32" ? 4 : uint16 ? 2 : 1;
+  if (r.width > 1 && r.file->size() % static_cast<size_t>(r.width) != 0) {
     throw DataError(path + ": " + std::to_string(r.file->size()) +
-                    " bytes is not a whole number of uint16 tokens; the file is truncated or "
-                    "not a token file (set data.token_format: bytes for text)");
+                    " bytes is not a whole number of " + (r.width == 2 ? "uint16" : "uint32") +
+                    " tokens; the file is truncated or not a token file (set data.token_format: "
+                    "bytes for text)");
   }
   r.end = static_cast<int64_t>(r.file->size()) / r.width;
   return r;
@@ -160,7 +163,7 @@ void check_length(const TokenRange& r, int64_t seq_len, const std::string& what)
 
 // The `data.` keys of tokens.
 struct TokensOptions {
-  std::string token_format = "auto";  // uint16 (nanoGPT .bin), bytes, auto (by suffix)
+  std::string token_format = "auto";  // uint16 (nanoGPT .bin), uint32, bytes, auto (by suffix)
   int64_t seq_len = 0;                // tokens per sample; 0 = the model's context length
   double val_fraction = 0.1;          // tail of a single file held out for validation
 
@@ -171,7 +174,7 @@ struct TokensOptions {
     v("val_fraction", val_fraction);
   }
   void validate(config::Checks& c) const {
-    c.one_of("token_format", token_format, {"auto", "uint16", "bytes"});
+    c.one_of("token_format", token_format, {"auto", "uint16", "uint32", "bytes"});
     c.at_least("seq_len", seq_len, 0);
     if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
       c.add("val_fraction", "must be in (0, 1), got " + format_number(val_fraction));

@@ -1,0 +1,89 @@
+// trainer tokenize: text files to a token file of the `tokens` data set, with GPT-2's BPE.
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "data/tokenize.h"
+#include "util/format.h"
+
+namespace trainer::cli {
+
+namespace {
+
+// --format: bytes per token for a vocabulary of `tokens`.
+int token_width(const std::string& format, int64_t tokens) {
+  if (format != "auto" && format != "uint16" && format != "uint32") {
+    throw UsageError("--format: expected auto, uint16 or uint32, got '" + format + "'");
+  }
+  const bool fits16 = tokens <= 65536;
+  if (format == "uint16" && !fits16) {
+    throw UsageError("--format uint16: the tokenizer has " + std::to_string(tokens) +
+                     " tokens, more than uint16 holds; use uint32");
+  }
+  return format == "uint32" || (format == "auto" && !fits16) ? 4 : 2;
+}
+
+}  // namespace
+
+int tokenize_command(int argc, char** argv) {
+  cxxopts::Options options("trainer tokenize",
+                           "Encodes text files with GPT-2's BPE into a token file (data.name: "
+                           "tokens), <|endoftext|> between the files.");
+  // clang-format off
+  options.add_options()
+      ("tokenizer", "a folder with GPT-2's encoder.json and vocab.bpe",
+       cxxopts::value<std::string>(), "DIR")
+      ("out", "the token file to write (written atomically), e.g. train.bin",
+       cxxopts::value<std::string>(), "FILE")
+      ("threads", "encoding threads (0: one per core)",
+       cxxopts::value<int>()->default_value("0"), "N")
+      ("format", "token width: uint16 (nanoGPT's .bin), uint32, or auto (uint16 when the "
+       "vocabulary fits)", cxxopts::value<std::string>()->default_value("auto"), "F")
+      ("json", "print one JSON object instead of the line")
+      ("files", "the text files, one document each", cxxopts::value<std::vector<std::string>>())
+      ("h,help", "print this help");
+  // clang-format on
+  options.parse_positional({"files"});
+  options.positional_help("FILES...");
+  const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
+  if (args.count("help")) {
+    std::cout << options.help();
+    return 0;
+  }
+  if (!args.count("tokenizer") || !args.count("out") || !args.count("files")) {
+    throw UsageError("tokenize needs --tokenizer DIR, --out FILE and one or more text files");
+  }
+  const data::Gpt2Tokenizer tokenizer(args["tokenizer"].as<std::string>());
+  const int width = token_width(args["format"].as<std::string>(), tokenizer.size());
+  int threads = args["threads"].as<int>();
+  if (threads < 0) throw UsageError("--threads: expected 0 (one per core) or more");
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto out = args["out"].as<std::string>();
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = data::tokenize_files(tokenizer, args["files"].as<std::vector<std::string>>(), out,
+                                      width, threads);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double rate = seconds > 0 ? static_cast<double>(r.tokens) / seconds : 0.0;
+  const char* type = width == 2 ? "uint16" : "uint32";
+  if (args.count("json")) {
+    std::cout
+        << nlohmann::json{{"out", out},         {"tokens", r.tokens},    {"documents", r.documents},
+                          {"bytes", r.bytes},   {"format", type},        {"threads", threads},
+                          {"seconds", seconds}, {"tokens_per_sec", rate}}
+               .dump()
+        << "\n";
+  } else {
+    std::cout << strprintf("wrote %s: %" PRId64 " tokens (%s) of %" PRId64
+                           " documents, %.1f MB of text, in %.2f s: %.0f tokens/s on %d threads\n",
+                           out.c_str(), r.tokens, type, r.documents, r.bytes / 1e6, seconds, rate,
+                           threads);
+  }
+  return 0;
+}
+
+}  // namespace trainer::cli

@@ -1,0 +1,51 @@
+// Text files to a token file of the `tokens` data set (trainer tokenize): GPT-2's BPE over many
+// threads. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/gpt2_bpe.h"
+
+namespace trainer::data {
+
+// Where `text` can be cut into chunks of about `chunk` bytes without changing its pieces (after a
+// newline between two printable ASCII characters): the chunks' end offsets, the last the text's
+// size; one chunk when there is no such place.
+std::vector<size_t> chunk_ends(const std::string& text, size_t chunk);
+
+// Encodes documents on `threads` threads, each with its own piece cache, kept from one document
+// to the next.
+class ParallelEncoder {
+ public:
+  ParallelEncoder(const Gpt2Tokenizer& tokenizer, int threads);
+
+  // The token ids of each of `texts`: the same as tokenizer.encode(text). The texts' chunks
+  // (chunk_ends) are shared out over the threads.
+  std::vector<std::vector<int32_t>> encode(const std::vector<std::string>& texts);
+
+ private:
+  const Gpt2Tokenizer& tokenizer_;
+  int threads_;
+  std::vector<Gpt2Tokenizer::PieceCache> caches_;  // one per thread
+};
+
+// What tokenize_files wrote.
+struct TokenizeResult {
+  int64_t tokens = 0;     // written, end-of-text tokens included
+  int64_t documents = 0;  // the files
+  int64_t bytes = 0;      // of text read
+  int width = 2;          // bytes per token
+};
+
+// Writes the tokens of `files` (each one document, read whole, up to 64 MB of them at a time) to
+// `out` (atomically) as
+// little-endian integers of `width` bytes (2: uint16, nanoGPT's .bin; 4: uint32), the
+// tokenizer's <|endoftext|> between documents. Throws DataError naming a file that cannot be
+// read, or a tokenizer without <|endoftext|> when there are several documents; IoError when
+// `out` cannot be written.
+TokenizeResult tokenize_files(const Gpt2Tokenizer& tokenizer, const std::vector<std::string>& files,
+                              const std::string& out, int width, int threads);
+
+}  // namespace trainer::data
