@@ -7,9 +7,11 @@
       DIR/val/<class>/*.jpg. Does nothing when DIR already holds them.
 
   bench_loader.py torchvision DIR [--batch B] [--workers W] [--batches N] [--warmup N]
+                                  [--transforms v2|v1]
       times torchvision's ImageFolder + DataLoader with the same training transform as the
-      trainer (RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize) and prints
-      {"images_per_sec": ...}.
+      trainer (v2, the default: RandomResizedCrop(224, antialias=True) + RandomHorizontalFlip +
+      ToImage + ToDtype(float32, scale=True) + Normalize; v1: RandomResizedCrop(224) +
+      RandomHorizontalFlip + ToTensor + Normalize) and prints {"images_per_sec": ...}.
 """
 import argparse
 import gzip
@@ -49,18 +51,20 @@ def make(root, train, val):
     open(marker, "w").close()
 
 
-def torchvision_rate(root, batch, workers, batches, warmup):
+def torchvision_rate(root, batch, workers, batches, warmup, version):
     import torch
     from torchvision import datasets, transforms
+    from torchvision.transforms import v2
 
-    transform = transforms.Compose(
-        [
-            transforms.RandomResizedCrop(224),
-            transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-        ]
-    )
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    if version == "v2":
+        transform = v2.Compose([v2.RandomResizedCrop(224, antialias=True),
+                                v2.RandomHorizontalFlip(), v2.ToImage(),
+                                v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    else:
+        transform = transforms.Compose([transforms.RandomResizedCrop(224),
+                                        transforms.RandomHorizontalFlip(),
+                                        transforms.ToTensor(), transforms.Normalize(mean, std)])
     dataset = datasets.ImageFolder(os.path.join(root, "train"), transform)
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -86,7 +90,7 @@ def torchvision_rate(root, batch, workers, batches, warmup):
         images += x.shape[0]
     seconds = time.perf_counter() - start
     return {"images_per_sec": round(images / seconds, 1), "batches": batches, "batch_size": batch,
-            "workers": workers, "seconds": round(seconds, 3)}
+            "workers": workers, "seconds": round(seconds, 3), "transforms": version}
 
 
 def main():
@@ -99,11 +103,13 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batches", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--transforms", choices=["v2", "v1"], default="v2")
     a = p.parse_args()
     if a.what == "make":
         make(a.dir, a.train, a.val)
     else:
-        print(json.dumps(torchvision_rate(a.dir, a.batch, a.workers, a.batches, a.warmup)))
+        print(json.dumps(torchvision_rate(a.dir, a.batch, a.workers, a.batches, a.warmup,
+                                          a.transforms)))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,6 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 print(f"machine: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}, torchvision "
       f"{torchvision.__version__}, Pillow {PIL.__version__}")
 print(f"trainer imagefolder: {ours['images_per_sec']:.0f} images/s ({ours['workers']} threads, batch {ours['batch_size']})")
-print(f"torchvision:         {theirs['images_per_sec']:.0f} images/s ({theirs['workers']} workers, batch {theirs['batch_size']})")
+print(f"torchvision:         {theirs['images_per_sec']:.0f} images/s ({theirs['workers']} workers, batch {theirs['batch_size']}, transforms {theirs['transforms']})")
 print(f"ratio: {ours['images_per_sec'] / theirs['images_per_sec']:.2f}x")
 PY

@@ -33,7 +33,7 @@ say() { echo "setup: $*" >&2; }
 # --- Debian packages ---------------------------------------------------------------------------
 PACKAGES=(cmake ninja-build g++ ccache lld pkg-config libyaml-cpp-dev libspdlog-dev libcxxopts-dev
           libgloo-dev nlohmann-json3-dev zlib1g-dev libturbojpeg0-dev libspng-dev libxxhash-dev
-          libcurl4-openssl-dev)
+          libcurl4-openssl-dev libjpeg-dev)
 # For the tests and the shipped configs.
 if [[ "$MINIMAL" != 1 ]]; then
   PACKAGES+=(libgtest-dev dataset-fashion-mnist fortunes procps shellcheck)

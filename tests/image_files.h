@@ -34,12 +34,12 @@ inline std::vector<uint8_t> ramp_image(int width, int height, uint8_t blue = 64)
 }
 
 inline std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& rgb, int width, int height,
-                                        int quality = 95) {
+                                        int quality = 95, int subsampling = TJSAMP_444) {
   tjhandle tj = tjInitCompress();
   unsigned char* buf = nullptr;
   unsigned long size = 0;
   const int rc = tjCompress2(tj, rgb.data(), width, /*pitch=*/0, height, TJPF_RGB, &buf, &size,
-                             TJSAMP_444, quality, /*flags=*/0);
+                             subsampling, quality, /*flags=*/0);
   std::vector<uint8_t> out(buf, buf + (rc == 0 ? size : 0));
   tjFree(buf);
   tjDestroy(tj);

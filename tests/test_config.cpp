@@ -602,7 +602,7 @@ TEST_F(ConfigTest, DataPipelineRules) {
   EXPECT_HAS(issues_for({"data.image_size=300"}), "data.resize_size: must be >= data.image_size");
   EXPECT_HAS(issues_for({"data.on_error=ignore"}), "data.on_error: must be one of skip, fail");
   EXPECT_HAS(issues_for({"data.token_format=u16"}),
-             "data.token_format: must be one of auto, uint16, bytes");
+             "data.token_format: must be one of auto, uint16, uint32, bytes");
   EXPECT_HAS(issues_for({"data.val_fraction=1"}), "data.val_fraction: must be in (0, 1)");
   EXPECT_HAS(issues_for({"sched.warmup_epochs=5", "sched.warmup_steps=10"}),
              "sched.warmup_epochs: set either");

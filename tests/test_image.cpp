@@ -134,15 +134,59 @@ TEST(ImageDecodeTest, JpegDecodesAtReducedScaleForSmallTargets) {
   EXPECT_EQ(img.height, 75);
   EXPECT_EQ(region.width, 100);
   EXPECT_EQ(region.height, 75);
-  // A region in full-size pixels is mapped to the decoded pixels.
+  // A region in full-size pixels is mapped to the decoded pixels: only its rows and (whole
+  // iMCUs of) its columns are decoded.
   Rect part{200, 100, 200, 200};
   const Image half = decode_image(jpeg, "a.jpg", part, /*min_side=*/100);
-  EXPECT_EQ(half.width, 200);
-  EXPECT_EQ(part.x, 100);
-  EXPECT_EQ(part.y, 50);
+  EXPECT_EQ(half.height, 100);
+  EXPECT_GE(half.width, 100);
+  EXPECT_LT(half.width, 200);
+  EXPECT_EQ(part.y, 0);
   EXPECT_EQ(part.width, 100);
+  EXPECT_EQ(part.height, 100);
   // The content survives: the red ramp at the region's left edge is about half way.
   EXPECT_NEAR(half.rgb[static_cast<size_t>((part.y * half.width + part.x) * 3)], 128, 8);
+}
+
+// The training path decodes only the crop's rows and columns: its pixels are those of the whole
+// image decoded the same way (fast DCT, the same scale), cropped; with 4:2:0 chroma too.
+TEST(ImageDecodeTest, CropDecodeEqualsTheWholeDecodesCrop) {
+  std::vector<uint8_t> rgb = ramp_image(500, 375);
+  uint32_t state = 7;
+  for (auto& v : rgb) {  // texture, so that every block has detail
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<uint8_t>((v + (state >> 27)) & 0xFF);
+  }
+  for (const int sampling : {TJSAMP_444, TJSAMP_420}) {
+    const auto jpeg = encode_jpeg(rgb, 500, 375, /*quality=*/90, sampling);
+    // min_side 376 keeps scale 1; 150 picks 1/2 for both regions.
+    for (const auto& [min_side, crop] : std::vector<std::pair<int64_t, Rect>>{
+             {376, Rect{101, 57, 300, 250}}, {150, Rect{100, 50, 320, 300}}}) {
+      SCOPED_TRACE("sampling " + std::to_string(sampling) + ", min_side " +
+                   std::to_string(min_side));
+      Rect whole{0, 0, 500, 375}, part = crop;
+      const Image all = decode_image(jpeg, "a.jpg", whole, min_side);
+      const Image cut = decode_image(jpeg, "a.jpg", part, min_side);
+      const double f = static_cast<double>(all.width) / 500.0;
+      const auto x0 = static_cast<int64_t>(std::floor(crop.x * f));
+      const auto y0 = static_cast<int64_t>(std::floor(crop.y * f));
+      ASSERT_EQ(part.width, std::llround(crop.width * f));
+      ASSERT_EQ(part.height, std::llround(crop.height * f));
+      int worst = 0;
+      for (int64_t y = 0; y < part.height; ++y) {
+        for (int64_t x = 0; x < part.width * 3; ++x) {
+          const int a = all.rgb[static_cast<size_t>((y0 + y) * all.width * 3 + x0 * 3 + x)];
+          const int b = cut.rgb[static_cast<size_t>((part.y + y) * cut.width * 3 + part.x * 3 + x)];
+          worst = std::max(worst, std::abs(a - b));
+        }
+      }
+      EXPECT_EQ(worst, 0);
+    }
+    auto truncated = jpeg;
+    truncated.resize(truncated.size() / 2);
+    Rect part{100, 50, 320, 300};
+    EXPECT_THROW(decode_image(truncated, "a.jpg", part, /*min_side=*/150), DataError);
+  }
 }
 
 TEST(ImageDecodeTest, CorruptDataIsDataErrorNamingThePath) {

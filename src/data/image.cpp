@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "data/dataset.h"
+#include "data/jpeg_region.h"
 
 namespace trainer::data {
 namespace {
@@ -88,21 +89,58 @@ tjscalingfactor pick_scale(const Rect& region, int64_t min_side) {
   return best;
 }
 
+// `pixels` ([height, width, 3], or 4 for `cmyk`) as an RGB image.
+Image rgb_image(std::vector<uint8_t> pixels, int64_t width, int64_t height, bool cmyk) {
+  Image img;
+  img.width = width;
+  img.height = height;
+  if (!cmyk) {
+    img.rgb = std::move(pixels);
+    return img;
+  }
+  // Adobe's inverted CMYK, as JPEG files store it: channel = C * K / 255.
+  img.rgb.resize(static_cast<size_t>(width * height * 3));
+  for (size_t i = 0, n = static_cast<size_t>(width * height); i < n; ++i) {
+    const unsigned k = pixels[4 * i + 3];
+    for (size_t c = 0; c < 3; ++c)
+      img.rgb[3 * i + c] = static_cast<uint8_t>(pixels[4 * i + c] * k / 255);
+  }
+  return img;
+}
+
+// The training path: only `region`'s rows and columns (whole iMCUs), at the smallest DCT scale
+// keeping it at least `min_side` on both sides, with the fast DCT; `region` becomes its place in
+// the returned image.
+Image decode_jpeg_region(const std::vector<uint8_t>& bytes, const std::string& path,
+                         const JpegHeader& h, Rect& region, int64_t min_side) {
+  const tjscalingfactor sf = pick_scale(region, min_side);
+  const bool cmyk = h.colorspace == TJCS_CMYK || h.colorspace == TJCS_YCCK;
+  const double f = static_cast<double>(sf.num) / sf.denom;
+  const int64_t width = TJSCALED(h.width, sf), height = TJSCALED(h.height, sf);
+  Rect r;  // the region in scaled pixels, kept inside the image
+  r.x = std::min<int64_t>(static_cast<int64_t>(std::floor(region.x * f)), width - 1);
+  r.y = std::min<int64_t>(static_cast<int64_t>(std::floor(region.y * f)), height - 1);
+  r.width = std::clamp<int64_t>(std::llround(region.width * f), 1, width - r.x);
+  r.height = std::clamp<int64_t>(std::llround(region.height * f), 1, height - r.y);
+  int64_t x = r.x, w = r.width;
+  std::vector<uint8_t> pixels;
+  const std::string error = decode_jpeg_rows(bytes.data(), bytes.size(), sf.num, sf.denom, cmyk, x,
+                                             r.y, w, r.height, pixels);
+  if (!error.empty()) throw DataError(path + ": corrupt JPEG: " + error);
+  region = Rect{r.x - x, 0, r.width, r.height};
+  return rgb_image(std::move(pixels), w, r.height, cmyk);
+}
+
 Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
                   int64_t min_side, int64_t max_pixels) {
   const JpegHeader h = jpeg_header(bytes, path, max_pixels);
-  const tjscalingfactor sf = min_side > 0 ? pick_scale(region, min_side) : tjscalingfactor{1, 1};
-  Image img;
-  img.width = TJSCALED(h.width, sf);
-  img.height = TJSCALED(h.height, sf);
+  if (min_side > 0) return decode_jpeg_region(bytes, path, h, region, min_side);
   const bool cmyk = h.colorspace == TJCS_CMYK || h.colorspace == TJCS_YCCK;
-  const int channels = cmyk ? 4 : 3;
-  std::vector<uint8_t> pixels(static_cast<size_t>(img.width * img.height * channels));
+  std::vector<uint8_t> pixels(static_cast<size_t>(h.width) * h.height * (cmyk ? 4 : 3));
   tjhandle tj = jpeg_decoder();
   const int rc = tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()),
-                               pixels.data(), static_cast<int>(img.width), /*pitch=*/0,
-                               static_cast<int>(img.height), cmyk ? TJPF_CMYK : TJPF_RGB,
-                               min_side > 0 ? TJFLAG_FASTDCT : TJFLAG_ACCURATEDCT);
+                               pixels.data(), h.width, /*pitch=*/0, h.height,
+                               cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_ACCURATEDCT);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(tj);
     // Warnings leave a usable image (e.g. extraneous bytes before a marker), except data that
@@ -112,28 +150,7 @@ Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, Re
       throw DataError(path + ": corrupt JPEG: " + why);
     }
   }
-  if (cmyk) {
-    // Adobe's inverted CMYK, as JPEG files store it: channel = C * K / 255.
-    img.rgb.resize(static_cast<size_t>(img.width * img.height * 3));
-    for (size_t i = 0, n = static_cast<size_t>(img.width * img.height); i < n; ++i) {
-      const unsigned k = pixels[4 * i + 3];
-      for (size_t c = 0; c < 3; ++c)
-        img.rgb[3 * i + c] = static_cast<uint8_t>(pixels[4 * i + c] * k / 255);
-    }
-  } else {
-    img.rgb = std::move(pixels);
-  }
-  if (sf.num != sf.denom) {
-    // The region in decoded pixels, kept inside the image.
-    const double f = static_cast<double>(sf.num) / sf.denom;
-    Rect r;
-    r.x = std::min<int64_t>(static_cast<int64_t>(std::floor(region.x * f)), img.width - 1);
-    r.y = std::min<int64_t>(static_cast<int64_t>(std::floor(region.y * f)), img.height - 1);
-    r.width = std::clamp<int64_t>(std::llround(region.width * f), 1, img.width - r.x);
-    r.height = std::clamp<int64_t>(std::llround(region.height * f), 1, img.height - r.y);
-    region = r;
-  }
-  return img;
+  return rgb_image(std::move(pixels), h.width, h.height, cmyk);
 }
 
 struct SpngDeleter {

@@ -33,13 +33,14 @@ constexpr int64_t kMaxImagePixels = 89478485;
 void image_size(const std::vector<uint8_t>& bytes, const std::string& path, int64_t& width,
                 int64_t& height, int64_t max_pixels = kMaxImagePixels);
 
-// Decodes `bytes`. A JPEG is decoded at the smallest of libjpeg-turbo's DCT scales (1/8 .. 1)
-// that keeps `region` (in full-size pixels) at least `min_side` pixels on both sides, so large
-// photos that end up as small crops decode several times faster; `region` is rescaled to the
-// decoded size. Throws DataError naming `path` for corrupt or truncated data and for a header
-// claiming more than `max_pixels` pixels, before allocating anything for them. `min_side` 0
-// decodes at full size with the accurate integer DCT, as PIL and torchvision do; otherwise with
-// the fast one.
+// Decodes `bytes`. With `min_side` > 0 (a training crop) a JPEG is decoded at the smallest of
+// libjpeg-turbo's DCT scales (1/8 .. 1) that keeps `region` (in full-size pixels) at least
+// `min_side` pixels on both sides, so large photos that end up as small crops decode several
+// times faster, and only the region's rows and (whole iMCUs of) its columns are decoded, with the
+// fast DCT: the image returned holds those, and `region` becomes the crop's place in it. Throws
+// DataError naming `path` for corrupt or truncated data and for a header claiming more than
+// `max_pixels` pixels, before allocating anything for them. `min_side` 0 decodes the whole image at
+// full size with the accurate integer DCT, as PIL and torchvision do.
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, Rect& region,
                    int64_t min_side, int64_t max_pixels = kMaxImagePixels);
 
