@@ -12,8 +12,8 @@
 #include "cli_fixture.h"
 #include "config/loader.h"
 #include "engine/loop/components.h"
-#include "engine/measure/memory.h"
 #include "engine/loop/trainer.h"
+#include "engine/measure/memory.h"
 #include "losses/loss.h"
 #include "models/model.h"
 #include "nn/activation_checkpoint.h"
@@ -87,7 +87,8 @@ TEST(GpuLoss, FusedCrossEntropyMatchesATen) {
         const auto targets = torch::randint(k, {n}, torch::TensorOptions(cuda).dtype(torch::kLong));
         auto ref_in = base.to(torch::kDouble).requires_grad_(true);
         auto ref = torch::nn::functional::cross_entropy(
-            ref_in, targets, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(smoothing));
+            ref_in, targets,
+            torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(smoothing));
         ref.backward();
         auto leaf = base.clone().requires_grad_(true);
         auto logits = leaf * 1.0;  // a model's output: the loss may write over it
@@ -151,8 +152,8 @@ TEST_F(GpuGraphCli, TrainsThroughTheCommandLineAsEagerSteps) {
                              "run: {log_every: 1, eval_every: 16, checkpoint_every: 10, "
                              "progress: never}\n");
   const auto train = [&](const std::string& name, const std::string& extra) {
-    const auto r = run("--config '" + cfg.string() + "' --run-dir '" + (dir_ / name).string() +
-                       "' " + extra);
+    const auto r =
+        run("--config '" + cfg.string() + "' --run-dir '" + (dir_ / name).string() + "' " + extra);
     EXPECT_EQ(r.code, 0) << r.err;
     return losses(dir_ / name);
   };
@@ -416,6 +417,28 @@ TEST_F(GpuMemory, OutOfMemoryNamesTheStepTheBatchAndThePeak) {
   EXPECT_NE(r.err.find("MiB in tensors at the peak of the step"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("trainer doctor --config"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("frame #"), std::string::npos) << r.err;  // no C++ stack trace
+  // With profile.memory_snapshot the error names the allocator's history, written as a pickle
+  // that torch.cuda._memory_viz renders.
+  const auto snap =
+      sh("PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.005 \"$TRAINER\" "
+         "--config '" +
+         cfg.string() + "' --set profile.memory_snapshot=true");
+  EXPECT_EQ(snap.code, 1) << snap.err;
+  const fs::path pickle = dir_ / "run" / "memory_snapshot.pickle";
+  EXPECT_NE(snap.err.find("the allocator's history until then is in " + pickle.string()),
+            std::string::npos)
+      << snap.err;
+  ASSERT_TRUE(fs::exists(pickle));
+  EXPECT_EQ(test_support::read_file(pickle).substr(0, 1), "\x80");  // a pickle's protocol marker
+  // Rendered where the venv's torch is at hand (scripts/gpu_check.sh's observe case always).
+  const auto viz =
+      sh("[ -x .venv/bin/python ] || exit 77; .venv/bin/python -m "
+         "torch.cuda._memory_viz trace_plot '" +
+         pickle.string() + "' -o '" + (dir_ / "memory.html").string() + "'");
+  if (viz.code != 77) {
+    EXPECT_EQ(viz.code, 0) << viz.err;
+    EXPECT_GT(fs::file_size(dir_ / "memory.html"), 1000u);
+  }
 }
 
 }  // namespace
