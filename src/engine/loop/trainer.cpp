@@ -94,15 +94,17 @@ class Run {
     return !stops_after();
   }
 
-  // At an epoch's end (or the run's last step): the evaluation and checkpoint due then.
+  // At an epoch's end (or the run's last step): the evaluation and checkpoint due at the end of
+  // a whole epoch.
   void end_epoch() {
-    if (cfg_.run.eval_every == 0 && s_.state.last_eval_step != s_.state.step) {
+    // A run whose last step falls inside an epoch ends it unfinished: finish() evaluates then
+    // (train.eval_at_end), not the epoch's end.
+    const bool whole = s_.state.step_in_epoch == s_.parts.steps_per_epoch;
+    if (cfg_.run.eval_every == 0 && whole && s_.state.last_eval_step != s_.state.step) {
       evaluate(s_.state.epoch);
     }
     // Resuming from the end of an epoch runs no step of it and goes on with the next.
-    if (cfg_.run.checkpoint_every == 0 && s_.state.step_in_epoch == s_.parts.steps_per_epoch) {
-      checkpoint();
-    }
+    if (cfg_.run.checkpoint_every == 0 && whole) checkpoint();
   }
 
   bool reached_target() const { return result_.reached_target; }
