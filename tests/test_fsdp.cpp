@@ -140,6 +140,32 @@ TEST_F(Fsdp, ShardedCheckpointsResumeOnOtherRankCountsAndUnderDdp) {
   expect_same_losses(whole, parts, 40);
 }
 
+// train.ema under fsdp: each rank saves its pieces of the average beside the parameters' (ema.*),
+// and a resume on one rank under DDP reassembles it: the losses are the uninterrupted fsdp run's,
+// and so is the exported average (within the rounding between the strategies), which differs from
+// the trained weights.
+TEST_F(Fsdp, WeightAverageIsShardedAndResumesUnderDdp) {
+  const std::string args = gpt(16) + " --set train.ema.decay=0.9 --set train.ema.warmup=true";
+  const fs::path whole = dir_ / "whole", parts = dir_ / "parts";
+  train(2, 8, args + " --set dist.strategy=fsdp", whole);
+  train(2, 8, args + " --set dist.strategy=fsdp --set train.stop_at_step=8", parts);
+  const fs::path shard =
+      parts / "checkpoints" / "step_00000008.shards" / "rank_00001_of_00002.safetensors";
+  ASSERT_TRUE(fs::exists(shard));
+  EXPECT_FALSE(float_tensors(shard, "ema.").empty());
+  train(1, 16, args + " --set dist.strategy=ddp --resume auto", parts);
+  expect_same_losses(whole, parts, 16);
+  const auto exported = [&](const fs::path& run_dir, const std::string& weights) {
+    const fs::path out = run_dir / (weights + ".safetensors");
+    const auto r = run("export --checkpoint '" + run_dir.string() + "' --out '" + out.string() +
+                       "' --weights " + weights);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return out;
+  };
+  EXPECT_LT(max_abs_diff(exported(whole, "ema"), exported(parts, "ema")), 1e-4);
+  EXPECT_GT(max_abs_diff(exported(whole, "ema"), exported(whole, "raw")), 1e-3);
+}
+
 // Resuming on other numbers of ranks. At the global batch of the checkpoint a run continues at its
 // sample, 1 -> 2 -> 3 -> 4 ranks, with the losses of the uninterrupted run. At another global
 // batch (1 -> 2 and 2 -> 3 ranks keeping the per-rank batch, 4 -> 2 keeping it too) it exits 2
@@ -159,11 +185,13 @@ TEST_F(Fsdp, ResumeOnOtherRankCountsContinuesAtTheSampleOrNamesWhatDiffers) {
                        args + " --set data.batch_size=" + std::to_string(batch) +
                        " --resume auto --run-dir '" + parts.string() + "'");
     EXPECT_EQ(r.code, 2) << r.err;
-    for (const auto& text : {then, now, fix}) EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
+    for (const auto& text : {then, now, fix})
+      EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
     EXPECT_EQ(losses(parts).size(), logged);
   };
   refused(2, 12, "1 rank x data.batch_size 12 x train.grad_accum_steps 1 = 12 samples per step",
-          "2 ranks x data.batch_size 12 x train.grad_accum_steps 1 = 24", "set data.batch_size to 6");
+          "2 ranks x data.batch_size 12 x train.grad_accum_steps 1 = 24",
+          "set data.batch_size to 6");
   train(2, 6, args + " --set train.stop_at_step=12 --resume auto", parts);
   refused(3, 6, "2 ranks x data.batch_size 6 x train.grad_accum_steps 1 = 12", "= 18",
           "set data.batch_size to 4");
