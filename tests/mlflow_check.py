@@ -28,6 +28,10 @@ import urllib.request
 import yaml
 from run_check import report
 
+# Nothing leaves the machine: no usage telemetry from the server or the client.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+os.environ["DO_NOT_TRACK"] = "true"
+
 try:
     import mlflow  # noqa: F401
     from mlflow.tracking import MlflowClient
