@@ -65,6 +65,15 @@ Resolved checkpoint_and_config(const std::string& spec, const std::string& confi
   return r;
 }
 
+// `loaded` for using a model, not training it: the whole model on every rank, whatever the
+// training strategy was (a sharded checkpoint loads whole), and no weight average or spike guard
+// beside it.
+void for_use(config::LoadedConfig& loaded) {
+  loaded.cfg.dist.strategy = "ddp";
+  loaded.cfg.train.ema = {};
+  loaded.cfg.train.skip_update_zscore = {};
+}
+
 // The model of --config alone: its model.pretrained weights (loaded as training starts from them),
 // at step 0.
 CheckpointModel pretrained_model(const cxxopts::ParseResult& args, const distributed::DistEnv& job,
@@ -79,7 +88,7 @@ CheckpointModel pretrained_model(const cxxopts::ParseResult& args, const distrib
                      " without --checkpoint needs model.pretrained (the weights to use); give "
                      "--checkpoint PATH|RUN_DIR or --set model.pretrained=FILE");
   }
-  m.loaded.cfg.dist.strategy = "ddp";
+  for_use(m.loaded);
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
   return m;
 }
@@ -128,11 +137,7 @@ CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
   CheckpointModel m{
       resolved.checkpoint,
       load_config(resolved.config, set_and_device(args), engine::config_environment()), nullptr, 0};
-  // A sharded checkpoint loads whole: every rank uses the whole model, whatever the training
-  // strategy was. Nothing trains: no average or spike guard beside the model.
-  m.loaded.cfg.dist.strategy = "ddp";
-  m.loaded.cfg.train.ema = {};
-  m.loaded.cfg.train.skip_update_zscore = {};
+  for_use(m.loaded);
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
   m.step = m.trainer->load_model(m.checkpoint, labels, resolved.state ? &*resolved.state : nullptr,
                                  weights_use(args));

@@ -161,12 +161,17 @@ void DistConfig::validate(Checks& c) const {
 
 void TrackingConfig::validate(Checks& /*c*/) const {}
 
-std::vector<std::pair<std::string, std::string>> MlflowConfig::tag_list() const {
+std::vector<std::pair<std::string, std::string>> MlflowConfig::tag_list(
+    std::optional<std::string>* malformed) const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& item : split(tags, ',')) {
     const auto eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) continue;
-    out.emplace_back(trim(item.substr(0, eq)), trim(item.substr(eq + 1)));
+    const std::string key = eq == std::string::npos ? "" : trim(item.substr(0, eq));
+    if (key.empty()) {
+      if (malformed && !*malformed) *malformed = item;
+      continue;
+    }
+    out.emplace_back(key, trim(item.substr(eq + 1)));
   }
   return out;
 }
@@ -179,15 +184,12 @@ void MlflowConfig::validate(Checks& c) const {
               uri + "'");
   }
   if (!uri.empty() && experiment.empty()) c.add("experiment", "must name an experiment");
-  for (const auto& item : split(tags, ',')) {
-    const auto eq = item.find('=');
-    if (trim(item).empty() || eq == std::string::npos || trim(item.substr(0, eq)).empty()) {
-      c.add("tags",
-            "expected key=value pairs separated by commas (e.g. team=vision,"
-            "owner=ana), got '" +
-                item + "'");
-      break;
-    }
+  std::optional<std::string> malformed;
+  tag_list(&malformed);
+  if (malformed) {
+    c.add("tags",
+          "expected key=value pairs separated by commas (e.g. team=vision,owner=ana), got '" +
+              *malformed + "'");
   }
 }
 

@@ -138,6 +138,8 @@ struct EmaConfig {
                         // the first
   int64_t every = 1;    // update the average every this many optimizer steps
 
+  bool enabled() const { return decay > 0.0; }
+
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
 
@@ -155,6 +157,8 @@ struct ZScoreConfig {
   double loss = 0.0;       // z-score limit of the step's loss; 0 = not checked
   double grad_norm = 0.0;  // z-score limit of the gradients' global norm; 0 = not checked
   int64_t window = 100;    // steps in the running mean and standard deviation
+
+  bool enabled() const { return loss > 0.0 || grad_norm > 0.0; }
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -338,8 +342,10 @@ struct MlflowConfig {
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
 
-  // The tags as (key, value) pairs; nullopt-free: malformed entries are validate()'s errors.
-  std::vector<std::pair<std::string, std::string>> tag_list() const;
+  // The tags as (key, value) pairs; `malformed`, when given, gets the first entry that is not
+  // key=value (which is left out), if any.
+  std::vector<std::pair<std::string, std::string>> tag_list(
+      std::optional<std::string>* malformed = nullptr) const;
 
   template <class V>
   void visit(V& v) {

@@ -71,11 +71,16 @@ void check_environment(const Config& c, const Environment& env, Checks& checks) 
   }
 }
 
+// Whether the run trains on the CPU: asked to, or left to choose where there is no CUDA device.
+bool trains_on_cpu(const Config& c, const Environment& env) {
+  return c.device == "cpu" || (c.device == "auto" && !env.cuda_available);
+}
+
 // train.cuda_graph: what a captured step cannot do.
 void check_cuda_graph(const Config& c, const Environment& env, Checks& checks) {
   if (!c.train.cuda_graph) return;
   const auto fail = [&](const std::string& why) { checks.add("train.cuda_graph", why); };
-  if (c.device == "cpu" || (c.device == "auto" && !env.cuda_available)) {
+  if (trains_on_cpu(c, env)) {
     fail("needs a CUDA device (device: cuda); set train.cuda_graph: false");
   }
   if (c.optim.impl == "foreach" || c.optim.impl == "loop") {
@@ -111,8 +116,7 @@ void check_cuda_graph(const Config& c, const Environment& env, Checks& checks) {
 
 // Settings that only a CUDA device has.
 void check_cuda_only(const Config& c, const Environment& env, Checks& checks) {
-  const bool cpu = c.device == "cpu" || (c.device == "auto" && !env.cuda_available);
-  if (cpu && c.profile.memory_snapshot) {
+  if (trains_on_cpu(c, env) && c.profile.memory_snapshot) {
     checks.add("profile.memory_snapshot",
                "records the CUDA caching allocator's history, and this run trains on the CPU" +
                    std::string(env.cuda_available ? "" : " (no CUDA device here)") +

@@ -1,11 +1,10 @@
 #include "data/tokenize.h"
 
 #include <atomic>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "data/dataset.h"
+#include "data/files.h"
 #include "util/fileio.h"
 
 namespace trainer::data {
@@ -17,15 +16,6 @@ constexpr size_t kBatchBytes = size_t{64} << 20;      // text read before encodi
 
 bool printable_ascii(char c) {
   return c > ' ' && c < 0x7f;
-}
-
-std::string read_document(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(path + ": cannot read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw DataError(path + ": read failed");
-  return text.str();
 }
 
 // Passes `ids` to `sink` as little-endian integers of `width` bytes, through `bytes`.
@@ -113,7 +103,8 @@ TokenizeResult tokenize_files(const Gpt2Tokenizer& tokenizer, const std::vector<
       std::vector<std::string> batch;  // documents f.. up to kBatchBytes of text
       size_t held = 0;
       for (; f < files.size() && (batch.empty() || held < kBatchBytes); ++f) {
-        batch.push_back(read_document(files[f]));
+        const auto bytes = read_file(files[f]);
+        batch.emplace_back(bytes.begin(), bytes.end());
         held += batch.back().size();
       }
       const auto encoded = encoder.encode(batch);

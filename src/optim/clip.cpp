@@ -41,16 +41,6 @@ torch::Tensor grad_norm(const std::vector<torch::Tensor>& params, const SquaredN
   return total;
 }
 
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
-                             const SquaredNormSum& sum) {
-  torch::NoGradGuard no_grad;
-  const auto total = grad_norm(params, sum);
-  const auto grads = defined_grads(params);
-  if (grads.empty()) return {};
-  scale_to(grads, total, max_norm);
-  return total;
-}
-
 void clip_for_step(const Optimizer& optimizer, const std::vector<torch::Tensor>& params,
                    double max_norm, const torch::Tensor& total, KernelInputs& inputs) {
   if (inputs.grad_scale.defined())

@@ -19,12 +19,6 @@ using SquaredNormSum = std::function<torch::Tensor(const torch::Tensor& squared)
 // float32 device scalar; undefined when no gradient is defined. Nothing waits for the device.
 torch::Tensor grad_norm(const std::vector<torch::Tensor>& params, const SquaredNormSum& sum = {});
 
-// Scales the defined gradients of `params` by min(1, max_norm / (total + 1e-6)), total being the
-// L2 norm of all of them together (over every shard with `sum`), and returns total, a float32
-// device scalar (undefined when no gradient is defined). Nothing waits for the device.
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm,
-                             const SquaredNormSum& sum = {});
-
 // Clips the gradients of `params`, whose global norm is `total` (grad_norm), as clip_grad_norm
 // does, for a step of `optimizer`: one that takes device inputs gets
 // max(1, (total + 1e-6) / max_norm) as its gradient divisor (`inputs.grad_scale`, which must be

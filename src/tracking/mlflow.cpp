@@ -2,9 +2,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
+#include "util/fileio.h"
 #include "util/http.h"
 #include "util/log.h"
 
@@ -29,14 +28,6 @@ json key_values(const KeyValues& kv, size_t value_max = std::string::npos) {
   json out = json::array();
   for (const auto& [k, v] : kv) out.push_back({{"key", k}, {"value", v.substr(0, value_max)}});
   return out;
-}
-
-std::optional<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
 }
 
 }  // namespace
@@ -111,7 +102,12 @@ void MlflowTracker::work() {
       });
       if (stopping_) return;
     }
-    const bool ok = ensure_run() && send_batch() && send_status();
+    bool ok = false;
+    try {
+      ok = ensure_run() && send_batch() && send_status();
+    } catch (const json::exception& e) {  // a reply that is not MLflow's
+      failed(std::string("an unexpected reply: ") + e.what());
+    }
     if (ok) {
       backoff_s = 0.25;
       continue;
@@ -135,7 +131,8 @@ bool MlflowTracker::ensure_run() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     run_id_ = spec_.run_id;
-    params_sent_ = artifacts_sent_ = true;  // logged by the run this one continues
+    spec_.params.clear();  // logged by the run this one continues
+    spec_.artifacts.clear();
     return true;
   }
   return ensure_experiment() && create_run() && send_params() && send_artifacts();
@@ -149,6 +146,7 @@ bool MlflowTracker::ensure_experiment() {
     experiment_id_ = json::parse(*found).at("experiment").at("experiment_id").get<std::string>();
     return true;
   }
+  if (!missing_) return false;  // no answer: the server is down, nothing to create yet
   const auto made = call("POST", "experiments/create", json{{"name", spec_.experiment}}.dump());
   if (!made) return false;
   experiment_id_ = json::parse(*made).at("experiment_id").get<std::string>();
@@ -176,34 +174,40 @@ bool MlflowTracker::create_run() {
 }
 
 bool MlflowTracker::send_params() {
-  for (; !params_sent_ && !spec_.params.empty();) {
+  while (!spec_.params.empty()) {
     const size_t n = std::min(kParamsPerBatch, spec_.params.size());
     const KeyValues batch(spec_.params.begin(), spec_.params.begin() + n);
     json body = {{"run_id", run_id()}, {"params", key_values(batch, kParamValueMax)}};
     if (!call("POST", "runs/log-batch", body.dump())) return false;
     spec_.params.erase(spec_.params.begin(), spec_.params.begin() + n);
   }
-  params_sent_ = true;
   return true;
 }
 
 bool MlflowTracker::send_artifacts() {
   constexpr const char* kProxied = "mlflow-artifacts:";
-  for (; !artifacts_sent_ && !spec_.artifacts.empty();) {
+  while (!spec_.artifacts.empty()) {
     const auto& [file, name] = spec_.artifacts.front();
-    const auto bytes = read_file(file);
-    if (artifact_uri_.rfind(kProxied, 0) == 0 && bytes) {
+    if (artifact_uri_.rfind(kProxied, 0) == 0) {
+      std::string bytes;
+      try {
+        const auto read = read_bytes(file);
+        bytes.assign(read.begin(), read.end());
+      } catch (const IoError& e) {
+        log::warn("MLflow: " + name + " not uploaded: " + e.what());
+        spec_.artifacts.erase(spec_.artifacts.begin());
+        continue;
+      }
       std::string where = artifact_uri_.substr(std::string(kProxied).size());
       while (!where.empty() && where.front() == '/') where.erase(0, 1);
       const std::string url = "/api/2.0/mlflow-artifacts/artifacts/" + where + "/" + name;
-      if (!call("PUT", url, *bytes, "application/octet-stream")) return false;
+      if (!call("PUT", url, bytes, "application/octet-stream")) return false;
     } else {
       log::info("MLflow: " + name + " not uploaded (the run's artifact store " + artifact_uri_ +
                 " is not served by the tracking server); the run's tags name the run dir");
     }
     spec_.artifacts.erase(spec_.artifacts.begin());
   }
-  artifacts_sent_ = true;
   return true;
 }
 

@@ -69,7 +69,8 @@ class MlflowTracker {
  private:
   void work();
   // The steps of getting a run, each done once: the experiment, the run (or its status back to
-  // RUNNING), its parameters, its artifacts. False while the server fails.
+  // RUNNING), its parameters, its artifacts (spec_'s params and artifacts are emptied as they go
+  // out). False while the server fails.
   bool ensure_run();
   bool ensure_experiment();
   bool create_run();
@@ -100,7 +101,7 @@ class MlflowTracker {
   std::string run_id_;                 // guarded by mu_
   // The background thread's own.
   std::string experiment_id_, artifact_uri_;
-  bool params_sent_ = false, artifacts_sent_ = false, resumed_ = false;
+  bool resumed_ = false;  // continuing spec_.run_id (until the server says it has no such run)
   bool failing_ = false;  // the last request failed (warned once per stretch)
   bool missing_ = false;  // the last request's answer: the resource does not exist
   std::thread thread_;

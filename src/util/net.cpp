@@ -81,4 +81,10 @@ bool wait_for_listener(const std::string& host, int port, double timeout_s) {
   }
 }
 
+std::string host_name(const std::string& fallback) {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return fallback;
+  return name;
+}
+
 }  // namespace trainer

@@ -14,4 +14,7 @@ int free_port();
 // time. Opens and closes each connection; never waits past the deadline.
 bool wait_for_listener(const std::string& host, int port, double timeout_s);
 
+// This machine's host name (gethostname); `fallback` when it has none.
+std::string host_name(const std::string& fallback);
+
 }  // namespace trainer

@@ -1,13 +1,13 @@
 #include "util/tensorboard.h"
 
-#include <unistd.h>
-
 #include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+
+#include "util/net.h"
 
 namespace trainer::tensorboard {
 namespace {
@@ -53,12 +53,6 @@ std::string event_head(double wall_time) {
   put_tag(e, 1, /*wire_type=*/1);
   put_fixed(e, wall_time);
   return e;
-}
-
-std::string hostname() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
 }
 
 }  // namespace
@@ -113,7 +107,8 @@ EventWriter::EventWriter(const std::string& dir) {
   const auto now = std::chrono::system_clock::now();
   const double wall = std::chrono::duration<double>(now.time_since_epoch()).count();
   path_ = (std::filesystem::path(dir) /
-           ("events.out.tfevents." + std::to_string(static_cast<int64_t>(wall)) + "." + hostname()))
+           ("events.out.tfevents." + std::to_string(static_cast<int64_t>(wall)) + "." +
+            host_name("localhost")))
               .string();
   file_ = std::fopen(path_.c_str(), "ab");
   if (!file_)

@@ -123,8 +123,8 @@ int64_t Checkpointer::rollback() {
   state_.rolled_back_steps = now.rolled_back_steps + undone;
   state_.bad_steps_in_row = 0;
   state_.window_steps = state_.window_samples = 0;
-  state_.window_loss = torch::zeros_like(now.window_loss);
-  if (now.window_grad_norm.defined()) state_.window_grad_norm.zero_();
+  state_.window_loss.zero_();
+  if (state_.window_grad_norm.defined()) state_.window_grad_norm.zero_();
   return back_to;
 }
 

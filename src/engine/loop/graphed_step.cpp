@@ -124,7 +124,7 @@ void GraphedStep::work() {
   const bool clip = train_.clip_grad_norm > 0;
   // The fused kernel divides the gradients by the scale unless their norm (clipping, the spike
   // guard) needs them unscaled.
-  const bool kernel_unscales = p.scaler && !clip && !(guard_ && guard_->checks_grad_norm());
+  const bool kernel_unscales = p.scaler && !computes_grad_norm(train_, guard_);
   const torch::Tensor found_inf = !p.scaler         ? torch::Tensor()
                                   : kernel_unscales ? p.scaler->check(p.params)
                                                     : p.scaler->unscale(p.params);

@@ -102,14 +102,10 @@ void MetricsWriter::write(const nlohmann::json& record) {
   out_.flush();
   if (!out_) throw std::runtime_error("writing metrics failed (disk full?)");
   if (csv_) csv_->write(record);
-  if (mlflow_) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::system_clock::now().time_since_epoch());
-    mlflow_->log(tracking::record_metrics(record, ms.count()));
-  }
-  if (!events_) return;
   const double wall_time =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (mlflow_) mlflow_->log(tracking::record_metrics(record, std::llround(wall_time * 1e3)));
+  if (!events_) return;
   const std::string split = record.at("split").get<std::string>();
   const int64_t step = record.at("step").get<int64_t>();
   for (const auto& [key, value] : record.items()) {
@@ -271,9 +267,7 @@ void MetricsLog::train(int64_t epoch) {
   record["loss"] = last_loss_;  // NaN when every step of the window had a bad loss
   if (parts_.scaler) record["loss_scale"] = parts_.scaler->scale_value();
   if (parts_.scaler || state_.skipped_steps > 0) record["skipped_steps"] = state_.skipped_steps;
-  if (cfg_.train.skip_update_zscore.loss > 0 || cfg_.train.skip_update_zscore.grad_norm > 0) {
-    record["spike_skips"] = state_.spike_skips;
-  }
+  if (cfg_.train.skip_update_zscore.enabled()) record["spike_skips"] = state_.spike_skips;
   if (state_.rollbacks > 0) record["rolled_back_steps"] = state_.rolled_back_steps;
   if (state_.window_grad_norm.defined() && state_.window_steps > 0) {
     record["grad_norm"] = grad_norm_sum / static_cast<double>(state_.window_steps);

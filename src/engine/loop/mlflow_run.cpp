@@ -1,7 +1,6 @@
 #include "engine/loop/mlflow_run.h"
 
 #include <torch/version.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +8,7 @@
 
 #include "config/loader.h"
 #include "util/fileio.h"
+#include "util/net.h"
 #include "util/strings.h"
 
 namespace trainer::engine {
@@ -45,17 +45,12 @@ std::string git_commit() {
   return "";
 }
 
-std::string host_name() {
-  char name[256] = "";
-  return gethostname(name, sizeof(name) - 1) == 0 ? name : "";
-}
-
 tracking::KeyValues system_tags(const config::Config& cfg) {
   const std::string run_dir = fs::absolute(cfg.run.dir).string();
   const char* user = std::getenv("USER");
   tracking::KeyValues tags = {
       {"mlflow.source.name", "trainer"},    {"mlflow.source.type", "LOCAL"},
-      {"mlflow.user", user ? user : ""},    {"trainer.host", host_name()},
+      {"mlflow.user", user ? user : ""},    {"trainer.host", host_name("")},
       {"trainer.version", TRAINER_VERSION}, {"trainer.libtorch", TORCH_VERSION},
       {"trainer.run_dir", run_dir},         {"trainer.config", run_dir + "/config.yaml"}};
   const std::string commit = git_commit();

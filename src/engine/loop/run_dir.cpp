@@ -13,16 +13,11 @@
 
 #include "checkpoint/checkpoint.h"
 #include "util/log.h"
+#include "util/net.h"
 
 namespace trainer::engine {
 namespace fs = std::filesystem;
 namespace {
-
-std::string host_name() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0) return "unknown host";
-  return host;
-}
 
 // What of an earlier run `dir` holds ("" when nothing): checkpoint files (with the newest step)
 // and a non-empty metrics.jsonl.
@@ -106,7 +101,7 @@ void RunDir::lock() {
                       " on " + (host.empty() ? "?" : host) + ", holding " + path +
                       "); wait for it to end or choose another --run-dir");
   }
-  const std::string me = std::to_string(::getpid()) + " " + host_name() + "\n";
+  const std::string me = std::to_string(::getpid()) + " " + host_name("unknown host") + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
     log::warn(path + ": cannot record this process in the lock: " + std::strerror(errno));
   }

@@ -9,7 +9,6 @@ namespace trainer::engine {
 ZScoreWindow::ZScoreWindow(int64_t window, torch::Device device)
     : size_(window),
       values_(torch::zeros({window}, torch::TensorOptions(torch::kDouble).device(device))),
-      next_(torch::zeros({1}, torch::TensorOptions(torch::kLong).device(device))),
       count_(torch::zeros({}, torch::TensorOptions(torch::kLong).device(device))) {}
 
 torch::Tensor ZScoreWindow::spike(const torch::Tensor& value, double limit, torch::Tensor& z) {
@@ -22,22 +21,20 @@ torch::Tensor ZScoreWindow::spike(const torch::Tensor& value, double limit, torc
   const auto scored = count_.ge(size_).logical_and(spread.gt(0.0)).logical_and(finite);
   z = torch::where(scored, (x - mean) / spread, torch::zeros_like(x));
   const auto out = z.gt(limit).to(torch::kFloat);
-  values_.scatter_(0, next_, torch::where(finite, x, mean).view({1}));
-  next_.add_(1).remainder_(size_);
+  values_.scatter_(0, count_.remainder(size_).view({1}), torch::where(finite, x, mean).view({1}));
   count_.add_(1);
   return out;
 }
 
 checkpoint::NamedTensors ZScoreWindow::tensors(const std::string& prefix) const {
-  return {{prefix + "values", values_}, {prefix + "next", next_}, {prefix + "count", count_}};
+  return {{prefix + "values", values_}, {prefix + "count", count_}};
 }
 
 void ZScoreWindow::restore(const std::map<std::string, torch::Tensor>& saved,
                            const std::string& prefix, const std::string& path) {
   torch::NoGradGuard no_grad;
-  for (auto [name, mine] : {std::pair<const char*, torch::Tensor*>{"values", &values_},
-                            {"next", &next_},
-                            {"count", &count_}}) {
+  for (auto [name, mine] :
+       {std::pair<const char*, torch::Tensor*>{"values", &values_}, {"count", &count_}}) {
     const auto it = saved.find(prefix + name);
     if (it == saved.end() || it->second.sizes() != mine->sizes()) {
       throw checkpoint::CorruptCheckpoint(

@@ -5,8 +5,8 @@
 // limit standard deviations (population) above the window's mean is a spike, and the step's
 // update is skipped like an inf/NaN one. Every step's value then enters the window, the skipped
 // ones too (a lasting change in level is learned, not skipped forever); an inf/NaN value enters
-// as the window's mean. Nothing reads the device: the window, its position and its count are
-// device tensors, so the check also runs inside a captured step (train.cuda_graph).
+// as the window's mean. Nothing reads the device: the window and its count are device tensors,
+// so the check also runs inside a captured step (train.cuda_graph).
 #pragma once
 
 #include <torch/types.h>
@@ -28,7 +28,7 @@ class ZScoreWindow {
   // before the window is full). Queues device work only.
   torch::Tensor spike(const torch::Tensor& value, double limit, torch::Tensor& z);
 
-  // values [window] float64, next (slot) and count, int64 scalars.
+  // values [window] float64 and count, an int64 scalar.
   checkpoint::NamedTensors tensors(const std::string& prefix) const;
   void restore(const std::map<std::string, torch::Tensor>& saved, const std::string& prefix,
                const std::string& path);
@@ -36,8 +36,7 @@ class ZScoreWindow {
  private:
   int64_t size_;
   torch::Tensor values_;  // [size_] float64, 0 where not filled yet
-  torch::Tensor next_;    // [] int64: the slot the next value takes
-  torch::Tensor count_;   // [] int64: values entered so far
+  torch::Tensor count_;   // [] int64: values entered so far (the next takes slot count % size)
 };
 
 class SpikeGuard final : public SavedPart {

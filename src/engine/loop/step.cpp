@@ -86,9 +86,13 @@ StepOutcome StepFlags::read() {
   return out;
 }
 
+bool computes_grad_norm(const config::TrainConfig& train, const SpikeGuard* guard) {
+  return train.clip_grad_norm > 0 || (guard && guard->checks_grad_norm());
+}
+
 torch::Tensor step_grad_norm(Components& parts, const config::TrainConfig& train,
                              const SpikeGuard* guard) {
-  if (train.clip_grad_norm <= 0 && !(guard && guard->checks_grad_norm())) return {};
+  if (!computes_grad_norm(train, guard)) return {};
   optim::SquaredNormSum over_shards;  // sharded gradients: the norm over every rank's
   if (parts.fsdp) {
     over_shards = [&parts](const torch::Tensor& squared) {
@@ -198,8 +202,7 @@ void TrainStep::update(const torch::Tensor& loss) {
   const bool fused = p.optimizer->takes_device_inputs();
   // A fused optimizer divides the gradients by the scale itself (as torch.amp does for
   // fused=True), unless their norm (clipping, the spike guard) needs them unscaled before.
-  const bool needs_norm = clip || (guard_ && guard_->checks_grad_norm());
-  const bool kernel_unscales = p.scaler && fused && !needs_norm;
+  const bool kernel_unscales = p.scaler && fused && !computes_grad_norm(train_, guard_);
   torch::Tensor found_inf;
   if (p.scaler) {
     found_inf = kernel_unscales ? p.scaler->check(p.params) : p.scaler->unscale(p.params);

@@ -128,8 +128,12 @@ class Stepper {
   virtual const torch::Tensor& last_loss() const = 0;
 };
 
-// The gradients' global norm when a step needs it (train.clip_grad_norm, or `guard` checking
-// it), over every rank's shard with fsdp (every rank must call this, in the same order); else
+// Whether a step computes the gradients' global norm: for train.clip_grad_norm, or for `guard`
+// (may be null) checking it. The gradients must then be unscaled before it.
+bool computes_grad_norm(const config::TrainConfig& train, const SpikeGuard* guard);
+
+// The gradients' global norm when a step needs it (computes_grad_norm), over every rank's shard
+// with fsdp (every rank must call this, in the same order); else
 // undefined. Nothing waits for the device.
 torch::Tensor step_grad_norm(Components& parts, const config::TrainConfig& train,
                              const SpikeGuard* guard);

@@ -73,10 +73,7 @@ class Run {
   bool step(const std::vector<data::Batch>& micro_batches) {
     log_.count(micro_batches);
     const Settled settled = train(micro_batches);
-    if (!settled.abandoned) {
-      ++s_.state.step_in_epoch;
-      if (s_.average) s_.average->update(s_.state.step);
-    }
+    if (!settled.abandoned) s_.after_step();
     for (const auto& outcome : settled.outcomes) take(outcome);
     const int64_t step = s_.state.step;
     memory_.after(step);
@@ -336,8 +333,7 @@ void Trainer::run_steps(int64_t steps, StepObserver& observer, bool fixed_batch)
     }
     const auto& micro = fixed_batch ? fixed : batches.next();
     s_->step->run(micro, /*stop_requested=*/false, &observer);
-    ++s_->state.step_in_epoch;
-    if (s_->average) s_->average->update(s_->state.step);
+    s_->after_step();
     observer.end_step(s_->step->last_loss());
   }
   s_->step->settle();

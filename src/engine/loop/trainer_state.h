@@ -21,7 +21,7 @@ struct Trainer::State {
         job(j),
         parts(build_components(loaded, job)),
         guard(make_guard(loaded.cfg.train, parts)),
-        average(loaded.cfg.train.ema.decay > 0.0
+        average(loaded.cfg.train.ema.enabled()
                     ? std::make_unique<WeightAverage>(loaded.cfg.train.ema, parts)
                     : nullptr),
         checkpointer(loaded, parts, state, job, saved_parts()),
@@ -31,9 +31,15 @@ struct Trainer::State {
 
   static std::unique_ptr<SpikeGuard> make_guard(const config::TrainConfig& train,
                                                 const Components& parts) {
-    const auto& z = train.skip_update_zscore;
-    if (z.loss <= 0.0 && z.grad_norm <= 0.0) return nullptr;
-    return std::make_unique<SpikeGuard>(z, parts.device);
+    if (!train.skip_update_zscore.enabled()) return nullptr;
+    return std::make_unique<SpikeGuard>(train.skip_update_zscore, parts.device);
+  }
+
+  // After a step's update was queued (not an abandoned one): its place in the epoch and the
+  // weight average, in training and in bench alike.
+  void after_step() {
+    ++state.step_in_epoch;
+    if (average) average->update(state.step);
   }
 
   // What checkpoints hold besides the model, the optimizer and the counters.
