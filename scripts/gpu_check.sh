@@ -32,6 +32,12 @@
 #                            bytes per rank, peak memory, bytes communicated per step
 #   fsdp_losses              GPT-2 small trained 50 steps with ddp and with fsdp on every GPU
 #                            (`trainer --config`): the two loss curves compared
+#   observe                  r50 b32 with profile: and profile.memory_snapshot: the trace's CUDA
+#                            kernels, and torch.cuda._memory_viz rendering the snapshot
+#   r50_shards               5,000 ImageNet-like JPEGs written as WebDataset shards
+#                            (make_shards.py --synthetic), r50_bf16_b256 trained 60 steps from them
+#                            with a loader thread per core: img/s against the fixed-batch rate,
+#                            and doctor --perf's verdict on the job
 # Before the cases, `trainer doctor --perf --quick --json`: the GPU's matmul TFLOP/s per dtype,
 # HBM copy and PCIe bandwidth against the spec table (kept in results.json, rows in the table).
 # Each case runs `trainer bench` and, for the plain cases, scripts/bench_reference.py (PyTorch,
@@ -375,6 +381,7 @@ CASES=(
   "r50_bf16_b256_loop|gpu_resnet50.yaml|8|25|25|trainer|optim.impl=loop"
   "r50_fp16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|amp.dtype=float16|data.batch_size=32"
   "observe|gpu_resnet50.yaml|0|6|40|observe|data.batch_size=32"
+  "r50_shards|gpu_resnet50.yaml|0|60|150|shards"
 )
 
 # PyTorch's DataLoader workers are processes that hand batches over through /dev/shm (154 MB a
@@ -410,6 +417,8 @@ run_bench() {
                  return 0 ;;
     observe) observe_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
              return 0 ;;
+    shards) shards_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
+            return 0 ;;
     launch_all) cmd=("$TRAINER" launch --standalone --nproc-per-node "$GPUS" -- bench) ;;
     trainer) cmd=("$TRAINER" bench) ;;
     launch) cmd=("$TRAINER" launch --standalone --nproc-per-node 1 -- bench) ;;
@@ -518,6 +527,41 @@ OBSERVE
   say "$(basename "$base"): done in $((SECONDS - t0))s (exit $rc)"
 }
 
+# shards_run BASE CONFIG STEPS LIMIT --set...: ImageNet-like JPEGs (500x375, quality 90;
+# GPU_CHECK_SHARD_IMAGES, default 5,000) written as WebDataset shards by scripts/make_shards.py,
+# then STEPS steps of training from them (data.name webdataset, a loader thread per core, the
+# training transforms); BASE.json holds the median images/s of the logged steps after the first
+# two, against which the table sets r50_bf16_b256's fixed-batch rate, and `doctor --perf`'s verdict
+# on the job (input-, compute- or communication-bound).
+shards_run() {
+  local base=$1 config=$2 steps=$3 limit=$4 rc=0 t0=$SECONDS n=${GPU_CHECK_SHARD_IMAGES:-5000}
+  shift 4
+  local dir=$WORK/shards
+  [[ -d $dir ]] || "$PY" "$ROOT/scripts/make_shards.py" --synthetic "$n" "$dir" --per-shard 250 \
+    >> "$base.log" 2>&1 || rc=$?
+  local last
+  last=$(printf '%06d' $(((n + 249) / 250 - 1)))
+  local data=(--set data.name=webdataset --set "data.shards=$dir/train-{000000..$last}.tar"
+              --set "data.val_shards=$dir/val-000000.tar" --set data.classes=1000
+              --set data.hflip=0.5 --set data.workers="$(nproc)")
+  (cd "$ROOT" && timeout -k 10 "$limit" "$TRAINER" --config "$config" "$@" "${data[@]}" \
+    --set train.max_steps="$steps" --set run.eval_every=0 --set train.eval_at_end=false \
+    --set run.log_every=5 --run-dir "$base.run") >> "$base.log" 2>&1 || rc=$?
+  (cd "$ROOT" && timeout -k 10 120 "$TRAINER" doctor --perf --quick --json --config "$config" \
+    "$@" "${data[@]}") > "$base.doctor.json" 2>> "$base.log" || rc=$?
+  "$PY" - "$base.run/metrics.jsonl" "$base.doctor.json" > "$base.json" 2>> "$base.log" <<'SHARDS' || rc=1
+import json, statistics, sys
+rates = [r["samples_per_sec"] for r in map(json.loads, open(sys.argv[1])) if r["split"] == "train"]
+job = [r for r in json.load(open(sys.argv[2]))["rows"] if r["group"] == "job"]
+out = {"samples_per_sec": statistics.median(rates[2:] or rates), "steps_logged": len(rates),
+       "doctor": job[0] if job else None}
+print(json.dumps(out))
+SHARDS
+  echo "$rc $((SECONDS - t0))" > "$base.status"
+  rm -rf "$base.run/checkpoints" "$base.run/tb"
+  say "$(basename "$base"): done in $((SECONDS - t0))s (exit $rc)"
+}
+
 # Which cases run: $GPU_CHECK_CASES (names), else all; --dry-run: one of each kind.
 SELECTED=${GPU_CHECK_CASES:-}
 [[ -n "$SELECTED" || $DRY == 0 ]] || SELECTED="r50_bf16_b256 r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1 ddp_ws1_reducer r50_bf16_b32_loop"
@@ -620,7 +664,7 @@ def best_pytorch(case):
     return max(found) if found else (None, None)
 
 for case in order + sorted({k[0] for k in runs} - set(order)):
-    if case in ("graph_losses", "fsdp_losses", "doctor_perf", "observe"):
+    if case in ("graph_losses", "fsdp_losses", "doctor_perf", "observe", "r50_shards"):
         continue
     for impl in ("trainer", "launch", "launch_all", "pytorch", "compile", "autotune"):
         r = runs.get((case, impl))
@@ -726,6 +770,15 @@ for impl in ("trainer", "pytorch"):
              pct(get(b, "peak_memory_mb"), get(a, "peak_memory_mb")),
              num(get(a, "step_time_ms", "p50"), ".1f"), num(get(b, "step_time_ms", "p50"), ".1f"),
              pct(get(b, "step_time_ms", "p50"), get(a, "step_time_ms", "p50"))))
+
+sh = get(runs.get(("r50_shards", "shards")))
+if isinstance(sh, dict):
+    d = sh.get("doctor") or {}
+    print("r50_shards (ResNet-50 bf16 b256 trained from WebDataset shards of 500x375 JPEGs, CPU "
+          "decode): %s img/s, %s of r50_bf16_b256's fixed-batch rate; doctor --perf: %s (%s)"
+          % (num(sh.get("samples_per_sec"), ".1f"),
+             pct(sh.get("samples_per_sec"), get(plain, "samples_per_sec")),
+             d.get("verdict"), d.get("fix") or d.get("measured")))
 
 o = get(runs.get(("observe", "observe")))
 if isinstance(o, dict):

@@ -833,3 +833,74 @@ TEST(KeyPathsTest, ContainsLeavesInOrder) {
 }
 
 }  // namespace
+
+// data.mix: a list of data sections, each read from the data sets' defaults, located, written
+// back as YAML and replaced whole by --set.
+TEST_F(ConfigTest, DataMixIsAListOfDataSetsThatRoundTrips) {
+  const auto path = write("mix.yaml",
+                          "data:\n"
+                          "  name: mix\n"
+                          "  mix:\n"
+                          "    - {name: synthetic, noise: 0.25, weight: 0.7}\n"
+                          "    - name: fashion_mnist\n"
+                          "      root: /x\n"
+                          "      weight: 0.3\n");
+  const auto l = load(path, {});
+  EXPECT_TRUE(validate(l, Environment{}).empty());
+  const auto& items = l.cfg.data.mix.items;
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[0].name, "synthetic");
+  EXPECT_EQ(items[0].weight, 0.7);
+  EXPECT_EQ(items[0].options.value<double>("noise"), 0.25);
+  EXPECT_EQ(items[1].name, "fashion_mnist");
+  EXPECT_EQ(items[1].root, "/x");
+  EXPECT_EQ(items[1].options.value<double>("noise"), 0.5);  // not the other part's
+  EXPECT_EQ(l.cfg.data.options.value<double>("noise"), 0.5);
+  EXPECT_EQ(l.where("data.mix[1].root").line, 6);
+  EXPECT_EQ(l.where("data.mix").line, 3);
+
+  const std::string y = to_yaml(l.cfg);
+  EXPECT_HAS(y, "  mix:\n    - name: synthetic\n      root: \"\"\n      weight: 0.7\n");
+  EXPECT_HAS(y, "    - name: fashion_mnist\n      root: /x\n      weight: 0.3\n");
+  const auto back = load(write("back.yaml", y), {});
+  EXPECT_EQ(to_yaml(back.cfg), y);
+  ASSERT_EQ(back.cfg.data.mix.items.size(), 2u);
+  EXPECT_EQ(back.cfg.data.mix.items[0].options.value<double>("noise"), 0.25);
+  const auto flat = lookup(l.cfg, "data.mix");
+  ASSERT_TRUE(flat.has_value());
+  EXPECT_EQ(flat->rfind("[{name: synthetic, root: \"\", weight: 0.7, ", 0), 0u) << *flat;
+  EXPECT_HAS(*flat, "}, {name: fashion_mnist, root: /x, weight: 0.3, ");
+
+  const auto set = load(path, {"data.mix=[{name: cifar10, root: /c, weight: 2}]"});
+  ASSERT_EQ(set.cfg.data.mix.items.size(), 1u);
+  EXPECT_EQ(set.cfg.data.mix.items[0].name, "cifar10");
+  EXPECT_EQ(set.cfg.data.mix.items[0].weight, 2.0);
+  EXPECT_EQ(load(path, {"data.mix=[]"}).cfg.data.mix.items.size(), 0u);
+  EXPECT_EQ(to_yaml(trainer::engine::config_defaults()).find("mix: []\n") != std::string::npos,
+            true);
+}
+
+TEST_F(ConfigTest, DataMixProblemsNameTheItemAndItsKey) {
+  const auto l = load(write("bad.yaml",
+                            "data:\n"
+                            "  mix:\n"
+                            "    - {name: synthetic, weight: -1}\n"
+                            "    - {std: [0.5]}\n"),
+                      {});
+  std::string all;
+  for (const auto& i : validate(l, Environment{})) all += i.str() + "\n";
+  EXPECT_HAS(all, "bad.yaml:3:25: data.mix[0].weight: must be a positive number, got -1");
+  EXPECT_HAS(all, "bad.yaml:4:8: data.mix[1].std: must have as many entries as data.mean");
+  EXPECT_HAS(all, "data.mix[1].name: name the data set of this part of data.mix");
+
+  auto unknown = fail(write("unknown.yaml", "data:\n  mix:\n    - {name: synthetic, noize: 1}\n"));
+  ASSERT_EQ(unknown.size(), 1u);
+  EXPECT_EQ(unknown[0].key, "data.mix[0].noize");
+  EXPECT_EQ(unknown[0].where.line, 3);
+  EXPECT_HAS(unknown[0].message, "unknown key");
+  auto scalar = one(write("scalar.yaml", "data:\n  mix: 5\n"));
+  EXPECT_EQ(scalar.key, "data.mix");
+  EXPECT_HAS(scalar.message, "expected a list of mappings");
+  auto item = one(write("item.yaml", "data:\n  mix: [{name: synthetic}, 3]\n"));
+  EXPECT_HAS(item.message, "expected a mapping of keys (name: ...) at item 2, got '3'");
+}

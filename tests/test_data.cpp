@@ -19,6 +19,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/memory_images.h"
+#include "data/shards.h"
 #include "idx_files.h"
 #include "temp_dir.h"
 
@@ -689,4 +690,106 @@ TEST_F(Cifar10Test, WrongSizeNamesTheFile) {
 }
 
 }  // namespace
+// Shard patterns expand as webdataset's braceexpand does.
+TEST(Shards, BracePatternsExpandAsBraceexpand) {
+  EXPECT_EQ(expand_braces("train-{000008..000010}.tar"),
+            (std::vector<std::string>{"train-000008.tar", "train-000009.tar", "train-000010.tar"}));
+  EXPECT_EQ(expand_braces("{a,b}/{1..2}.tar"),
+            (std::vector<std::string>{"a/1.tar", "a/2.tar", "b/1.tar", "b/2.tar"}));
+  EXPECT_EQ(expand_braces("plain.tar"), std::vector<std::string>{"plain.tar"});
+  EXPECT_TRUE(expand_braces("{3..1}.tar").empty());
+  EXPECT_THROW(expand_braces("train-{000..003.tar"), std::invalid_argument);
+  EXPECT_THROW(expand_braces("train-{a..c}.tar"), std::invalid_argument);
+  EXPECT_THROW(expand_braces("train-000}.tar"), std::invalid_argument);
+}
+
+// A mix of two synthetic sets (300 and 100 training samples) weighted 0.7 and 0.3.
+config::DataConfig mix_config(const std::vector<int64_t>& second_shape = {1, 28, 28}) {
+  config::DataConfig cfg = default_data_config("mix");
+  cfg.mix.prototype.options = dataset_registry().options();
+  for (const auto& [samples, weight] : {std::pair<int64_t, double>{300, 0.7}, {100, 0.3}}) {
+    config::MixPart part = cfg.mix.prototype;
+    part.name = "synthetic";
+    part.weight = weight;
+    part.options.set("train_samples", samples);
+    part.options.set("val_samples", samples / 10);
+    if (samples == 100) part.options.set("shape", second_shape);
+    cfg.mix.items.push_back(part);
+  }
+  return cfg;
+}
+
+// Parts are drawn in proportion to their weights at every prefix of an epoch; a part's draws
+// walk its own shuffled order across epochs, a new pass only when it is used up.
+TEST(Mix, DrawsEachPartInProportionAndWalksItsOrderAcrossEpochs) {
+  const auto splits = dataset_registry().get("mix")(mix_config(), DataContext{});
+  ASSERT_EQ(splits.train->size(), 400);
+  EXPECT_EQ(splits.val->size(), 40);
+  std::vector<int64_t> firsts, seconds;  // the draws of each part, over two epochs
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    const auto order = splits.train->order(/*shuffle=*/true, /*seed=*/5, epoch);
+    ASSERT_EQ(order.size(), 400u);
+    int64_t first = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      (order[i] < 300 ? firsts : seconds).push_back(order[i]);
+      first += order[i] < 300;
+      ASSERT_LE(std::abs(static_cast<double>(first) - 0.7 * static_cast<double>(i + 1)), 1.0)
+          << "position " << i;
+    }
+    EXPECT_EQ(first, 280);
+  }
+  ASSERT_EQ(firsts.size(), 560u);
+  // The first part's first pass: 280 draws in epoch 0 and 20 in epoch 1, each sample once.
+  EXPECT_EQ(std::set<int64_t>(firsts.begin(), firsts.begin() + 300).size(), 300u);
+  EXPECT_EQ(*std::min_element(firsts.begin(), firsts.end()), 0);
+  // The second part: 120 draws an epoch; its passes of 100 are permutations of 300..399.
+  for (size_t pass = 0; pass < 2; ++pass) {
+    std::set<int64_t> once(seconds.begin() + 100 * pass, seconds.begin() + 100 * (pass + 1));
+    EXPECT_EQ(once.size(), 100u);
+    EXPECT_EQ(*once.begin(), 300);
+    EXPECT_EQ(*once.rbegin(), 399);
+  }
+  EXPECT_NE(std::vector<int64_t>(seconds.begin(), seconds.begin() + 100),
+            std::vector<int64_t>(seconds.begin() + 100, seconds.begin() + 200));
+  EXPECT_EQ(splits.train->order(true, 5, 1), splits.train->order(true, 5, 1));
+  EXPECT_NE(splits.train->order(true, 5, 1), splits.train->order(true, 6, 1));
+
+  // A batch holds each part's own samples at their places.
+  config::DataConfig second = default_data_config("synthetic");
+  second.options.set("train_samples", int64_t{100});
+  second.options.set("val_samples", int64_t{10});
+  const auto alone = dataset_registry().get("synthetic")(second, DataContext{});
+  const Batch mixed = splits.train->get({310, 2, 399});
+  const Batch own = alone.train->get({10, 99});
+  EXPECT_TRUE(torch::equal(mixed.inputs[0], own.inputs[0]));
+  EXPECT_TRUE(torch::equal(mixed.inputs[2], own.inputs[1]));
+  EXPECT_EQ(mixed.targets[2].item<int64_t>(), own.targets[1].item<int64_t>());
+  EXPECT_FALSE(torch::equal(mixed.inputs[1], own.inputs[0]));
+}
+
+TEST(Mix, PartsThatDoNotFitAreConfigErrorsNamingThePart) {
+  const auto error_of = [](const config::DataConfig& cfg) {
+    try {
+      dataset_registry().get("mix")(cfg, DataContext{});
+    } catch (const DataConfigError& e) {
+      return e.key() + ": " + e.message();
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(mix_config({1, 8, 8}))
+                .find("data.mix: data.mix[1] (synthetic)'s samples are "
+                      "[1, 8, 8], data.mix[0] (synthetic)'s [1, 28, 28]"),
+            std::string::npos)
+      << error_of(mix_config({1, 8, 8}));
+  auto cfg = mix_config();
+  cfg.mix.items[1].name = "cifar10";
+  cfg.mix.items[1].root = "";
+  EXPECT_EQ(error_of(cfg).rfind("data.mix[1].root: ", 0), 0u) << error_of(cfg);
+  cfg.mix.items[1].name = "mixx";
+  EXPECT_EQ(error_of(cfg).rfind("data.mix[1].name: unknown data set 'mixx'", 0), 0u)
+      << error_of(cfg);
+  cfg.mix.items.clear();
+  EXPECT_EQ(error_of(cfg).rfind("data.mix: list the data sets", 0), 0u) << error_of(cfg);
+}
+
 }  // namespace trainer::data

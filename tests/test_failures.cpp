@@ -365,10 +365,15 @@ std::vector<std::string> records(const fs::path& run_dir) {
 
 // kill -9 fifteen times at random moments of a run that checkpoints every step (while training,
 // evaluating or writing a checkpoint): every resume loads, and the end equals an uninterrupted run.
-TEST_F(Cli, KillNineDuringSavesNeverLeavesAnUnloadableCheckpoint) {
+class KillNine : public Cli {
+ protected:
+  void rounds(const std::string& flags);
+};
+
+void KillNine::rounds(const std::string& flags) {
   const auto a = dir_ / "a", b = dir_ / "b";
   const std::string every_step =
-      " --set run.checkpoint_every=1 --set run.keep_last=2 --set train.max_steps=30";
+      " --set run.checkpoint_every=1 --set run.keep_last=2 --set train.max_steps=30" + flags;
   ASSERT_EQ(run(slow(a) + every_step).code, 0);
   std::mt19937 gen(12345);
   int killed_rounds = 0;
@@ -398,6 +403,15 @@ TEST_F(Cli, KillNineDuringSavesNeverLeavesAnUnloadableCheckpoint) {
   EXPECT_EQ(records(a), records(b));
   const auto [files, listed] = files_and_listed(b);
   EXPECT_EQ(files, listed);
+}
+
+TEST_F(KillNine, DuringSavesNeverLeavesAnUnloadableCheckpoint) {
+  rounds("");
+}
+
+// The same with run.checkpoint_async: most kills land while a background write is in flight.
+TEST_F(KillNine, DuringAsynchronousSavesNeverLeavesAnUnloadableCheckpoint) {
+  rounds(" --set run.checkpoint_async=true");
 }
 
 }  // namespace

@@ -140,6 +140,21 @@ TEST_F(Fsdp, ShardedCheckpointsResumeOnOtherRankCountsAndUnderDdp) {
   expect_same_losses(whole, parts, 40);
 }
 
+// run.checkpoint_async under fsdp: each rank writes its shard file in the background and the
+// checkpoint is committed once every shard is complete; a run stopped and resumed on another
+// rank count ends as the uninterrupted synchronous one.
+TEST_F(Fsdp, AsynchronousShardedCheckpointsResumeOnOtherRankCounts) {
+  const std::string args = gpt(16) + " --set dist.strategy=fsdp --set run.checkpoint_every=2";
+  const fs::path whole = dir_ / "whole", parts = dir_ / "parts";
+  train(2, 8, args, whole);
+  train(2, 8, args + " --set run.checkpoint_async=true --set train.stop_at_step=9", parts);
+  EXPECT_TRUE(fs::exists(parts / "checkpoints" / "step_00000008.shards" /
+                         "rank_00001_of_00002.safetensors"));
+  EXPECT_TRUE(fs::exists(parts / "checkpoints" / "step_00000009.safetensors"));
+  train(1, 16, args + " --set run.checkpoint_async=true --resume auto", parts);
+  expect_same_losses(whole, parts, 16);
+}
+
 // train.ema under fsdp: each rank saves its pieces of the average beside the parameters' (ema.*),
 // and a resume on one rank under DDP reassembles it: the losses are the uninterrupted fsdp run's,
 // and so is the exported average (within the rounding between the strategies), which differs from

@@ -52,6 +52,56 @@ TEST_F(Cli, ResumeAfterAPlannedStopIsBitwiseExact) {
   EXPECT_EQ(records(a), records(b));
 }
 
+// run.checkpoint_async: the checkpoints are written in the background, each log line says how
+// long training was blocked, and a run stopped mid-epoch resumes as the synchronous one ends.
+TEST_F(Cli, AsynchronousCheckpointsResumeBitwise) {
+  const std::string every = kSynthetic + " --set run.checkpoint_every=2";
+  const auto a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run(every + " --run-dir '" + a.string() + "'").code, 0);
+  auto r = run(every + " --set run.checkpoint_async=true --set train.stop_at_step=11 --run-dir '" +
+               b.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("step_00000010.safetensors ("), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("training blocked"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(b / "checkpoints" / "step_00000011.safetensors"));
+  r = run(every + " --set run.checkpoint_async=true --resume auto --run-dir '" + b.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("resumed from"), std::string::npos) << r.err;
+  ASSERT_EQ(records(a).size(), 24u + 3u);
+  EXPECT_EQ(records(a), records(b));
+}
+
+// data.mix of two synthetic sets of different noise, resumed mid-epoch; its config.yaml holds the
+// list and trains the same; the proportions are logged.
+TEST_F(Cli, MixedDataResumesBitwiseAndItsConfigRoundTrips) {
+  const std::string mix =
+      kSynthetic +
+      " --set data.name=mix --set 'data.mix=[{name: synthetic, train_samples: 384, noise: 0.2, "
+      "weight: 3}, {name: synthetic, train_samples: 128, noise: 1.5, weight: 1}]'";
+  const auto a = dir_ / "a", b = dir_ / "b", c = dir_ / "c";
+  auto r = run(mix + " --run-dir '" + a.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("data.mix: data.mix[0] (synthetic) 75.0% (384 samples an epoch, 1.00 "
+                       "passes over its 384); data.mix[1] (synthetic) 25.0% (128 samples"),
+            std::string::npos)
+      << r.err;
+  ASSERT_EQ(run(mix + " --run-dir '" + b.string() + "' --set train.stop_at_step=11").code, 0);
+  r = run(mix + " --run-dir '" + b.string() + "' --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(records(a).size(), 24u + 3u);
+  EXPECT_EQ(records(a), records(b));
+  // The run's own config.yaml trains the same run.
+  r = run("--config '" + (a / "config.yaml").string() + "' --run-dir '" + c.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(records(a), records(c));
+
+  r = run(kSynthetic + " --set data.name=mix --set 'data.mix=[{name: synthetic}, {name: synth}]'");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("data.mix[1].name: unknown data set 'synth' for a part; registered: "),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(Cli, ResumeWithAugmentationAndSeveralWorkersIsBitwiseExact) {
   write_image_folder(dir_ / "images", /*per_class=*/10, /*width=*/40, /*height=*/30);
   const std::string config =

@@ -143,7 +143,7 @@ struct PathCollector {
     }
     std::string path = prefix + name;
     if (all) all->push_back(path);
-    if constexpr (is_section_v<T>) {
+    if constexpr (is_section_v<T>) {  // a section list is one leaf: its items have no fixed paths
       PathCollector sub{path + ".", leaves, all};
       field.visit(sub);
     } else {
@@ -188,6 +188,33 @@ template <class S>
 void apply_section(S& s, const YAML::Node& map, const std::string& prefix, const Ctx& ctx,
                    bool top);
 
+// A sequence of mappings, each applied to a copy of the list's prototype; the list replaces the
+// field's items whole (a base file's list too).
+template <class S>
+void apply_list(SectionList<S>& field, const YAML::Node& node, const YAML::Mark& mark,
+                const std::string& path, const Ctx& ctx) {
+  if (node.IsNull()) return;
+  if (!node.IsSequence()) {
+    ctx.issue(mark, path,
+              "expected a list of mappings (- name: ...), one per item, got " + describe(node));
+    return;
+  }
+  std::vector<S> items;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node item = node[i];
+    if (!item.IsMap()) {
+      ctx.issue(item.Mark().is_null() ? mark : item.Mark(), path,
+                "expected a mapping of keys (name: ...) at item " + std::to_string(i + 1) +
+                    ", got " + describe(item));
+      continue;
+    }
+    items.push_back(field.prototype);
+    apply_section(items.back(), item, item_prefix(path, i), ctx, false);
+  }
+  field.items = std::move(items);
+  (*ctx.origins)[path] = ctx.at(mark);
+}
+
 template <class T>
 void apply_value(T& field, const YAML::Node& node, const YAML::Mark& mark, const std::string& path,
                  const Ctx& ctx) {
@@ -202,6 +229,8 @@ void apply_value(T& field, const YAML::Node& node, const YAML::Mark& mark, const
       return;
     }
     apply_section(field, node, path + ".", ctx, false);
+  } else if constexpr (is_section_list_v<T>) {
+    apply_list(field, node, mark, path, ctx);
   } else if constexpr (is_vector<T>::value) {
     using E = typename T::value_type;
     if (!node.IsSequence()) {

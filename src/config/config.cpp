@@ -53,12 +53,7 @@ void ModelConfig::validate(Checks& c) const {
   }
 }
 
-void DataConfig::validate(Checks& c) const {
-  c.at_least("batch_size", batch_size, 1);
-  c.at_least("eval_batch_size", eval_batch_size, 0);
-  c.at_least("workers", workers, 0);
-  c.at_least("prefetch", prefetch, 1);
-  c.at_least("throttle_ms", throttle_ms, 0);
+void DataSetKeys::validate(Checks& c) const {
   c.one_of("on_error", on_error, {"skip", "fail"});
   if (!mean.empty() && mean.size() != 1 && mean.size() != 3) {
     c.add("mean", "must have 1 or 3 entries (one per channel), got " + std::to_string(mean.size()));
@@ -68,6 +63,23 @@ void DataConfig::validate(Checks& c) const {
                      "), got " + std::to_string(stdev.size()));
   }
   each_positive(c, "std", stdev);
+}
+
+void MixPart::validate(Checks& c) const {
+  DataSetKeys::validate(c);
+  if (name.empty()) c.add("name", "name the data set of this part of data.mix");
+  if (!(weight > 0.0 && weight < 1e300)) {
+    c.add("weight", "must be a positive number, got " + format_number(weight));
+  }
+}
+
+void DataConfig::validate(Checks& c) const {
+  DataSetKeys::validate(c);
+  c.at_least("batch_size", batch_size, 1);
+  c.at_least("eval_batch_size", eval_batch_size, 0);
+  c.at_least("workers", workers, 0);
+  c.at_least("prefetch", prefetch, 1);
+  c.at_least("throttle_ms", throttle_ms, 0);
 }
 
 void TrainConfig::validate(Checks& c) const {

@@ -24,7 +24,8 @@ struct RunConfig {
   int64_t keep_last = 3;         // training checkpoints kept
   std::string keep_best;  // also keep the best checkpoint by this val metric: top1|top5|loss|ppl
   bool continue_on_save_error = false;  // a failed checkpoint save: log and train on (else exit 1)
-  int64_t threads = 0;                  // intra-op CPU threads; 0 = LibTorch's default
+  bool checkpoint_async = false;  // copy the state to host memory, write it on a background thread
+  int64_t threads = 0;            // intra-op CPU threads; 0 = LibTorch's default
   std::string progress = "auto";  // progress bar: auto (when stderr is a terminal)|always|never
   bool tensorboard = true;        // also write the metrics as TensorBoard events to <dir>/tb/
   bool overwrite = false;  // a fresh run into a used dir moves its contents aside (else refused)
@@ -42,6 +43,7 @@ struct RunConfig {
     v("keep_last", keep_last);
     v("keep_best", keep_best);
     v("continue_on_save_error", continue_on_save_error);
+    v("checkpoint_async", checkpoint_async);
     v("threads", threads);
     v("progress", progress);
     v("tensorboard", tensorboard);
@@ -83,20 +85,22 @@ struct ModelConfig {
 // for every:N (every N-th block); nullopt when the setting is malformed.
 std::optional<int64_t> checkpoint_period(const std::string& spec);
 
-struct DataConfig {
+// A list of sections in YAML: a sequence of mappings, each read into an S that starts as
+// `prototype` (the defaults, registered entries' keys included). S has a `name` naming the entry
+// whose keys config.yaml writes for it.
+template <class S>
+struct SectionList {
+  std::vector<S> items;
+  S prototype;
+};
+
+// The keys that say which data set a data section reads and how: what a part of data.mix has
+// too.
+struct DataSetKeys {
   std::string name = "synthetic";  // dataset registry name
   std::string root;                // dataset location; empty = the dataset's default
-  int64_t batch_size = 128;        // samples per step and process
-  int64_t eval_batch_size = 0;     // samples per evaluation batch; 0 = batch_size
-  int64_t workers = 2;             // loader threads preparing batches ahead
-  int64_t prefetch = 2;            // batches each worker prepares ahead
-  int64_t throttle_ms = 0;         // each batch waits this long more (simulates slow input)
-  bool shuffle = true;             // reshuffle the training set every epoch
-  bool drop_last = true;           // drop the last incomplete training batch
   bool normalize = true;           // scale inputs to zero mean and unit variance
   std::string on_error = "skip";   // an unreadable sample: skip (warn, count, substitute) or fail
-  bool remap_classes = false;      // a checkpoint's classes in another order than the data's are
-                                   // matched by name (else that is an error)
   std::vector<double> mean;        // per-channel normalisation mean; empty = the dataset's own
   std::vector<double> stdev;       // (key `std`) per-channel normalisation std; empty = dataset's
   Entries options;  // each data set's own keys (data.shape, data.seq_len, ...), in its file
@@ -106,6 +110,42 @@ struct DataConfig {
   const T& own() const {
     return options.get<T>(name);
   }
+
+  // Range checks of these keys (config.cpp).
+  void validate(Checks& checks) const;
+};
+
+// One data set of data.mix: its keys, and its share of the samples.
+struct MixPart : DataSetKeys {
+  double weight = 1.0;  // share of each epoch's samples, relative to the other parts' weights
+
+  MixPart() { name.clear(); }
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name);
+    v("root", root);
+    v("weight", weight);
+    v("normalize", normalize);
+    v("on_error", on_error);
+    v("mean", mean);
+    v("std", stdev);
+    v("", options);
+  }
+};
+
+struct DataConfig : DataSetKeys {
+  int64_t batch_size = 128;     // samples per step and process
+  int64_t eval_batch_size = 0;  // samples per evaluation batch; 0 = batch_size
+  int64_t workers = 2;          // loader threads preparing batches ahead
+  int64_t prefetch = 2;         // batches each worker prepares ahead
+  int64_t throttle_ms = 0;      // each batch waits this long more (simulates slow input)
+  bool shuffle = true;          // reshuffle the training set every epoch
+  bool drop_last = true;        // drop the last incomplete training batch
+  bool remap_classes = false;   // a checkpoint's classes in another order than the data's are
+                                // matched by name (else that is an error)
+  SectionList<MixPart> mix;     // the data sets that name `mix` draws from
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -126,6 +166,7 @@ struct DataConfig {
     v("remap_classes", remap_classes);
     v("mean", mean);
     v("std", stdev);
+    v("mix", mix);
     v("", options);
   }
 };

@@ -96,20 +96,65 @@ std::string format_leaf(const std::vector<E>& v) {
 struct Emitter {
   std::ostringstream& os;
   std::string indent;
+  const std::string* entry = nullptr;  // an item of a section list: the entry it names
 
   template <class T>
   void operator()(const char* name, T& field) {
     if constexpr (is_entries_v<T>) {
-      visit_flat(field, *this);
+      if (entry) {
+        visit_entry(field, *entry, *this);
+      } else {
+        visit_flat(field, *this);
+      }
     } else if constexpr (is_section_v<T>) {
       os << indent << name << ":\n";
       Emitter sub{os, indent + "  "};
       field.visit(sub);
+    } else if constexpr (is_section_list_v<T>) {
+      if (field.items.empty()) {
+        os << indent << name << ": []\n";
+        return;
+      }
+      os << indent << name << ":\n";
+      for (auto& item : field.items) {  // "- " before the item's first key
+        std::ostringstream text;
+        Emitter sub{text, indent + "    ", &item.name};
+        item.visit(sub);
+        os << indent << "  - " << text.str().substr(indent.size() + 4);
+      }
     } else {
       os << indent << name << ": " << format_leaf(field) << "\n";
     }
   }
 };
+
+// Each leaf of a section list's item as "key: value" (YAML flow), the entry it names alone.
+struct FlowItem {
+  std::string* out;
+  const std::string* entry;
+
+  template <class T>
+  void operator()(const char* name, T& field) {
+    if constexpr (is_entries_v<T>) {
+      visit_entry(field, *entry, *this);
+    } else if constexpr (!is_section_v<T> && !is_section_list_v<T>) {
+      *out += std::string(out->empty() ? "" : ", ") + name + ": " + format_leaf(field);
+    }
+  }
+};
+
+// A section list as one line of YAML: [{name: a, weight: 1}, ...].
+template <class S>
+std::string flow_list(SectionList<S>& list) {
+  std::string text;
+  for (auto& item : list.items) {
+    std::string fields;
+    FlowItem flow{&fields, &item.name};
+    item.visit(flow);
+    text += std::string(text.empty() ? "" : ", ") + "{" + fields + "}";
+  }
+  return "[" + text + "]";
+}
 
 // Every leaf as (key path, value), strings as they are and the rest as to_yaml writes them.
 struct Flattener {
@@ -123,6 +168,8 @@ struct Flattener {
     } else if constexpr (is_section_v<T>) {
       Flattener sub{prefix + name + ".", out};
       field.visit(sub);
+    } else if constexpr (is_section_list_v<T>) {
+      out->emplace_back(prefix + name, flow_list(field));
     } else if constexpr (std::is_same_v<T, std::string>) {
       out->emplace_back(prefix + name, field);
     } else {

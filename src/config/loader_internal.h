@@ -35,8 +35,20 @@ template <class T>
 constexpr bool is_entries_v = std::is_same_v<T, Entries>;
 
 template <class T>
+struct is_section_list : std::false_type {};
+template <class S>
+struct is_section_list<SectionList<S>> : std::true_type {};
+template <class T>
+constexpr bool is_section_list_v = is_section_list<T>::value;
+
+template <class T>
 constexpr bool is_section_v = std::is_class_v<T> && !std::is_same_v<T, std::string> &&
-                              !is_vector<T>::value && !is_entries_v<T>;
+                              !is_vector<T>::value && !is_entries_v<T> && !is_section_list_v<T>;
+
+// The key prefix of item `i` of the section list at `path`: "data.mix[0].".
+inline std::string item_prefix(const std::string& path, size_t i) {
+  return path + "[" + std::to_string(i) + "].";
+}
 
 // Hands each leaf field of an entry's options to a template visitor V.
 template <class V>
@@ -53,6 +65,14 @@ class Forward final : public FieldVisitor {
  private:
   V& v_;
 };
+
+// The fields of entry `name` alone (an item of a section list writes only the keys of the entry
+// it names); nothing when it has none.
+template <class V>
+void visit_entry(Entries& entries, const std::string& name, V& v) {
+  Forward<V> forward(v);
+  if (Options* options = entries.find(name)) options->visit(forward);
+}
 
 // Every entry's fields, a key shared by several entries once (its first declaration): for
 // visitors that read (listing keys, printing).

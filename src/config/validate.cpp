@@ -29,6 +29,13 @@ struct SectionChecker {
       field.validate(own);
       SectionChecker inner{own};
       field.visit(inner);
+    } else if constexpr (is_section_list_v<T>) {
+      for (size_t i = 0; i < field.items.size(); ++i) {
+        Checks own = checks.section(item_prefix(name, i));
+        field.items[i].validate(own);
+        SectionChecker inner{own};
+        field.items[i].visit(inner);
+      }
     }
   }
 };

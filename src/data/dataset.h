@@ -26,7 +26,8 @@ namespace trainer::data {
 struct Batch {
   torch::Tensor inputs;
   torch::Tensor targets;
-  int64_t bad_samples = 0;  // unreadable samples replaced by others in this batch
+  int64_t bad_samples = 0;            // unreadable samples replaced by others in this batch
+  std::vector<int64_t> indices = {};  // the data set's samples the loader asked for, in order
 };
 
 // Which epoch a batch belongs to: per-sample randomness (augmentation, window offsets) is drawn
@@ -54,6 +55,14 @@ class Dataset {
   // samples are not images.
   virtual torch::Tensor input_from_image(const std::vector<uint8_t>& bytes,
                                          const std::string& path) const;
+  // The order of every sample in epoch `epoch`, the same on any number of ranks (each rank takes
+  // every world_size-th entry of it): by default 0..size()-1, or a permutation drawn from
+  // (seed, epoch) alone when `shuffle`. A data set read in streams (webdataset's shards) or drawn
+  // from others (data.mix) orders its samples itself.
+  virtual std::vector<int64_t> order(bool shuffle, uint64_t seed, int64_t epoch) const;
+  // A name of sample `index` for messages and tools: where it comes from (a file, a shard and
+  // key) where the data set knows, else the index.
+  virtual std::string sample_name(int64_t index) const { return std::to_string(index); }
 
  protected:
   virtual Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const = 0;
@@ -118,7 +127,8 @@ struct DataContext {
 using DatasetFactory = std::function<Splits(const config::DataConfig& cfg, const DataContext& ctx)>;
 using DatasetRegistry = Registry<DatasetFactory>;
 
-// The built-in datasets (synthetic, synthetic_tokens, fashion_mnist, cifar10, imagefolder, tokens).
+// The built-in datasets (synthetic, synthetic_tokens, fashion_mnist, cifar10, imagefolder, tokens,
+// webdataset).
 const DatasetRegistry& dataset_registry();
 
 // The data section with every data set's default options and name `name`.
@@ -150,6 +160,9 @@ struct LoaderOptions {
 // `rank`. Across ranks, every sample appears exactly once per epoch (once or twice when padded).
 std::vector<int64_t> shard_order(int64_t n, bool shuffle, bool drop_last, uint64_t seed,
                                  int64_t epoch, int64_t rank, int64_t world_size);
+// The same for an epoch's `order` of every sample, as Dataset::order gives it.
+std::vector<int64_t> shard_order(std::vector<int64_t> order, bool drop_last, int64_t rank,
+                                 int64_t world_size);
 
 // Hands out the batches of one epoch at a time, in an order that depends only on
 // (seed, epoch, rank, world_size), never on the number of workers or on timing.

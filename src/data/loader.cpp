@@ -54,11 +54,16 @@ uint64_t Epoch::sample_seed(int64_t sample) const {
 
 std::vector<int64_t> shard_order(int64_t n, bool shuffle, bool drop_last, uint64_t seed,
                                  int64_t epoch, int64_t rank, int64_t world_size) {
+  return shard_order(epoch_order(n, shuffle, seed, epoch), drop_last, rank, world_size);
+}
+
+std::vector<int64_t> shard_order(std::vector<int64_t> order, bool drop_last, int64_t rank,
+                                 int64_t world_size) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw std::invalid_argument("shard_order: rank " + std::to_string(rank) +
                                 " is not in [0, world_size " + std::to_string(world_size) + ")");
   }
-  std::vector<int64_t> order = epoch_order(n, shuffle, seed, epoch);
+  const auto n = static_cast<int64_t>(order.size());
   const int64_t per_rank = shard_size(n, drop_last, world_size);
   const int64_t total = per_rank * world_size;
   // Padding repeats the order from its start (more than once when n < world_size).
@@ -67,6 +72,10 @@ std::vector<int64_t> shard_order(int64_t n, bool shuffle, bool drop_last, uint64
   mine.reserve(static_cast<size_t>(per_rank));
   for (int64_t i = rank; i < total; i += world_size) mine.push_back(order[static_cast<size_t>(i)]);
   return mine;
+}
+
+std::vector<int64_t> Dataset::order(bool shuffle, uint64_t seed, int64_t epoch) const {
+  return epoch_order(size(), shuffle, seed, epoch);
 }
 
 torch::Tensor Dataset::input_from_image(const std::vector<uint8_t>& /*bytes*/,
@@ -96,6 +105,10 @@ class Relabelled final : public Dataset {
                                  const std::string& path) const override {
     return inner_->input_from_image(bytes, path);
   }
+  std::vector<int64_t> order(bool shuffle, uint64_t seed, int64_t epoch) const override {
+    return inner_->order(shuffle, seed, epoch);
+  }
+  std::string sample_name(int64_t index) const override { return inner_->sample_name(index); }
 
  protected:
   Batch fetch(const std::vector<int64_t>& indices, const Epoch& epoch) const override {
@@ -149,6 +162,7 @@ struct Loader::State {
     const int64_t stop_at = std::min(begin + options.batch_size, size);
     std::vector<int64_t> indices(order.begin() + begin, order.begin() + stop_at);
     Batch b = dataset->get(indices, epoch);
+    b.indices = std::move(indices);
     if (options.throttle_ms > 0) {  // a slow input, simulated (data.throttle_ms)
       std::this_thread::sleep_for(std::chrono::milliseconds(options.throttle_ms));
     }
@@ -253,11 +267,14 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   }
   s.stop_workers();
   const auto& o = s.options;
+  auto all = s.dataset->order(o.shuffle, o.seed, epoch);
+  if (static_cast<int64_t>(all.size()) != s.dataset->size()) {
+    throw std::logic_error("Loader: the data set ordered " + std::to_string(all.size()) +
+                           " samples of " + std::to_string(s.dataset->size()));
+  }
   if (o.even) {
-    s.order =
-        shard_order(s.dataset->size(), o.shuffle, o.drop_last, o.seed, epoch, o.rank, o.world_size);
+    s.order = shard_order(std::move(all), o.drop_last, o.rank, o.world_size);
   } else {  // samples rank, rank + W, ... of the epoch's order, each once
-    const auto all = epoch_order(s.dataset->size(), o.shuffle, o.seed, epoch);
     s.order.clear();
     for (size_t i = static_cast<size_t>(o.rank); i < all.size();
          i += static_cast<size_t>(o.world_size)) {

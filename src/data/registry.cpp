@@ -10,6 +10,8 @@ namespace trainer::data {
   X(cifar10)                        \
   X(imagefolder)                    \
   X(tokens)                         \
+  X(webdataset)                     \
+  X(mix)                            \
   /* end of the list */
 
 using R = DatasetRegistry;

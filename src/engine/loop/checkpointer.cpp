@@ -19,8 +19,8 @@
 namespace trainer::engine {
 namespace {
 
-constexpr const char* kModelPrefix = "model.";
-constexpr const char* kOptimPrefix = "optim.";
+constexpr const char* kModelPrefix = Checkpointer::kModelPrefix;
+constexpr const char* kOptimPrefix = Checkpointer::kOptimPrefix;
 constexpr const char* kScalerPrefix = "scaler.";
 constexpr const char* kWindowLoss = "engine.window_loss";
 constexpr const char* kWindowGradNorm = "engine.window_grad_norm";
@@ -108,6 +108,7 @@ bool Checkpointer::resume(const std::string& spec) {
 }
 
 int64_t Checkpointer::rollback() {
+  wait();
   std::string path = last_;
   if (parts_.group) path = parts_.group->broadcast_text(path, /*root=*/0);
   const TrainingState now = state_;
@@ -456,95 +457,6 @@ std::string Checkpointer::position_mismatch(const DataPosition& then, const Data
   return "the checkpoint " + path + " was written by " + text(then) + ", this job has " +
          text(now) + "; resuming would skip or repeat data: " + fix +
          " (the same samples per step), or start a new run";
-}
-
-nlohmann::json Checkpointer::write_shards(std::string& error) const {
-  std::string mine;
-  try {
-    auto pieces = sharded_pieces(parts_, kModelPrefix, kOptimPrefix);
-    for (const SavedPart* part : extras_) {
-      for (auto& piece : part->pieces()) {
-        piece.name = part->prefix() + piece.name;
-        pieces.push_back(std::move(piece));
-      }
-    }
-    mine =
-        checkpoint::write_shard(dir_->path(), state_.step, job_.rank, parts_.world_size(), pieces)
-            .dump();
-  } catch (const std::exception& e) {
-    mine = "!rank " + std::to_string(job_.rank) + ": " + e.what();
-  }
-  // Every rank's description (or failure) to rank 0, one rank at a time.
-  nlohmann::json all = nlohmann::json::array();
-  for (int r = 0; r < parts_.world_size(); ++r) {
-    const std::string text =
-        parts_.group ? parts_.group->broadcast_text(job_.rank == r ? mine : "", r) : mine;
-    if (job_.rank != 0) continue;
-    if (!text.empty() && text[0] == '!') {
-      error += (error.empty() ? "" : "; ") + text.substr(1);
-    } else {
-      all.push_back(nlohmann::json::parse(text));
-    }
-  }
-  return all;
-}
-
-void Checkpointer::save(const EvalResult& eval) {
-  if (saved_step_ == state_.step) return;
-  write(eval);
-  saved_step_ = state_.step;
-}
-
-void Checkpointer::write(const EvalResult& eval) {
-  std::map<std::string, double> metrics;
-  if (state_.last_eval_step == state_.step && eval.samples > 0) {
-    metrics = {{"loss", eval.loss}, {"top1", eval.top1}, {"top5", eval.top5}, {"ppl", eval.ppl}};
-  }
-  // The metrics window's losses averaged over the ranks, so that a resumed run logs what an
-  // uninterrupted one does.
-  if (parts_.group) parts_.group->all_reduce({state_.window_loss}, distributed::Reduce::avg);
-  // Rank 0 writes (every rank holds the same state; sharded, each rank its shard file first); the
-  // others learn how it went.
-  enum Status : int64_t { kSaved, kFailedGoOn, kFailedStop };
-  int64_t status = kSaved;
-  std::string msg;
-  std::string shard_error;
-  const auto start = std::chrono::steady_clock::now();
-  const nlohmann::json shards = parts_.fsdp ? write_shards(shard_error) : nlohmann::json();
-  if (job_.rank == 0) {
-    try {
-      if (!shard_error.empty()) throw std::runtime_error(shard_error);
-      checkpoint::State state = snapshot();
-      if (parts_.fsdp) state.meta["shards"] = shards;
-      last_ = dir_->save(state_.step, state, metrics);
-      struct stat st;
-      double mb = ::stat(last_.c_str(), &st) == 0 ? st.st_size / 1e6 : 0.0;
-      for (const auto& shard : shards) mb += shard.value("bytes", uint64_t{0}) / 1e6;
-      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      log::info(
-          strprintf("checkpoint %s (%.1f MB%s in %.3f s)", last_.c_str(), mb,
-                    shards.empty() ? "" : strprintf(" with %zu shards", shards.size()).c_str(),
-                    took.count()));
-    } catch (const std::exception& e) {
-      msg = "checkpoint at step " + std::to_string(state_.step) + " not saved: " + e.what() +
-            (last_.empty() ? "; no earlier checkpoint of this run exists"
-                           : "; the previous checkpoint " + last_ + " is intact");
-      status = loaded_.cfg.run.continue_on_save_error ? kFailedGoOn : kFailedStop;
-    }
-  }
-  if (parts_.group) {
-    auto agreed =
-        torch::full({1}, status, torch::TensorOptions(torch::kLong).device(parts_.group->device()));
-    parts_.group->broadcast({agreed}, /*root=*/0);
-    status = host_int(agreed);
-  }
-  if (status == kFailedStop) {
-    throw std::runtime_error(job_.rank == 0
-                                 ? msg + " (run.continue_on_save_error: true trains on)"
-                                 : "rank 0 could not save the checkpoint of step " +
-                                       std::to_string(state_.step) + "; stopping with it");
-  }
-  if (status == kFailedGoOn && job_.rank == 0) log::error(msg);
 }
 
 }  // namespace trainer::engine

@@ -2,7 +2,9 @@
 // there, so that a resumed run continues exactly as if never interrupted.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
 #include "distributed/env.h"
+#include "engine/loop/async_writer.h"
 #include "engine/loop/components.h"
 #include "engine/loop/evaluator.h"
 #include "engine/loop/saved_part.h"
@@ -32,9 +35,14 @@ enum class WeightsUse { average_if_saved, trained, average };
 // TrainingState, keeping run.keep_last checkpoints and the best by run.keep_best. Only rank 0
 // writes, every rank holding the same state; with dist.strategy fsdp each rank writes its shards
 // of the parameters and optimizer state too (checkpoint::write_shard), and a checkpoint loads on
-// any number of ranks under either strategy.
+// any number of ranks under either strategy. With run.checkpoint_async a save copies the state to
+// host memory and writes it on a background thread while training goes on (checkpointer_save.cpp).
 class Checkpointer {
  public:
+  // The name prefixes of the model's and the optimizer's tensors in a checkpoint.
+  static constexpr const char* kModelPrefix = "model.";
+  static constexpr const char* kOptimPrefix = "optim.";
+
   // `extras`: the run's other saved parts (the weight average, the spike guard).
   Checkpointer(const config::LoadedConfig& loaded, Components& parts, TrainingState& state,
                const distributed::DistEnv& job, std::vector<SavedPart*> extras = {});
@@ -75,6 +83,12 @@ class Checkpointer {
   // broadcast).
   void save(const EvalResult& eval);
 
+  // run.checkpoint_async: waits for the checkpoint being written in the background and settles
+  // its outcome as save() does for a synchronous one (a failure throws unless
+  // run.continue_on_save_error); nothing when no write is in flight. save(), rollback() and the
+  // end of a run call it. Every rank must call this, in the same order.
+  void wait();
+
   // The newest checkpoint written or resumed from; "" when none.
   const std::string& last() const { return last_; }
   // The step of the newest checkpoint written or resumed from, known to every rank; -1 when none.
@@ -111,11 +125,27 @@ class Checkpointer {
                      LabelUse labels);
   void restore_tensors(const checkpoint::State& ckpt, const std::string& path);
   void restore_position(const nlohmann::json& meta, const std::string& path);
+  // How a save went, as rank 0 broadcasts it.
+  enum SaveStatus : int64_t { kSaved, kFailedGoOn, kFailedStop };
+  // One save, from the state's snapshot to its outcome (checkpointer_save.cpp).
+  struct Save;
   // Rank 0 writes; every rank learns whether it could.
   void write(const EvalResult& eval);
-  // Sharded: every rank writes its shard file; rank 0 gets their descriptions, or `error` naming
-  // the ranks that failed. Every rank must call this, in the same order.
-  nlohmann::json write_shards(std::string& error) const;
+  // run.checkpoint_async: the host copy, then the write on the background thread.
+  void write_async(std::map<std::string, double> metrics);
+  // The pieces of this rank's shard file: the parameters', the optimizer's and the saved parts'.
+  std::vector<checkpoint::ShardPiece> shard_pieces() const;
+  // Writes this rank's shard file of `step`; its description, or "!rank N: <error>".
+  std::string write_own_shard(int64_t step,
+                              const std::vector<checkpoint::ShardPiece>& pieces) const;
+  // Every rank's shard description (`mine` here) to rank 0, or `error` naming the ranks that
+  // failed. Every rank must call this, in the same order.
+  nlohmann::json gather_shards(const std::string& mine, std::string& error) const;
+  // Rank 0: writes `save`'s state (with the `shards` described, or fails with `shard_error`) as
+  // the checkpoint of its step and logs it; sets its path or its failure.
+  void commit(Save& save, const nlohmann::json& shards, const std::string& shard_error);
+  // Every rank learns rank 0's `status`; a failure throws or is logged.
+  void agree(SaveStatus status, const std::string& msg, int64_t step);
 
   const config::LoadedConfig& loaded_;
   Components& parts_;
@@ -125,7 +155,9 @@ class Checkpointer {
   std::unique_ptr<checkpoint::Directory> dir_;
   std::string last_;
   int64_t resumed_step_ = -1;
-  int64_t saved_step_ = -1;  // the step of the newest checkpoint written or resumed from
+  int64_t saved_step_ = -1;        // the step of the newest checkpoint written or resumed from
+  std::shared_ptr<Save> pending_;  // the background write in flight
+  AsyncWriter writer_;             // last: its thread ends before the members it uses
 };
 
 }  // namespace trainer::engine

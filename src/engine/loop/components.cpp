@@ -345,6 +345,7 @@ config::Config config_defaults() {
   config::Config cfg;
   cfg.model.options = models::model_registry().options();
   cfg.data.options = data::dataset_registry().options();
+  cfg.data.mix.prototype.options = cfg.data.options;
   cfg.optim.options = optim::optimizer_registry().options();
   return cfg;
 }

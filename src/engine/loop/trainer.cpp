@@ -117,6 +117,7 @@ class Run {
       if (!s_.parts.group && s_.state.step > 0) {
         try {
           checkpoint();
+          s_.checkpointer.wait();
         } catch (const std::exception& e) {
           log::error(e.what());
         }
@@ -133,6 +134,7 @@ class Run {
       evaluate(s_.parts.total_steps > 0 ? (st.step - 1) / s_.parts.steps_per_epoch : 0);
     }
     checkpoint();
+    s_.checkpointer.wait();  // run.checkpoint_async: the last write done
     log_.clear();
     result_.steps = st.step;
     result_.seconds = log_.seconds();
@@ -198,6 +200,7 @@ class Run {
     if (st.bad_steps_in_row < cfg_.train.max_bad_steps) return;
     settle();
     checkpoint();
+    s_.checkpointer.wait();
     throw std::runtime_error(strprintf(
         "the training loss was inf/NaN in %" PRId64 " steps in a row, steps %" PRId64 " to %" PRId64
         "; the model is as after step %" PRId64
