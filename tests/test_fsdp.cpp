@@ -288,7 +288,21 @@ TEST_F(Fsdp, BenchReportsTheShardedStateAndTheTrafficOfZero3) {
   const double params = report["ddp"]["held_bytes"]["params"].get<double>();
   const double comm = report["fsdp"]["comm_bytes_per_step"].get<double>();
   EXPECT_GE(comm, 3.0 * params);
-  EXPECT_LE(comm, 3.0 * params * 1.001);  // the padding to a multiple of 4
+  EXPECT_LE(comm, 3.0 * params * 1.001);  // the padding to a multiple of 4, the steps' own
+  // By kind, the analytic counts: fsdp gathers the parameters for the forward and again for the
+  // backward and reduce-scatters the gradients once; ddp all-reduces every gradient once; both
+  // all-reduce the step's loss and broadcast its flags (a few bytes).
+  const auto kind = [&](const std::string& s, const char* k) {
+    return report[s]["comm_bytes_per_step_by_kind"][k].get<double>();
+  };
+  EXPECT_GE(kind("fsdp", "all_gather"), 2.0 * params);
+  EXPECT_LE(kind("fsdp", "all_gather"), 2.0 * params * 1.001);
+  EXPECT_GE(kind("fsdp", "reduce_scatter"), params);
+  EXPECT_LE(kind("fsdp", "reduce_scatter"), params * 1.001);
+  EXPECT_LT(kind("fsdp", "all_reduce") + kind("fsdp", "broadcast"), 1024.0);
+  EXPECT_GE(kind("ddp", "all_reduce"), params);
+  EXPECT_LT(kind("ddp", "all_reduce"), params + 1024.0);
+  EXPECT_EQ(kind("ddp", "all_gather") + kind("ddp", "reduce_scatter"), 0.0);
   EXPECT_GT(report["fsdp"]["peak_memory_mb"].get<double>(), 0.0);
 }
 

@@ -12,9 +12,9 @@
 #include "cli/options.h"
 #include "config/loader.h"
 #include "distributed/env.h"
-#include "engine/use/bench.h"
 #include "engine/loop/components.h"
 #include "engine/loop/trainer.h"
+#include "engine/use/bench.h"
 #include "util/fileio.h"
 #include "util/format.h"
 
@@ -74,12 +74,12 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
             {"optimizer", r.held.optimizer},
             {"total", r.held.total()}}},
           {"comm_bytes_per_step", r.comm_bytes_per_step},
-          {"profile",
-           r.profile_trace.empty()
-               ? nlohmann::json(nullptr)
-               : nlohmann::json{{"trace", r.profile_trace},
-                                {"steps", o.profiled},
-                                {"ops_per_step", r.profiled_ops_per_step}}},
+          {"comm_bytes_per_step_by_kind", r.comm_by_kind},
+          {"profile", r.profile_trace.empty()
+                          ? nlohmann::json(nullptr)
+                          : nlohmann::json{{"trace", r.profile_trace},
+                                           {"steps", o.profiled},
+                                           {"ops_per_step", r.profiled_ops_per_step}}},
           {"versions",
            {{"trainer", TRAINER_VERSION},
             {"torch", TORCH_VERSION},
@@ -122,10 +122,14 @@ std::string result_table(const engine::BenchResult& r, const engine::BenchOption
       static_cast<double>(r.flops_per_step) / 1e9, r.tflops, 100.0 * r.mfu, r.peak_tflops);
   out += strprintf("  final loss    %.4f\n", r.final_loss);
   out += strprintf(
-      "  held state    %.1f MiB per rank (%s): parameters %.1f, gradients %.1f, optimizer %.1f; "
-      "%.1f MiB communicated per step\n",
+      "  held state    %.1f MiB per rank (%s): parameters %.1f, gradients %.1f, optimizer %.1f\n",
       r.held.total() / 1048576.0, cfg.dist.strategy.c_str(), r.held.params / 1048576.0,
-      r.held.grads / 1048576.0, r.held.optimizer / 1048576.0, r.comm_bytes_per_step / 1048576.0);
+      r.held.grads / 1048576.0, r.held.optimizer / 1048576.0);
+  out += strprintf("  communicated  %.3f MiB per step:", r.comm_bytes_per_step / 1048576.0);
+  for (const auto& [kind, bytes] : r.comm_by_kind) {
+    out += strprintf(" %s %.3f,", kind.c_str(), bytes / 1048576.0);
+  }
+  out.back() = '\n';
   if (!r.ops_per_step.empty()) {
     const auto& ops = r.ops_per_step;
     out += strprintf(
@@ -213,7 +217,8 @@ int bench_command(int argc, char** argv) {
   if (job.rank != 0) return 0;
   std::cout << result_table(result, opts, trainer) << std::flush;
   if (!result.profile_trace.empty()) {
-    std::cout << "\nprofile: " << result.profile_trace << "\n" << result.profile_table << std::flush;
+    std::cout << "\nprofile: " << result.profile_trace << "\n"
+              << result.profile_table << std::flush;
   }
   if (args.count("json")) {
     write_text_atomically(args["json"].as<std::string>(),

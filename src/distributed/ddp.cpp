@@ -113,7 +113,7 @@ void DataParallel::before_forward(bool first, bool sync) {
 
 void DataParallel::after_forward(const torch::Tensor& loss, bool sync) {
   if (!sync || !reducer_) return;
-  if (group_.world_size() > 1) communicated_bytes_ += gradient_bytes_;
+  if (group_.world_size() > 1) group_.record_all_reduce(gradient_bytes_);
   reducer_->prepare_for_backward(options_.find_unused_parameters ? std::vector<torch::Tensor>{loss}
                                                                  : std::vector<torch::Tensor>{});
 }

@@ -67,7 +67,6 @@ class DataParallel final : public DataParallelism {
   // Every rank must call this, in the same order (it waits for the last bucket's all-reduce).
   void after_backward() override;
   // Every gradient's bytes per synchronising step (0 without a reducer: nothing is sent).
-  int64_t communicated_bytes() const override { return communicated_bytes_; }
 
   // Rank 0's parameters and buffers to every rank (after loading a checkpoint on one rank).
   // Every rank must call this, in the same order.
@@ -91,7 +90,6 @@ class DataParallel final : public DataParallelism {
   std::shared_ptr<c10d::Reducer> reducer_;  // null in a group of one (see reducer_at_world_size_1)
   std::shared_ptr<c10d::Logger> logger_;    // the reducer reports to it (and needs one)
   int64_t gradient_bytes_ = 0;              // of every averaged gradient
-  int64_t communicated_bytes_ = 0;          // all-reduced so far
 };
 
 }  // namespace trainer::distributed

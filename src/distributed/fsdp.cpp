@@ -145,7 +145,6 @@ void FullyShardedDataParallel::start_gather(size_t index) {
   allocate_storage(u.full, u.padded * static_cast<int64_t>(u.full.element_size()));
   torch::NoGradGuard no_grad;
   const torch::Tensor input = u.shard.to(options_.param_dtype);  // [S]
-  communicated_bytes_ += u.padded * static_cast<int64_t>(u.full.element_size());
   if (world_ == 1) {
     u.full.copy_(input);
     u.state = Unit::State::gathered;
@@ -241,7 +240,6 @@ void FullyShardedDataParallel::start_reduce(size_t index) {
   for (auto& s : u.slots) s.param.mutable_grad().reset();
   // Averaged as DDP does: each rank's share divided before the sum.
   if (world_ > 1) flat.div_(world_);
-  communicated_bytes_ += u.padded * static_cast<int64_t>(flat.element_size());
   if (world_ == 1) {
     u.reduced_grad = flat;
     return;

@@ -125,7 +125,6 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
 
   // Counted as the gathered (padded) buffers' sizes of the all-gathers and reduce-scatters: per
   // step 3x the parameters' bytes with reshard_after_forward, 2x without.
-  int64_t communicated_bytes() const override { return communicated_bytes_; }
   // The model's parameter bytes in param_dtype, padded as communicated.
   int64_t padded_parameter_bytes() const;
   int64_t units() const { return static_cast<int64_t>(units_.size()); }
@@ -152,7 +151,6 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
   std::vector<ShardView> views_;
   bool sync_ = true;  // this micro-batch's backward reduces its gradients
   bool root_held_ = false;
-  int64_t communicated_bytes_ = 0;
 };
 
 }  // namespace trainer::distributed

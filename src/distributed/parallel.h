@@ -25,8 +25,6 @@ class DataParallelism {
   virtual void after_forward(const torch::Tensor& loss, bool sync) = 0;
   // Waits for the last collectives of the step. Every rank must call this, in the same order.
   virtual void after_backward() = 0;
-  // The payload bytes this rank's gradient and parameter collectives have moved so far.
-  virtual int64_t communicated_bytes() const = 0;
 };
 
 }  // namespace trainer::distributed

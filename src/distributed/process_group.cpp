@@ -45,6 +45,7 @@ struct Group::Impl {
   GroupOptions options;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  CommBytes moved;  // by the collectives so far (the calling thread's alone: not atomic)
 
   std::string where() const { return env.master_addr + ":" + std::to_string(env.master_port); }
 
@@ -64,6 +65,13 @@ struct Group::Impl {
   void rendezvous();
   void build_backend();
 };
+
+// The bytes of `tensors` together.
+int64_t bytes_of(const std::vector<torch::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
 
 void Group::Impl::connect() {
   // Ranks other than 0 wait for rank 0's store themselves, within dist.init_timeout_s, so that
@@ -232,6 +240,7 @@ Pending Group::all_reduce_async(std::vector<torch::Tensor> tensors, Reduce op) {
   pending->group = impl_.get();
   pending->average = op == Reduce::avg;
   pending->tensors = tensors;
+  impl_->moved.all_reduce += bytes_of(tensors);
   if (!tensors.empty()) {
     // Gloo has no average: sum, then divide.
     const auto reduce = op == Reduce::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
@@ -267,13 +276,14 @@ Pending one_to_one(Group::Impl* group, const char* what, const torch::Tensor& ou
 }
 
 Pending Group::all_gather_into_async(const torch::Tensor& output, const torch::Tensor& input) {
-  return one_to_one(impl_.get(), "all-gather", output, input,
-                    [&](torch::Tensor& out, torch::Tensor& in) {
-                      return impl_->pg->_allgather_base(out, in);
-                    });
+  impl_->moved.all_gather += static_cast<int64_t>(output.nbytes());
+  return one_to_one(
+      impl_.get(), "all-gather", output, input,
+      [&](torch::Tensor& out, torch::Tensor& in) { return impl_->pg->_allgather_base(out, in); });
 }
 
 Pending Group::reduce_scatter_async(const torch::Tensor& output, const torch::Tensor& input) {
+  impl_->moved.reduce_scatter += static_cast<int64_t>(input.nbytes());
   return one_to_one(impl_.get(), "reduce-scatter", output, input,
                     [&](torch::Tensor& out, torch::Tensor& in) {
                       c10d::ReduceScatterOptions o;
@@ -283,6 +293,7 @@ Pending Group::reduce_scatter_async(const torch::Tensor& output, const torch::Te
 }
 
 void Group::all_gather(const torch::Tensor& input, std::vector<torch::Tensor> outputs) {
+  impl_->moved.all_gather += bytes_of(outputs);
   std::vector<std::vector<torch::Tensor>> out{std::move(outputs)};
   std::vector<torch::Tensor> in{input};
   impl_->wait(impl_->pg->allgather(out, in), "all_gather");
@@ -290,6 +301,7 @@ void Group::all_gather(const torch::Tensor& input, std::vector<torch::Tensor> ou
 
 void Group::broadcast(std::vector<torch::Tensor> tensors, int root) {
   if (tensors.empty()) return;
+  impl_->moved.broadcast += bytes_of(tensors);
   try {
     c10d::broadcast_coalesced(impl_->pg, tensors, kBroadcastBytes, root);
   } catch (const std::exception& e) {
@@ -322,6 +334,14 @@ void Group::barrier() {
 
 c10d::ProcessGroup& Group::c10d() {
   return *impl_->pg;
+}
+
+CommBytes Group::communicated() const {
+  return impl_->moved;
+}
+
+void Group::record_all_reduce(int64_t bytes) {
+  impl_->moved.all_reduce += bytes;
 }
 
 }  // namespace trainer::distributed

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/comm_bytes.h"
 #include "distributed/env.h"
 
 namespace c10d {
@@ -89,6 +90,11 @@ class Group {
 
   // The c10d process group, for c10d's Reducer (distributed/ddp.cpp).
   c10d::ProcessGroup& c10d();
+
+  // What this group's collectives have moved so far, with the all-reduces recorded below.
+  CommBytes communicated() const;
+  // Counts `bytes` of all-reduce run on c10d() directly (c10d's Reducer, DDP's gradients).
+  void record_all_reduce(int64_t bytes);
 
   struct Impl;
 

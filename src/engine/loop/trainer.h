@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/loader.h"
+#include "distributed/comm_bytes.h"
 #include "distributed/env.h"
 #include "engine/loop/checkpointer.h"
 #include "engine/loop/evaluator.h"
@@ -143,10 +144,10 @@ class Trainer {
   int64_t step() const;
   // The training state this rank holds now. Synchronises the device (reads the optimizer state).
   HeldState held_state() const;
-  // The bytes this rank's gradient and parameter collectives have moved so far: with fsdp the
-  // (padded) buffers all-gathered and reduce-scattered, with ddp in a group every gradient once
-  // per step; 0 alone under ddp.
-  int64_t communicated_bytes() const;
+  // What this rank's collectives have moved so far, by kind: with fsdp the (padded) buffers
+  // all-gathered and reduce-scattered, with ddp every gradient once per step (all-reduce), and
+  // the steps' own (the loss, the flags); nothing alone.
+  distributed::CommBytes communicated() const;
   // The device the model trains on.
   torch::Device device() const;
   // The job's process group; nullptr when training alone.

@@ -251,13 +251,20 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
   r.flops_per_step = 3 * trainer.forward_flops() * cfg.train.grad_accum_steps;
 
   PhaseTimer timer(device, options.warmup);
-  int64_t communicated = 0;  // before the timed steps
-  timer.on_timed_start = [&] { communicated = trainer.communicated_bytes(); };
+  distributed::CommBytes communicated;  // before the timed steps
+  timer.on_timed_start = [&] { communicated = trainer.communicated(); };
   trainer.run_steps(options.warmup + options.steps, timer, options.fixed_batch);
   timer.finish(r);
   r.held = trainer.held_state();
-  r.comm_bytes_per_step = static_cast<double>(trainer.communicated_bytes() - communicated) /
-                          static_cast<double>(std::max<int64_t>(options.steps, 1));
+  const auto moved = trainer.communicated() - communicated;
+  const auto per_step = [&](int64_t bytes) {
+    return static_cast<double>(bytes) / static_cast<double>(std::max<int64_t>(options.steps, 1));
+  };
+  r.comm_bytes_per_step = per_step(moved.total());
+  r.comm_by_kind = {{"all_reduce", per_step(moved.all_reduce)},
+                    {"all_gather", per_step(moved.all_gather)},
+                    {"reduce_scatter", per_step(moved.reduce_scatter)},
+                    {"broadcast", per_step(moved.broadcast)}};
   count_operators(trainer, options, r);
   profile_steps(trainer, options, r);
 

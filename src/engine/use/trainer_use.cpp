@@ -45,9 +45,8 @@ HeldState Trainer::held_state() const {
   return h;
 }
 
-int64_t Trainer::communicated_bytes() const {
-  const auto* parallel = s_->parts.data_parallel();
-  return parallel ? parallel->communicated_bytes() : 0;
+distributed::CommBytes Trainer::communicated() const {
+  return s_->parts.group ? s_->parts.group->communicated() : distributed::CommBytes{};
 }
 
 distributed::Group* Trainer::group() const {
