@@ -64,6 +64,7 @@ struct Group::Impl {
   void connect();
   void rendezvous();
   void build_backend();
+  std::shared_ptr<::gloo::transport::Device> gloo_device() const;
 };
 
 // The bytes of `tensors` together.
@@ -149,6 +150,20 @@ void Group::Impl::rendezvous() {
   store->setTimeout(millis(options.timeout_s));
 }
 
+// The interface Gloo's connections use. GLOO_SOCKET_IFNAME picks it, as in torch.distributed.
+// Else, with a master on another machine, the address this machine reaches the master through:
+// the host name (torch.distributed's choice) may resolve to a loopback address (Debian's
+// 127.0.1.1), which the other nodes cannot reach. With a master on this machine, the host's.
+std::shared_ptr<::gloo::transport::Device> Group::Impl::gloo_device() const {
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (!is_loopback(env.master_addr)) {
+    const std::string local = local_address_toward(env.master_addr, env.master_port);
+    if (!local.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(local);
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
 void Group::Impl::build_backend() {
   auto prefix = c10::make_intrusive<c10d::PrefixStore>(
       "trainer/" + std::to_string(env.restart_count) + "/pg", store);
@@ -168,10 +183,7 @@ void Group::Impl::build_backend() {
 #endif
   }
   auto o = c10d::ProcessGroupGloo::Options::create(timeout);
-  // As torch.distributed does: GLOO_SOCKET_IFNAME picks the interface, else the host's address.
-  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-  o->devices.push_back(ifname && *ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
-                                         : c10d::ProcessGroupGloo::createDefaultDevice());
+  o->devices.push_back(gloo_device());
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, env.rank, env.world_size, o);
   gloo->setSequenceNumberForGroup();
   pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
