@@ -38,6 +38,8 @@
 #                            (make_shards.py --synthetic), r50_bf16_b256 trained 60 steps from them
 #                            with a loader thread per core: img/s against the fixed-batch rate,
 #                            and doctor --perf's verdict on the job
+#   gpt2_ckpt_async          gpt2_bf16 trained 90 steps with a checkpoint every 30, synchronous and
+#                            with run.checkpoint_async: the save time against the time blocked
 # Before the cases, `trainer doctor --perf --quick --json`: the GPU's matmul TFLOP/s per dtype,
 # HBM copy and PCIe bandwidth against the spec table (kept in results.json, rows in the table).
 # Each case runs `trainer bench` and, for the plain cases, scripts/bench_reference.py (PyTorch,
@@ -382,6 +384,7 @@ CASES=(
   "r50_fp16_b32|gpu_resnet50.yaml|10|50|15|trainer pytorch|amp.dtype=float16|data.batch_size=32"
   "observe|gpu_resnet50.yaml|0|6|40|observe|data.batch_size=32"
   "r50_shards|gpu_resnet50.yaml|0|60|150|shards"
+  "gpt2_ckpt_async|gpu_gpt2.yaml|0|90|120|ckpt_async"
 )
 
 # PyTorch's DataLoader workers are processes that hand batches over through /dev/shm (154 MB a
@@ -419,6 +422,8 @@ run_bench() {
              return 0 ;;
     shards) shards_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
             return 0 ;;
+    ckpt_async) ckpt_async_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
+                return 0 ;;
     launch_all) cmd=("$TRAINER" launch --standalone --nproc-per-node "$GPUS" -- bench) ;;
     trainer) cmd=("$TRAINER" bench) ;;
     launch) cmd=("$TRAINER" launch --standalone --nproc-per-node 1 -- bench) ;;
@@ -562,6 +567,34 @@ SHARDS
   say "$(basename "$base"): done in $((SECONDS - t0))s (exit $rc)"
 }
 
+# ckpt_async_run BASE CONFIG STEPS LIMIT --set...: STEPS steps of training with a checkpoint every
+# STEPS/3 steps, with synchronous saves and with run.checkpoint_async; BASE.json holds the median
+# save time of the first and the median time training was blocked per save of the second (the
+# copy to pinned host memory, and any wait for the write before).
+ckpt_async_run() {
+  local base=$1 config=$2 steps=$3 limit=$4 rc=0 t0=$SECONDS mode
+  shift 4
+  for mode in false true; do
+    (cd "$ROOT" && timeout -k 10 $((limit / 2)) "$TRAINER" --config "$config" "$@" \
+      --set train.max_steps="$steps" --set run.checkpoint_every=$((steps / 3)) \
+      --set run.checkpoint_async=$mode --set run.keep_last=1 --set run.eval_every=0 \
+      --set train.eval_at_end=false --set run.log_every=10 --run-dir "$base.$mode") \
+      > "$base.$mode.log" 2>&1 || rc=$?
+    rm -rf "$base.$mode"
+  done
+  "$PY" - "$base.false.log" "$base.true.log" > "$base.json" 2>> "$base.log" <<'CKPT' || rc=1
+import json, re, statistics, sys
+sync = [float(m) for m in re.findall(r"checkpoint \S+ \([0-9.]+ MB in ([0-9.]+) s\)", open(sys.argv[1]).read())]
+blocked = [float(m) for m in re.findall(r"training blocked ([0-9.]+) s", open(sys.argv[2]).read())]
+out = {"sync_save_s": statistics.median(sync), "blocked_s": statistics.median(blocked),
+       "saves": [len(sync), len(blocked)]}
+out["ratio"] = out["blocked_s"] / out["sync_save_s"]
+print(json.dumps(out))
+CKPT
+  echo "$rc $((SECONDS - t0))" > "$base.status"
+  say "$(basename "$base"): done in $((SECONDS - t0))s (exit $rc)"
+}
+
 # Which cases run: $GPU_CHECK_CASES (names), else all; --dry-run: one of each kind.
 SELECTED=${GPU_CHECK_CASES:-}
 [[ -n "$SELECTED" || $DRY == 0 ]] || SELECTED="r50_bf16_b256 r50_fp16_b32 gpt2_bf16 gpt2_ckpt ddp_ws1 ddp_ws1_reducer r50_bf16_b32_loop"
@@ -664,7 +697,8 @@ def best_pytorch(case):
     return max(found) if found else (None, None)
 
 for case in order + sorted({k[0] for k in runs} - set(order)):
-    if case in ("graph_losses", "fsdp_losses", "doctor_perf", "observe", "r50_shards"):
+    if case in ("graph_losses", "fsdp_losses", "doctor_perf", "observe", "r50_shards",
+                "gpt2_ckpt_async"):
         continue
     for impl in ("trainer", "launch", "launch_all", "pytorch", "compile", "autotune"):
         r = runs.get((case, impl))
@@ -779,6 +813,13 @@ if isinstance(sh, dict):
           % (num(sh.get("samples_per_sec"), ".1f"),
              pct(sh.get("samples_per_sec"), get(plain, "samples_per_sec")),
              d.get("verdict"), d.get("fix") or d.get("measured")))
+
+ck = get(runs.get(("gpt2_ckpt_async", "ckpt_async")))
+if isinstance(ck, dict):
+    print("gpt2_ckpt_async (GPT-2 small bf16, AdamW): synchronous save %s s, training blocked %s s "
+          "per asynchronous save (%s of it)" % (num(ck.get("sync_save_s"), ".3f"),
+                                              num(ck.get("blocked_s"), ".3f"),
+                                              num(100 * ck.get("ratio", 0), ".1f") + "%"))
 
 o = get(runs.get(("observe", "observe")))
 if isinstance(o, dict):
