@@ -3,12 +3,13 @@
 // name up to the first dot of its file name: an image (.jpg, .jpeg or .png) and a label (.cls, an
 // integer .json or {"label": n}, or an integer .txt). The images get imagefolder's transforms.
 //
-// The shards are indexed once (headers and labels only), so any sample can be read with one
-// pread. Each epoch's order is the same on any number of ranks: the shards, in a seeded order,
-// are dealt to data.streams streams; each stream runs through a seeded shuffle buffer of
-// data.shuffle_buffer samples; the streams are interleaved one sample at a time. Rank r of W takes
-// every W-th sample from r, so with W dividing data.streams it reads its own shards only, and a
-// checkpoint resumes exactly at any world size with the same global batch.
+// The shards are indexed once (headers and labels only), so any sample can be read with one open
+// and one pread of its shard. Each epoch's order is the same on any number of ranks: the shards,
+// in a seeded order, are dealt to data.streams streams; each stream runs through a seeded shuffle
+// buffer of data.shuffle_buffer samples; the streams are interleaved one sample at a time. Rank r
+// of W takes every W-th sample from r, so with W dividing data.streams it reads its own shards
+// only, and a checkpoint resumes exactly at any world size with the same global batch. Loader
+// workers share a rank's shards: each assembles whole batches.
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
@@ -179,8 +180,9 @@ std::vector<Sample> group_samples(const TarListing& listing, int32_t shard,
   return out;
 }
 
-// Shards opened for reading, shared by the splits that read them.
-using Files = std::vector<std::unique_ptr<RandomAccessFile>>;
+// The shard files' paths, shared by the splits that read them. A sample's read opens its shard
+// (one open and one pread): any number of shards, and no descriptor held between reads.
+using Files = std::vector<std::string>;
 
 // Stream identifiers of the per-epoch draws.
 constexpr uint64_t kShardOrder = 0x7764732d6f726472ULL;
@@ -236,7 +238,7 @@ class WebDataset final : public Dataset {
 
   std::string sample_name(int64_t index) const override {
     const Sample& s = samples_.at(static_cast<size_t>(index));
-    return (*files_)[static_cast<size_t>(s.shard)]->path() + ":" + s.key;
+    return (*files_)[static_cast<size_t>(s.shard)] + ":" + s.key;
   }
 
   std::vector<int64_t> order(bool shuffle, uint64_t seed, int64_t epoch) const override {
@@ -272,9 +274,9 @@ class WebDataset final : public Dataset {
     check_indices(indices, size(), "webdataset");
     const auto load = [this](int64_t n, Rng& rng, torch::Tensor out) {
       const Sample& s = samples_[static_cast<size_t>(n)];
-      const auto& file = *(*files_)[static_cast<size_t>(s.shard)];
-      transform_.apply(file.read(s.offset, s.size), file.path() + ": '" + s.key + "'", rng,
-                       std::move(out));
+      const std::string& path = (*files_)[static_cast<size_t>(s.shard)];
+      transform_.apply(RandomAccessFile(path).read(s.offset, s.size), path + ": '" + s.key + "'",
+                       rng, std::move(out));
     };
     return image_batch(indices, epoch, size(), transform_, fail_, "data.on_bad_sample", load,
                        labels_);
@@ -291,7 +293,7 @@ class WebDataset final : public Dataset {
   std::vector<int64_t> labels_;
 };
 
-// One split's shards: the files of a pattern, opened, and their samples.
+// One split's shards: the files of a pattern, and their samples.
 struct ShardSet {
   std::shared_ptr<Files> files = std::make_shared<Files>();
   std::vector<Sample> samples;
@@ -309,19 +311,22 @@ ShardSet index_shards(const std::string& pattern, const std::string& root, const
   }
   ShardSet set;
   for (auto& path : paths) {
+    if (path.empty()) {
+      throw DataConfigError("data." + key, "'" + pattern + "' names an empty file name");
+    }
     if (!root.empty() && path.front() != '/') path = root + "/" + path;
     if (file_size(path) < 0) {
       throw DataConfigError("data." + key, path + ": no such file (one of the " +
                                                std::to_string(paths.size()) + " shards of '" +
                                                pattern + "')");
     }
-    set.files->push_back(std::make_unique<RandomAccessFile>(path));
+    set.files->push_back(path);
+    const RandomAccessFile file(path);
     const TarListing listing = list_tar(path);
     if (!listing.problem.empty()) {
       bad.add("truncated or corrupt shards", path, listing.problem);
     }
-    auto samples = group_samples(listing, static_cast<int32_t>(set.files->size() - 1),
-                                 *set.files->back(), bad);
+    auto samples = group_samples(listing, static_cast<int32_t>(set.files->size() - 1), file, bad);
     set.samples.insert(set.samples.end(), samples.begin(), samples.end());
   }
   return set;
@@ -338,7 +343,7 @@ void check_labels(std::vector<Sample>& samples, int64_t classes, const Files& fi
       kept.push_back(std::move(s));
       continue;
     }
-    const std::string where = files[static_cast<size_t>(s.shard)]->path() + ": '" + s.key + "'";
+    const std::string where = files[static_cast<size_t>(s.shard)] + ": '" + s.key + "'";
     bad.add("with a label outside " + range, where,
             "label " + std::to_string(s.label) + " is outside " + range +
                 " (set data.classes to the number of classes)");
