@@ -512,6 +512,12 @@ TEST_F(EngineTest, RollbackGoesBackToTheCheckpointAndOnAfterTheBadData) {
   const auto at_7 = checkpoint_tensors(stopped);
   const auto step_4 = checkpoint::load(clean_dir + "/checkpoints/step_00000004.safetensors");
   expect_same(at_7, {step_4.tensors.begin(), step_4.tensors.end()}, "model.");
+  // The same with run.checkpoint_async: the rollback waits for the write in flight first.
+  Trainer async(
+      with({"train.rollback_on_nan=true", "train.stop_at_step=7", "run.checkpoint_async=true"}));
+  nan_at_call_6(async);
+  EXPECT_TRUE(async.fit().stopped);
+  expect_same(checkpoint_tensors(async), {step_4.tensors.begin(), step_4.tensors.end()}, "model.");
   // The whole run: 12 steps, 3 of them undone, its position the clean run's.
   auto run_cfg = with({"train.rollback_on_nan=true"});
   Trainer rolled(run_cfg);
