@@ -12,6 +12,11 @@
       trainer (v2, the default: RandomResizedCrop(224, antialias=True) + RandomHorizontalFlip +
       ToImage + ToDtype(float32, scale=True) + Normalize; v1: RandomResizedCrop(224) +
       RandomHorizontalFlip + ToTensor + Normalize) and prints {"images_per_sec": ...}.
+
+  bench_loader.py webdataset PATTERN [--batch B] [--workers W] [--batches N] [--warmup N]
+      the same for the Python webdataset library's pipeline on the shards of PATTERN (made from
+      DIR by scripts/make_shards.py): WebDataset(shardshuffle) + shuffle(1000) + decode("pil") +
+      the v2 training transform, batched, through a WebLoader with W workers.
 """
 import argparse
 import gzip
@@ -93,9 +98,46 @@ def torchvision_rate(root, batch, workers, batches, warmup, version):
             "workers": workers, "seconds": round(seconds, 3), "transforms": version}
 
 
+def timed(it, batches, warmup):
+    """Images per second over `batches` batches of `it` after `warmup` ones."""
+    for _ in range(warmup):
+        next(it)
+    start = time.perf_counter()
+    images = 0
+    for _ in range(batches):
+        x = next(it)[0]
+        images += x.shape[0]
+    return images, time.perf_counter() - start
+
+
+def webdataset_rate(pattern, batch, workers, batches, warmup):
+    import torch
+    import webdataset as wds
+    from torchvision.transforms import v2
+
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    transform = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+                            v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                            v2.Normalize(mean, std)])
+    dataset = (wds.WebDataset(pattern, shardshuffle=100, nodesplitter=wds.split_by_node,
+                              workersplitter=wds.split_by_worker, empty_check=False)
+               .shuffle(1000).decode("pil").to_tuple("jpg", "cls")
+               .map_tuple(transform, int).batched(batch, partial=False))
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=workers,
+                           persistent_workers=workers > 0, prefetch_factor=2 if workers else None)
+
+    def batches_forever():
+        while True:
+            yield from loader
+
+    images, seconds = timed(batches_forever(), batches, warmup)
+    return {"images_per_sec": round(images / seconds, 1), "batches": batches, "batch_size": batch,
+            "workers": workers, "seconds": round(seconds, 3), "transforms": "v2"}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("what", choices=["make", "torchvision"])
+    p.add_argument("what", choices=["make", "torchvision", "webdataset"])
     p.add_argument("dir")
     p.add_argument("--train", type=int, default=2000)
     p.add_argument("--val", type=int, default=200)
@@ -107,6 +149,8 @@ def main():
     a = p.parse_args()
     if a.what == "make":
         make(a.dir, a.train, a.val)
+    elif a.what == "webdataset":
+        print(json.dumps(webdataset_rate(a.dir, a.batch, a.workers, a.batches, a.warmup)))
     else:
         print(json.dumps(torchvision_rate(a.dir, a.batch, a.workers, a.batches, a.warmup,
                                           a.transforms)))

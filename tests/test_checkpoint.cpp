@@ -1,7 +1,9 @@
 // Checkpoint files: the safetensors format, atomic writes, the manifest, verification, pruning.
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -256,6 +258,31 @@ TEST_F(DirectoryTest, UnlistedCheckpointsAreAdoptedAndPruned) {
   std::vector<int64_t> steps;
   for (const auto& e : d.entries()) steps.push_back(e.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{3, 4}));
+}
+
+// A process killed between a checkpoint's file and its manifest entry leaves the file unlisted;
+// the resuming writer enters it (and prunes as a save does).
+TEST_F(DirectoryTest, EnteringUnlistedFilesListsWhatAKilledSaveLeft) {
+  Directory other((tmp_ / "other").string(), 3, "");
+  const std::string written = other.save(3, state(3), {});
+  Directory d(dir(), 2, "");
+  d.save(1, state(1), {});
+  d.save(2, state(2), {});
+  fs::copy_file(written, tmp_ / "checkpoints" / "step_00000003.safetensors");
+  const auto listed = [&] {
+    std::vector<std::string> files;
+    std::ifstream in(tmp_ / "checkpoints" / "manifest.json");
+    const auto manifest = nlohmann::json::parse(in);
+    for (const auto& e : manifest["checkpoints"]) files.push_back(e["file"]);
+    return files;
+  };
+  EXPECT_EQ(listed().size(), 2u);
+  d.enter_unlisted();
+  EXPECT_EQ(listed(),
+            (std::vector<std::string>{"step_00000002.safetensors", "step_00000003.safetensors"}));
+  EXPECT_FALSE(fs::exists(tmp_ / "checkpoints" / "step_00000001.safetensors"));
+  d.enter_unlisted();  // nothing unlisted: unchanged
+  EXPECT_EQ(listed().size(), 2u);
 }
 
 TEST_F(DirectoryTest, AFailedWriteLeavesThePreviousCheckpoint) {

@@ -400,6 +400,12 @@ std::string Directory::save(int64_t step, const State& state,
   }
   all.push_back(entry);
   std::sort(all.begin(), all.end(), [](const Entry& a, const Entry& b) { return a.step < b.step; });
+  write_pruned(std::move(all));
+  remove_unlisted_shard_files(step, state.meta);
+  return path;
+}
+
+std::vector<Entry> Directory::write_pruned(std::vector<Entry> all) const {
   const std::set<std::string> keep = kept_files(all);
   std::vector<Entry> kept, dropped;
   for (auto& e : all) (keep.count(e.file) ? kept : dropped).push_back(std::move(e));
@@ -407,8 +413,14 @@ std::string Directory::save(int64_t step, const State& state,
   // Only once the manifest no longer names them.
   for (const auto& e : dropped) ::unlink((dir_ + "/" + e.file).c_str());
   remove_unkept_shards(kept);
-  remove_unlisted_shard_files(step, state.meta);
-  return path;
+  return kept;
+}
+
+void Directory::enter_unlisted() {
+  const auto listed = read_manifest(dir_);
+  std::vector<Entry> all = entries();
+  if (listed && listed->size() == all.size()) return;  // every file listed already
+  if (!all.empty()) write_pruned(std::move(all));
 }
 
 void Directory::remove_unlisted_shard_files(int64_t step, const nlohmann::json& meta) const {

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -73,6 +73,12 @@ class Directory {
   // checkpoint. Reads each unlisted file once.
   std::vector<Entry> entries() const;
 
+  // Enters the checkpoint files the manifest does not list (as entries() finds them) into it,
+  // pruning as save() does: for the process that writes the run's checkpoints, when it resumes
+  // (a run killed between a file and its manifest entry may resume at its last step and save no
+  // more). Throws IoError when the manifest cannot be written.
+  void enter_unlisted();
+
   // The newest checkpoint that loads and verifies, with its path. Corrupt ones are skipped with
   // a warning naming them; nullopt when there is none. Throws CorruptCheckpoint naming every
   // file when there are checkpoints and none verifies.
@@ -81,6 +87,9 @@ class Directory {
  private:
   std::optional<Entry> adopt(const std::string& name) const;
   void write_manifest(const std::vector<Entry>& entries) const;
+  // Writes the manifest of `all` (oldest first) without the checkpoints pruning drops, then
+  // removes their files and shard folders.
+  std::vector<Entry> write_pruned(std::vector<Entry> all) const;
   void remove_stale_temporaries() const;
   // The files of `all` (oldest first) that pruning keeps: the newest keep_last, the best.
   std::set<std::string> kept_files(const std::vector<Entry>& all) const;
