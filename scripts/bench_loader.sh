@@ -44,7 +44,7 @@ data:
   workers: $WORKERS
   hflip: 0.5
 YAML
-ours_wds=$("$BUILD/bench_data" --config "$config" --batches "$BATCHES")
+ours_wds=$("$BUILD/bench_data" --config "$config" --batches "$BATCHES" | tail -n 1)
 theirs_wds=$("$PY" "$ROOT/scripts/bench_loader.py" webdataset "$DIR/shards/train-{000000..$last}.tar" \
              --batch "$BATCH" --workers "$WORKERS" --batches "$BATCHES")
 "$PY" - "$ours" "$theirs" "$ours_wds" "$theirs_wds" <<'PY'
