@@ -100,7 +100,13 @@ bool Checkpointer::resume(const std::string& spec) {
     log::info("no checkpoint in " + dir_->path() + "; starting from step 0");
     return false;
   }
-  if (spec == "auto" && job_.rank == 0) dir_->enter_unlisted();
+  if (spec == "auto" && job_.rank == 0) {
+    try {
+      dir_->enter_unlisted();
+    } catch (const std::exception& e) {  // the next save tries again
+      log::warn(std::string(e.what()) + "; the manifest still lacks a checkpoint file beside it");
+    }
+  }
   restore(latest ? std::move(latest->second) : checkpoint::load(path), path);
   log::info(strprintf("resumed from %s at step %" PRId64 " (epoch %" PRId64
                       ", after its step %" PRId64 ")",

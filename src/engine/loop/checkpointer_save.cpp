@@ -107,8 +107,7 @@ void Checkpointer::write_async(std::map<std::string, double> metrics) {
 
 void Checkpointer::wait() {
   if (!pending_) return;
-  const auto job = std::move(pending_);
-  pending_.reset();
+  const auto job = std::exchange(pending_, nullptr);
   writer_.wait();  // the job catches its own errors
   if (parts_.fsdp) {
     std::string shard_error;
