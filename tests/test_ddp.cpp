@@ -7,6 +7,9 @@
 
 #include <fstream>
 #include <map>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "config/loader.h"
 #include "distributed/ddp.h"
@@ -245,6 +248,65 @@ TEST(DdpEngine, AJobOfOneRunsThePlainStepsOperators) {
       EXPECT_EQ(diff, "");
     }
     std::cout << (reducer ? "with" : "without") << " the reducer:\n" << diff;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Four ranks in this process, one thread each: tensor-parallel groups of consecutive ranks ({0,
+// 1}, {2, 3}) and data-parallel groups across them ({0, 2}, {1, 3}), each all-reducing and
+// all-gathering its own members' values only, and counting what it moved.
+TEST(Group, SubGroupsOfConsecutiveAndStridedRanksReduceTheirMembersOnly) {
+  trainer::distributed::GroupOptions options;
+  options.init_timeout_s = 30;
+  options.timeout_s = 30;
+  const int port = free_port();
+  std::vector<double> tp_sum(4), dp_sum(4);
+  std::vector<std::vector<double>> tp_gathered(4);
+  std::vector<int64_t> tp_bytes(4);
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DistEnv env;
+        env.source = "torchrun";
+        env.rank = r;
+        env.world_size = 4;
+        env.master_port = port;
+        Group world(env, options);
+        const int first = r / 2 * 2;
+        Group tp(world, {first, first + 1}, "tp" + std::to_string(r / 2));
+        Group dp(world, {r % 2, r % 2 + 2}, "dp" + std::to_string(r % 2));
+        EXPECT_EQ(tp.rank(), r % 2);
+        EXPECT_EQ(dp.rank(), r / 2);
+        auto a = torch::full({3}, static_cast<double>(r + 1), torch::kDouble);
+        auto b = a.clone();
+        tp.all_reduce({a}, trainer::distributed::Reduce::sum);
+        dp.all_reduce({b}, trainer::distributed::Reduce::sum);
+        tp_sum[r] = a[0].item<double>();
+        dp_sum[r] = b[0].item<double>();
+        std::vector<torch::Tensor> parts = {torch::empty({1}, torch::kDouble),
+                                            torch::empty({1}, torch::kDouble)};
+        tp.all_gather(torch::full({1}, static_cast<double>(10 * r), torch::kDouble), parts);
+        for (const auto& p : parts) tp_gathered[r].push_back(p.item<double>());
+        tp_bytes[r] = tp.communicated().total();
+        EXPECT_EQ(world.communicated().total(), 0);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(tp_sum[r], r < 2 ? 1 + 2 : 3 + 4) << "rank " << r;
+    EXPECT_EQ(dp_sum[r], r % 2 == 0 ? 1 + 3 : 2 + 4) << "rank " << r;
+    const double first = 10.0 * (r / 2 * 2);
+    EXPECT_EQ(tp_gathered[r], (std::vector<double>{first, first + 10})) << "rank " << r;
+    EXPECT_EQ(tp_bytes[r], 3 * 8 + 2 * 8) << "rank " << r;  // the all-reduce's and the gather's
   }
 }
 

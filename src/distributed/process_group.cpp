@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -45,7 +46,8 @@ struct Group::Impl {
   GroupOptions options;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
-  CommBytes moved;  // by the collectives so far (the calling thread's alone: not atomic)
+  std::string name = "pg";  // the store prefix of the group's backend; a sub-group's own
+  CommBytes moved;          // by the collectives so far (the calling thread's alone: not atomic)
 
   std::string where() const { return env.master_addr + ":" + std::to_string(env.master_port); }
 
@@ -166,7 +168,7 @@ std::shared_ptr<::gloo::transport::Device> Group::Impl::gloo_device() const {
 
 void Group::Impl::build_backend() {
   auto prefix = c10::make_intrusive<c10d::PrefixStore>(
-      "trainer/" + std::to_string(env.restart_count) + "/pg", store);
+      "trainer/" + std::to_string(env.restart_count) + "/" + name, store);
   pg = c10::make_intrusive<c10d::ProcessGroup>(prefix, env.rank, env.world_size);
   const Ms timeout = millis(options.timeout_s);
   if (options.backend == "nccl") {
@@ -204,6 +206,29 @@ Group::Group(const DistEnv& env, const GroupOptions& options) : impl_(std::make_
     throw GroupError(strprintf("rank %d: the %s process group over %s could not be formed: %s",
                                env.rank, options.backend.c_str(), impl_->where().c_str(),
                                error_line(e).c_str()));
+  }
+}
+
+Group::Group(const Group& parent, const std::vector<int>& ranks, const std::string& name)
+    : impl_(std::make_unique<Impl>()) {
+  const Impl& p = *parent.impl_;
+  const auto me = std::find(ranks.begin(), ranks.end(), p.env.rank);
+  if (me == ranks.end()) {
+    throw GroupError(strprintf("rank %d is not in the group '%s' it was asked to create",
+                               p.env.rank, name.c_str()));
+  }
+  impl_->env = p.env;
+  impl_->env.rank = static_cast<int>(me - ranks.begin());
+  impl_->env.world_size = static_cast<int>(ranks.size());
+  impl_->options = p.options;
+  impl_->store = p.store;
+  impl_->name = "group/" + name;
+  try {
+    impl_->build_backend();
+  } catch (const std::exception& e) {
+    throw GroupError(strprintf("rank %d: the %s group '%s' of %zu ranks could not be formed: %s",
+                               p.env.rank, impl_->options.backend.c_str(), name.c_str(),
+                               ranks.size(), error_line(e).c_str()));
   }
 }
 

@@ -56,6 +56,13 @@ class Group {
   // or ranks disagree, or when rank 0 cannot listen on the port. Every rank must construct it.
   Group(const DistEnv& env, const GroupOptions& options);
   ~Group();
+  // The group of `ranks` (ranks of `parent`'s job, this rank among them, in group-rank order)
+  // over `parent`'s rendezvous store: tensor-parallel groups of consecutive ranks, data-parallel
+  // groups across them. Every rank in `ranks` must create it with the same `ranks` and `name`
+  // (unique among the job's groups), in the same order relative to its other group creations;
+  // ranks outside it do not take part. Throws GroupError when this rank is not in `ranks` or
+  // the group cannot be formed within dist.init_timeout_s.
+  Group(const Group& parent, const std::vector<int>& ranks, const std::string& name);
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
 
