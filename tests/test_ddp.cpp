@@ -14,6 +14,7 @@
 #include "config/loader.h"
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
+#include "distributed/tensor_parallel.h"
 #include "engine/loop/components.h"
 #include "engine/loop/trainer.h"
 #include "temp_dir.h"
@@ -308,6 +309,75 @@ TEST(Group, SubGroupsOfConsecutiveAndStridedRanksReduceTheirMembersOnly) {
     EXPECT_EQ(tp_gathered[r], (std::vector<double>{first, first + 10})) << "rank " << r;
     EXPECT_EQ(tp_bytes[r], 3 * 8 + 2 * 8) << "rank " << r;  // the all-reduce's and the gather's
   }
+}
+
+}  // namespace
+
+namespace {
+
+// A two-layer MLP split Megatron's way over a group of two (the first layer's rows, the second's
+// columns): forward and backward equal the whole layers', each rank's weight gradients the
+// slices of the whole ones, with one all-reduce each way.
+TEST(TensorParallel, AColumnThenRowParallelMlpEqualsTheWholeOne) {
+  torch::manual_seed(7);
+  auto fc1 = torch::nn::Linear(8, 16), fc2 = torch::nn::Linear(16, 8);
+  auto x = torch::randn({5, 8}, torch::kDouble);
+  fc1->to(torch::kDouble);
+  fc2->to(torch::kDouble);
+  auto xw = x.clone().requires_grad_();
+  const auto whole = fc2(torch::gelu(fc1(xw)));  // [5, 8]
+  whole.square().sum().backward();
+
+  trainer::distributed::GroupOptions options;
+  options.init_timeout_s = 30;
+  options.timeout_s = 30;
+  const int port = free_port();
+  std::vector<torch::Tensor> out(2), dx(2), dw1(2), db1(2), dw2(2);
+  std::vector<int64_t> moved(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DistEnv env;
+        env.source = "torchrun";
+        env.rank = r;
+        env.world_size = 2;
+        env.master_port = port;
+        Group world(env, options);
+        Group tp(world, {0, 1}, "tp");
+        namespace tpx = trainer::distributed;
+        auto w1 = tpx::shard_of(fc1->weight.detach(), 0, r, 2).clone().requires_grad_();  // [8, 8]
+        auto b1 = tpx::shard_of(fc1->bias.detach(), 0, r, 2).clone().requires_grad_();    // [8]
+        auto w2 = tpx::shard_of(fc2->weight.detach(), 1, r, 2).clone().requires_grad_();  // [8, 8]
+        auto xr = x.clone().requires_grad_();
+        auto h = torch::gelu(torch::nn::functional::linear(tpx::copy_to_group(xr, tp), w1, b1));
+        auto y = tpx::reduce_from_group(torch::nn::functional::linear(h, w2), tp) +
+                 fc2->bias.detach();  // the row-parallel layer's bias, added once
+        y.square().sum().backward();
+        out[r] = y.detach();
+        dx[r] = xr.grad();
+        dw1[r] = w1.grad();
+        db1[r] = b1.grad();
+        dw2[r] = w2.grad();
+        moved[r] = tp.communicated().all_reduce;
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_TRUE(torch::allclose(out[r], whole.detach(), 1e-12, 1e-12)) << "rank " << r;
+    EXPECT_TRUE(torch::allclose(dx[r], xw.grad(), 1e-12, 1e-12)) << "rank " << r;
+    namespace tpx = trainer::distributed;
+    EXPECT_TRUE(torch::allclose(dw1[r], tpx::shard_of(fc1->weight.grad(), 0, r, 2), 1e-12, 1e-12));
+    EXPECT_TRUE(torch::allclose(db1[r], tpx::shard_of(fc1->bias.grad(), 0, r, 2), 1e-12, 1e-12));
+    EXPECT_TRUE(torch::allclose(dw2[r], tpx::shard_of(fc2->weight.grad(), 1, r, 2), 1e-12, 1e-12));
+    EXPECT_EQ(moved[r], 2 * 5 * 8 * 8);  // the output's all-reduce and the input gradient's
+  }
+  EXPECT_THROW(trainer::distributed::shard_of(torch::zeros({6}), 0, 0, 4), std::invalid_argument);
 }
 
 }  // namespace
