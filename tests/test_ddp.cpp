@@ -381,3 +381,63 @@ TEST(TensorParallel, AColumnThenRowParallelMlpEqualsTheWholeOne) {
 }
 
 }  // namespace
+
+namespace {
+
+// A vocabulary of 12 split over two ranks: the embedding lookup and the cross-entropy computed on
+// each rank's half of the table and of the logits equal the whole ones, values and gradients.
+TEST(TensorParallel, VocabularyParallelEmbeddingAndCrossEntropyEqualTheWholeOnes) {
+  torch::manual_seed(11);
+  const auto table = torch::randn({12, 4}, torch::kDouble);   // [V, C]
+  const auto logits = torch::randn({6, 12}, torch::kDouble);  // [N, V]
+  const auto ids = torch::tensor({0, 5, 6, 11, 3, 8}, torch::kLong);
+  auto tw = table.clone().requires_grad_();
+  auto lw = logits.clone().requires_grad_();
+  const auto emb = torch::embedding(tw, ids);  // [N, C]
+  (emb.square().sum() + torch::nn::functional::cross_entropy(lw, ids)).backward();
+
+  trainer::distributed::GroupOptions options;
+  options.init_timeout_s = 30;
+  options.timeout_s = 30;
+  const int port = free_port();
+  std::vector<torch::Tensor> embs(2), losses(2), dtable(2), dlogits(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DistEnv env;
+        env.source = "torchrun";
+        env.rank = r;
+        env.world_size = 2;
+        env.master_port = port;
+        Group tp(env, options);
+        namespace tpx = trainer::distributed;
+        auto t = tpx::shard_of(table, 0, r, 2).clone().requires_grad_();   // [V/2, C]
+        auto l = tpx::shard_of(logits, 1, r, 2).clone().requires_grad_();  // [N, V/2]
+        const auto e = tpx::vocab_parallel_embedding(ids, t, 6 * r, tp);
+        const auto loss = tpx::vocab_parallel_cross_entropy(l, ids, 6 * r, tp).mean();
+        (e.square().sum() + loss).backward();
+        embs[r] = e.detach();
+        losses[r] = loss.detach();
+        dtable[r] = t.grad();
+        dlogits[r] = l.grad();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto whole_loss = torch::nn::functional::cross_entropy(logits, ids);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    namespace tpx = trainer::distributed;
+    EXPECT_TRUE(torch::allclose(embs[r], emb.detach(), 1e-12, 1e-12)) << "rank " << r;
+    EXPECT_NEAR(losses[r].item<double>(), whole_loss.item<double>(), 1e-12) << "rank " << r;
+    EXPECT_TRUE(torch::allclose(dtable[r], tpx::shard_of(tw.grad(), 0, r, 2), 1e-12, 1e-12));
+    EXPECT_TRUE(torch::allclose(dlogits[r], tpx::shard_of(lw.grad(), 1, r, 2), 1e-12, 1e-12))
+        << "rank " << r;
+  }
+}
+
+}  // namespace

@@ -39,7 +39,51 @@ struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
   }
 };
 
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t first, Group* group) {
+    torch::NoGradGuard no_grad;
+    const int64_t v = logits.size(1);
+    auto max = std::get<0>(logits.max(/*dim=*/1)).contiguous();  // [N]
+    group->all_reduce({max}, Reduce::max);
+    const auto shifted = logits - max.unsqueeze(1);                              // [N, V/tp]
+    const auto mine = (targets >= first) & (targets < first + v);                // [N]
+    const auto local = (targets - first).clamp(0, v - 1).masked_fill(~mine, 0);  // [N]
+    auto target_logit =
+        shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(~mine, 0.0).contiguous();
+    const auto exp = shifted.exp();                  // [N, V/tp]
+    auto sum_exp = exp.sum(/*dim=*/1).contiguous();  // [N]
+    group->all_reduce({target_logit, sum_exp}, Reduce::sum);
+    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), local, mine});
+    return sum_exp.log() - target_logit;  // [N]
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto grad = saved[0].clone();  // softmax [N, V/tp]
+    const auto& local = saved[1];
+    const auto& mine = saved[2];
+    grad.scatter_add_(1, local.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
+    return {grad * grads[0].unsqueeze(1), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& weight,
+                                       int64_t first, Group& group) {
+  const int64_t v = weight.size(0);
+  const auto mine = (ids >= first) & (ids < first + v);                    // [N...]
+  const auto local = (ids - first).clamp(0, v - 1).masked_fill(~mine, 0);  // [N...]
+  const auto looked_up =
+      torch::embedding(weight, local) * mine.unsqueeze(-1).to(weight.scalar_type());  // [N..., C]
+  return reduce_from_group(looked_up, group);
+}
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
+                                           const torch::Tensor& targets, int64_t first,
+                                           Group& group) {
+  return VocabParallelCrossEntropy::apply(logits, targets, first, &group);
+}
 
 torch::Tensor copy_to_group(const torch::Tensor& x, Group& group) {
   return CopyToGroup::apply(x, &group);

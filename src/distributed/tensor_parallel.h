@@ -24,6 +24,22 @@ torch::Tensor copy_to_group(const torch::Tensor& x, Group& group);
 // gradient passed on as it is. Every rank of `group` must call this, in the same order.
 torch::Tensor reduce_from_group(const torch::Tensor& x, Group& group);
 
+// The embeddings [N..., C] of token `ids` [N...] from a vocabulary-parallel table: this rank
+// holds rows [first, first + weight.size(0)) of the whole table (`weight`, [V / tp, C]); ids
+// outside them look up nothing here, and the ranks' lookups are summed over `group`. Every rank
+// of `group` must call this, in the same order.
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& weight,
+                                       int64_t first, Group& group);
+
+// Megatron's vocabulary-parallel cross-entropy: the per-token loss [N] of `logits` [N, V / tp]
+// (this rank's vocabulary columns [first, first + V / tp)) against `targets` [N] (ids in the whole
+// vocabulary), without gathering the logits: the maximum, the target's logit and the sum of
+// exponentials are all-reduced over `group` (three all-reduces of N values). The backward needs
+// no collective. Every rank of `group` must call this, in the same order.
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
+                                           const torch::Tensor& targets, int64_t first,
+                                           Group& group);
+
 // Rank `rank` of `parts`' share of `whole` along `dim`: a column-parallel weight's rows (dim 0),
 // a row-parallel weight's columns (dim 1). Throws std::invalid_argument naming the sizes when
 // the dimension does not divide by `parts`.
