@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -256,51 +257,62 @@ TEST(DdpEngine, AJobOfOneRunsThePlainStepsOperators) {
 
 namespace {
 
-// Four ranks in this process, one thread each: tensor-parallel groups of consecutive ranks ({0,
-// 1}, {2, 3}) and data-parallel groups across them ({0, 2}, {1, 3}), each all-reducing and
-// all-gathering its own members' values only, and counting what it moved.
-TEST(Group, SubGroupsOfConsecutiveAndStridedRanksReduceTheirMembersOnly) {
+namespace tpx = trainer::distributed;
+
+// Runs `body(group, rank)` on each of `world` ranks of one job in this process, a thread each;
+// returns each rank's error ("" when none).
+std::vector<std::string> on_ranks(int world, const std::function<void(Group&, int)>& body) {
   trainer::distributed::GroupOptions options;
   options.init_timeout_s = 30;
   options.timeout_s = 30;
   const int port = free_port();
-  std::vector<double> tp_sum(4), dp_sum(4);
-  std::vector<std::vector<double>> tp_gathered(4);
-  std::vector<int64_t> tp_bytes(4);
-  std::vector<std::string> errors(4);
+  std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
         DistEnv env;
         env.source = "torchrun";
         env.rank = r;
-        env.world_size = 4;
+        env.world_size = world;
         env.master_port = port;
-        Group world(env, options);
-        const int first = r / 2 * 2;
-        Group tp(world, {first, first + 1}, "tp" + std::to_string(r / 2));
-        Group dp(world, {r % 2, r % 2 + 2}, "dp" + std::to_string(r % 2));
-        EXPECT_EQ(tp.rank(), r % 2);
-        EXPECT_EQ(dp.rank(), r / 2);
-        auto a = torch::full({3}, static_cast<double>(r + 1), torch::kDouble);
-        auto b = a.clone();
-        tp.all_reduce({a}, trainer::distributed::Reduce::sum);
-        dp.all_reduce({b}, trainer::distributed::Reduce::sum);
-        tp_sum[r] = a[0].item<double>();
-        dp_sum[r] = b[0].item<double>();
-        std::vector<torch::Tensor> parts = {torch::empty({1}, torch::kDouble),
-                                            torch::empty({1}, torch::kDouble)};
-        tp.all_gather(torch::full({1}, static_cast<double>(10 * r), torch::kDouble), parts);
-        for (const auto& p : parts) tp_gathered[r].push_back(p.item<double>());
-        tp_bytes[r] = tp.communicated().total();
-        EXPECT_EQ(world.communicated().total(), 0);
+        Group group(env, options);
+        body(group, r);
       } catch (const std::exception& e) {
-        errors[r] = e.what();
+        errors[static_cast<size_t>(r)] = e.what();
       }
     });
   }
   for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Four ranks: tensor-parallel groups of consecutive ranks ({0, 1}, {2, 3}) and data-parallel
+// groups across them ({0, 2}, {1, 3}), each all-reducing and all-gathering its own members' values
+// only, and counting what it moved.
+TEST(Group, SubGroupsOfConsecutiveAndStridedRanksReduceTheirMembersOnly) {
+  std::vector<double> tp_sum(4), dp_sum(4);
+  std::vector<std::vector<double>> tp_gathered(4);
+  std::vector<int64_t> tp_bytes(4), world_bytes(4);
+  const auto errors = on_ranks(4, [&](Group& world, int r) {
+    const int first = r / 2 * 2;
+    Group tp(world, {first, first + 1}, "tp" + std::to_string(r / 2));
+    Group dp(world, {r % 2, r % 2 + 2}, "dp" + std::to_string(r % 2));
+    EXPECT_EQ(tp.rank(), r % 2);
+    EXPECT_EQ(dp.rank(), r / 2);
+    auto a = torch::full({3}, static_cast<double>(r + 1), torch::kDouble);
+    auto b = a.clone();
+    tp.all_reduce({a}, tpx::Reduce::sum);
+    dp.all_reduce({b}, tpx::Reduce::sum);
+    tp_sum[r] = a[0].item<double>();
+    dp_sum[r] = b[0].item<double>();
+    std::vector<torch::Tensor> parts = {torch::empty({1}, torch::kDouble),
+                                        torch::empty({1}, torch::kDouble)};
+    tp.all_gather(torch::full({1}, static_cast<double>(10 * r), torch::kDouble), parts);
+    for (const auto& p : parts) tp_gathered[r].push_back(p.item<double>());
+    tp_bytes[r] = tp.communicated().total();
+    world_bytes[r] = world.communicated().total();
+  });
   for (int r = 0; r < 4; ++r) {
     ASSERT_EQ(errors[r], "") << "rank " << r;
     EXPECT_EQ(tp_sum[r], r < 2 ? 1 + 2 : 3 + 4) << "rank " << r;
@@ -308,12 +320,9 @@ TEST(Group, SubGroupsOfConsecutiveAndStridedRanksReduceTheirMembersOnly) {
     const double first = 10.0 * (r / 2 * 2);
     EXPECT_EQ(tp_gathered[r], (std::vector<double>{first, first + 10})) << "rank " << r;
     EXPECT_EQ(tp_bytes[r], 3 * 8 + 2 * 8) << "rank " << r;  // the all-reduce's and the gather's
+    EXPECT_EQ(world_bytes[r], 0) << "rank " << r;
   }
 }
-
-}  // namespace
-
-namespace {
 
 // A two-layer MLP split Megatron's way over a group of two (the first layer's rows, the second's
 // columns): forward and backward equal the whole layers', each rank's weight gradients the
@@ -328,61 +337,36 @@ TEST(TensorParallel, AColumnThenRowParallelMlpEqualsTheWholeOne) {
   const auto whole = fc2(torch::gelu(fc1(xw)));  // [5, 8]
   whole.square().sum().backward();
 
-  trainer::distributed::GroupOptions options;
-  options.init_timeout_s = 30;
-  options.timeout_s = 30;
-  const int port = free_port();
   std::vector<torch::Tensor> out(2), dx(2), dw1(2), db1(2), dw2(2);
   std::vector<int64_t> moved(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        DistEnv env;
-        env.source = "torchrun";
-        env.rank = r;
-        env.world_size = 2;
-        env.master_port = port;
-        Group world(env, options);
-        Group tp(world, {0, 1}, "tp");
-        namespace tpx = trainer::distributed;
-        auto w1 = tpx::shard_of(fc1->weight.detach(), 0, r, 2).clone().requires_grad_();  // [8, 8]
-        auto b1 = tpx::shard_of(fc1->bias.detach(), 0, r, 2).clone().requires_grad_();    // [8]
-        auto w2 = tpx::shard_of(fc2->weight.detach(), 1, r, 2).clone().requires_grad_();  // [8, 8]
-        auto xr = x.clone().requires_grad_();
-        auto h = torch::gelu(torch::nn::functional::linear(tpx::copy_to_group(xr, tp), w1, b1));
-        auto y = tpx::reduce_from_group(torch::nn::functional::linear(h, w2), tp) +
-                 fc2->bias.detach();  // the row-parallel layer's bias, added once
-        y.square().sum().backward();
-        out[r] = y.detach();
-        dx[r] = xr.grad();
-        dw1[r] = w1.grad();
-        db1[r] = b1.grad();
-        dw2[r] = w2.grad();
-        moved[r] = tp.communicated().all_reduce;
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = on_ranks(2, [&](Group& world, int r) {
+    Group tp(world, {0, 1}, "tp");
+    auto w1 = tpx::shard_of(fc1->weight.detach(), 0, r, 2).clone().requires_grad_();  // [8, 8]
+    auto b1 = tpx::shard_of(fc1->bias.detach(), 0, r, 2).clone().requires_grad_();    // [8]
+    auto w2 = tpx::shard_of(fc2->weight.detach(), 1, r, 2).clone().requires_grad_();  // [8, 8]
+    auto xr = x.clone().requires_grad_();
+    auto h = torch::gelu(torch::nn::functional::linear(tpx::copy_to_group(xr, tp), w1, b1));
+    auto y = tpx::reduce_from_group(torch::nn::functional::linear(h, w2), tp) +
+             fc2->bias.detach();  // the row-parallel layer's bias, added once
+    y.square().sum().backward();
+    out[r] = y.detach();
+    dx[r] = xr.grad();
+    dw1[r] = w1.grad();
+    db1[r] = b1.grad();
+    dw2[r] = w2.grad();
+    moved[r] = tp.communicated().all_reduce;
+  });
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(errors[r], "") << "rank " << r;
     EXPECT_TRUE(torch::allclose(out[r], whole.detach(), 1e-12, 1e-12)) << "rank " << r;
     EXPECT_TRUE(torch::allclose(dx[r], xw.grad(), 1e-12, 1e-12)) << "rank " << r;
-    namespace tpx = trainer::distributed;
     EXPECT_TRUE(torch::allclose(dw1[r], tpx::shard_of(fc1->weight.grad(), 0, r, 2), 1e-12, 1e-12));
     EXPECT_TRUE(torch::allclose(db1[r], tpx::shard_of(fc1->bias.grad(), 0, r, 2), 1e-12, 1e-12));
     EXPECT_TRUE(torch::allclose(dw2[r], tpx::shard_of(fc2->weight.grad(), 1, r, 2), 1e-12, 1e-12));
     EXPECT_EQ(moved[r], 2 * 5 * 8 * 8);  // the output's all-reduce and the input gradient's
   }
-  EXPECT_THROW(trainer::distributed::shard_of(torch::zeros({6}), 0, 0, 4), std::invalid_argument);
+  EXPECT_THROW(tpx::shard_of(torch::zeros({6}), 0, 0, 4), std::invalid_argument);
 }
-
-}  // namespace
-
-namespace {
 
 // A vocabulary of 12 split over two ranks: the embedding lookup and the cross-entropy computed on
 // each rank's half of the table and of the logits equal the whole ones, values and gradients.
@@ -396,42 +380,21 @@ TEST(TensorParallel, VocabularyParallelEmbeddingAndCrossEntropyEqualTheWholeOnes
   const auto emb = torch::embedding(tw, ids);  // [N, C]
   (emb.square().sum() + torch::nn::functional::cross_entropy(lw, ids)).backward();
 
-  trainer::distributed::GroupOptions options;
-  options.init_timeout_s = 30;
-  options.timeout_s = 30;
-  const int port = free_port();
   std::vector<torch::Tensor> embs(2), losses(2), dtable(2), dlogits(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        DistEnv env;
-        env.source = "torchrun";
-        env.rank = r;
-        env.world_size = 2;
-        env.master_port = port;
-        Group tp(env, options);
-        namespace tpx = trainer::distributed;
-        auto t = tpx::shard_of(table, 0, r, 2).clone().requires_grad_();   // [V/2, C]
-        auto l = tpx::shard_of(logits, 1, r, 2).clone().requires_grad_();  // [N, V/2]
-        const auto e = tpx::vocab_parallel_embedding(ids, t, 6 * r, tp);
-        const auto loss = tpx::vocab_parallel_cross_entropy(l, ids, 6 * r, tp).mean();
-        (e.square().sum() + loss).backward();
-        embs[r] = e.detach();
-        losses[r] = loss.detach();
-        dtable[r] = t.grad();
-        dlogits[r] = l.grad();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = on_ranks(2, [&](Group& tp, int r) {
+    auto t = tpx::shard_of(table, 0, r, 2).clone().requires_grad_();   // [V/2, C]
+    auto l = tpx::shard_of(logits, 1, r, 2).clone().requires_grad_();  // [N, V/2]
+    const auto e = tpx::vocab_parallel_embedding(ids, t, 6 * r, tp);
+    const auto loss = tpx::vocab_parallel_cross_entropy(l, ids, 6 * r, tp).mean();
+    (e.square().sum() + loss).backward();
+    embs[r] = e.detach();
+    losses[r] = loss.detach();
+    dtable[r] = t.grad();
+    dlogits[r] = l.grad();
+  });
   const auto whole_loss = torch::nn::functional::cross_entropy(logits, ids);
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(errors[r], "") << "rank " << r;
-    namespace tpx = trainer::distributed;
     EXPECT_TRUE(torch::allclose(embs[r], emb.detach(), 1e-12, 1e-12)) << "rank " << r;
     EXPECT_NEAR(losses[r].item<double>(), whole_loss.item<double>(), 1e-12) << "rank " << r;
     EXPECT_TRUE(torch::allclose(dtable[r], tpx::shard_of(tw.grad(), 0, r, 2), 1e-12, 1e-12));
