@@ -128,11 +128,14 @@ using DatasetFactory = std::function<Splits(const config::DataConfig& cfg, const
 using DatasetRegistry = Registry<DatasetFactory>;
 
 // The built-in datasets (synthetic, synthetic_tokens, fashion_mnist, cifar10, imagefolder, tokens,
-// webdataset).
+// webdataset, mix).
 const DatasetRegistry& dataset_registry();
 
 // The data section with every data set's default options and name `name`.
 config::DataConfig default_data_config(const std::string& name = "synthetic");
+
+// Adds data.val_fraction's problem to `c` (a data set's own checks) unless it is in (0, 1).
+void check_val_fraction(config::Checks& c, double fraction);
 
 // The samples' token count: data.seq_len when it is set, else the model's context length. Throws
 // DataConfigError when neither is.

@@ -104,7 +104,7 @@ torch::Tensor ImageTransform::input(const std::vector<uint8_t>& bytes,
 
 Batch image_batch(const std::vector<int64_t>& indices, const Epoch& epoch, int64_t size,
                   const ImageTransform& transform, bool fail, const std::string& key,
-                  const LoadImage& load, const std::vector<int64_t>& labels) {
+                  const LoadImage& load) {
   const auto b = static_cast<int64_t>(indices.size());
   const int64_t s = transform.options().image_size;
   auto pixels = torch::empty({b, 3, s, s}, torch::kUInt8);  // [B, 3, S, S]
@@ -116,7 +116,7 @@ Batch image_batch(const std::vector<int64_t>& indices, const Epoch& epoch, int64
     Rng rng(epoch.sample_seed(n));
     for (int bad = 0;; ++bad) {
       try {
-        load(n, rng, pixels[i]);
+        target[i] = load(n, rng, pixels[i]);
         break;
       } catch (const DataError& e) {
         if (fail) throw;
@@ -129,7 +129,6 @@ Batch image_batch(const std::vector<int64_t>& indices, const Epoch& epoch, int64
         n = (n + 1) % size;
       }
     }
-    target[i] = labels[static_cast<size_t>(n)];
   }
   batch.inputs = transform.normalise(pixels);
   batch.targets = targets;

@@ -78,16 +78,16 @@ class ImageTransform {
   TransformOptions options_;
 };
 
-// Reads and transforms sample n's image into `out` ([3, S, S] uint8) with the sample's `rng`;
-// throws DataError for an unreadable one.
-using LoadImage = std::function<void(int64_t n, Rng& rng, torch::Tensor out)>;
+// Reads and transforms sample n's image into `out` ([3, S, S] uint8) with the sample's `rng` and
+// returns its label; throws DataError for an unreadable one.
+using LoadImage = std::function<int64_t(int64_t n, Rng& rng, torch::Tensor out)>;
 
-// The batch of image samples `indices` (each in [0, size)) with `labels`: sample n's pixels from
+// The batch of image samples `indices` (each in [0, size)): sample n's pixels and label from
 // `load`, drawn with the generator of epoch.sample_seed(n). An unreadable sample stops the batch
 // with its DataError when `fail`, else is replaced by the next sample (warned, naming the setting
 // `key` that chose to skip, and counted in Batch::bad_samples), up to 16 in a row.
 Batch image_batch(const std::vector<int64_t>& indices, const Epoch& epoch, int64_t size,
                   const ImageTransform& transform, bool fail, const std::string& key,
-                  const LoadImage& load, const std::vector<int64_t>& labels);
+                  const LoadImage& load);
 
 }  // namespace trainer::data

@@ -163,9 +163,9 @@ class ImageFolder final : public Dataset {
     const auto load = [this](int64_t n, Rng& rng, torch::Tensor out) {
       const std::string& path = index_.paths[static_cast<size_t>(n)];
       transform_.apply(read_file(path), path, rng, std::move(out));
+      return index_.labels[static_cast<size_t>(n)];
     };
-    return image_batch(indices, epoch, size(), transform_, fail_, "data.on_error", load,
-                       index_.labels);
+    return image_batch(indices, epoch, size(), transform_, fail_, "data.on_error", load);
   }
 
  private:
@@ -190,9 +190,7 @@ struct ImageFolderOptions {
   }
   void validate(config::Checks& c) const {
     image.validate(c);
-    if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
-      c.add("val_fraction", "must be in (0, 1), got " + format_number(val_fraction));
-    }
+    check_val_fraction(c, val_fraction);
   }
 };
 

@@ -1,4 +1,5 @@
 #include "data/dataset.h"
+#include "util/format.h"
 
 namespace trainer::data {
 
@@ -28,6 +29,12 @@ config::DataConfig default_data_config(const std::string& name) {
   cfg.name = name;
   cfg.options = dataset_registry().options();
   return cfg;
+}
+
+void check_val_fraction(config::Checks& c, double fraction) {
+  if (!(fraction > 0.0 && fraction < 1.0)) {
+    c.add("val_fraction", "must be in (0, 1), got " + format_number(fraction));
+  }
 }
 
 int64_t sequence_length(int64_t seq_len, const DataContext& ctx) {

@@ -143,8 +143,7 @@ std::vector<uint8_t> RandomAccessFile::read(int64_t offset, int64_t size) const 
   return out;
 }
 
-TarListing list_tar(const std::string& path) {
-  const RandomAccessFile file(path);
+TarListing list_tar(const RandomAccessFile& file) {
   TarListing out;
   std::string long_name;  // from a GNU 'L' or pax 'x' header, for the next member
   for (int64_t at = 0;;) {

@@ -30,9 +30,10 @@ struct TarListing {
   std::string cut_name;  // the member whose data was cut off
 };
 
-// Lists the tar archive `path` (ustar, GNU long names, pax `path` records). Throws DataError
-// naming the path when it cannot be opened.
-TarListing list_tar(const std::string& path);
+class RandomAccessFile;
+
+// Lists the tar archive `file` (ustar, GNU long names, pax `path` records) from its headers.
+TarListing list_tar(const RandomAccessFile& file);
 
 // One file open for reads at any offset, from any thread at once.
 class RandomAccessFile {

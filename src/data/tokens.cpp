@@ -176,9 +176,7 @@ struct TokensOptions {
   void validate(config::Checks& c) const {
     c.one_of("token_format", token_format, {"auto", "uint16", "uint32", "bytes"});
     c.at_least("seq_len", seq_len, 0);
-    if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
-      c.add("val_fraction", "must be in (0, 1), got " + format_number(val_fraction));
-    }
+    check_val_fraction(c, val_fraction);
   }
 };
 

@@ -64,9 +64,7 @@ struct WebDatasetOptions {
   }
   void validate(config::Checks& c) const {
     image.validate(c);
-    if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
-      c.add("val_fraction", "must be in (0, 1), got " + format_number(val_fraction));
-    }
+    check_val_fraction(c, val_fraction);
     c.at_least("shuffle_buffer", shuffle_buffer, 1);
     c.at_least("streams", streams, 0);
     c.at_least("classes", classes, 0);
@@ -225,7 +223,6 @@ class WebDataset final : public Dataset {
         fail_(fail) {
     for (size_t i = 0; i < samples_.size(); ++i) {
       by_shard_[static_cast<size_t>(samples_[i].shard)].push_back(static_cast<int64_t>(i));
-      labels_.push_back(samples_[i].label);
     }
   }
 
@@ -277,9 +274,9 @@ class WebDataset final : public Dataset {
       const std::string& path = (*files_)[static_cast<size_t>(s.shard)];
       transform_.apply(RandomAccessFile(path).read(s.offset, s.size), path + ": '" + s.key + "'",
                        rng, std::move(out));
+      return s.label;
     };
-    return image_batch(indices, epoch, size(), transform_, fail_, "data.on_bad_sample", load,
-                       labels_);
+    return image_batch(indices, epoch, size(), transform_, fail_, "data.on_bad_sample", load);
   }
 
  private:
@@ -290,7 +287,6 @@ class WebDataset final : public Dataset {
   int64_t buffer_;
   ImageTransform transform_;
   bool fail_;
-  std::vector<int64_t> labels_;
 };
 
 // One split's shards: the files of a pattern, and their samples.
@@ -322,7 +318,7 @@ ShardSet index_shards(const std::string& pattern, const std::string& root, const
     }
     set.files->push_back(path);
     const RandomAccessFile file(path);
-    const TarListing listing = list_tar(path);
+    const TarListing listing = list_tar(file);
     if (!listing.problem.empty()) {
       bad.add("truncated or corrupt shards", path, listing.problem);
     }
