@@ -91,51 +91,64 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 // Multi-head causal self-attention with fused q, k, v projection.
 class GptAttentionImpl : public torch::nn::Module {
  public:
-  explicit GptAttentionImpl(const GptOptions& cfg) : n_head_(cfg.n_head), dropout_(cfg.dropout) {
+  explicit GptAttentionImpl(const GptOptions& cfg)
+      : head_size_(cfg.n_embd / cfg.n_head), dropout_(cfg.dropout) {
     c_attn = register_module("c_attn", linear(cfg.n_embd, 3 * cfg.n_embd, cfg.bias));
     c_proj = register_module("c_proj", linear(cfg.n_embd, cfg.n_embd, cfg.bias));
   }
 
+  // With tensor parallelism (`tp`) this rank computes its n_head / tp heads: C' = C / tp below,
+  // else C' = C.
   torch::Tensor forward(const torch::Tensor& x) {
     // x: [B, T, C]
-    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    const auto qkv = apply_linear(c_attn, x).split(/*split_size=*/C, /*dim=*/2);  // 3 x [B, T, C]
-    const auto heads = [&](const torch::Tensor& t) {
-      return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
-    };
-    auto y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+    const int64_t B = x.size(0), T = x.size(1);
+    const auto qkv = project_in(x);                            // [B, T, 3C']
+    const auto q_k_v = qkv.split(qkv.size(2) / 3, /*dim=*/2);  // 3 x [B, T, C']
+    auto y = at::scaled_dot_product_attention(heads(q_k_v[0]), heads(q_k_v[1]), heads(q_k_v[2]),
                                               /*attn_mask=*/{},
                                               /*dropout_p=*/is_training() ? dropout_ : 0.0,
-                                              /*is_causal=*/true);  // [B, nh, T, hs]
-    y = y.transpose(1, 2).contiguous().view({B, T, C});             // [B, T, C]
-    return drop(apply_linear(c_proj, y), dropout_, is_training());  // [B, T, C]
+                                              /*is_causal=*/true);  // [B, nh', T, hs]
+    y = y.transpose(1, 2).contiguous().view({B, T, -1});            // [B, T, C']
+    return drop(project_out(y), dropout_, is_training());           // [B, T, C]
   }
 
   // Decoding: x [B, T, C] the new positions after those whose keys and values `cache` holds
   // ([B, nh, P, hs] each, undefined when none), which grows by them. T > 1 only when it is empty.
   torch::Tensor forward_cached(const torch::Tensor& x,
                                std::pair<torch::Tensor, torch::Tensor>& cache) {
-    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    const auto qkv = apply_linear(c_attn, x).split(/*split_size=*/C, /*dim=*/2);  // 3 x [B, T, C]
-    const auto heads = [&](const torch::Tensor& t) {
-      return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
-    };
+    const int64_t B = x.size(0), T = x.size(1);
+    const auto qkv = project_in(x);                            // [B, T, 3C']
+    const auto q_k_v = qkv.split(qkv.size(2) / 3, /*dim=*/2);  // 3 x [B, T, C']
     auto& [k, v] = cache;
     const bool first = !k.defined();
-    k = first ? heads(qkv[1]) : torch::cat({k, heads(qkv[1])}, /*dim=*/2);  // [B, nh, P + T, hs]
-    v = first ? heads(qkv[2]) : torch::cat({v, heads(qkv[2])}, /*dim=*/2);  // [B, nh, P + T, hs]
-    auto y = at::scaled_dot_product_attention(heads(qkv[0]), k, v, /*attn_mask=*/{},
+    k = first ? heads(q_k_v[1]) : torch::cat({k, heads(q_k_v[1])}, /*dim=*/2);  // [B, nh', P+T, hs]
+    v = first ? heads(q_k_v[2]) : torch::cat({v, heads(q_k_v[2])}, /*dim=*/2);  // [B, nh', P+T, hs]
+    auto y = at::scaled_dot_product_attention(heads(q_k_v[0]), k, v, /*attn_mask=*/{},
                                               /*dropout_p=*/0.0,
-                                              /*is_causal=*/first);  // [B, nh, T, hs]
-    y = y.transpose(1, 2).contiguous().view({B, T, C});              // [B, T, C]
-    return apply_linear(c_proj, y);                                  // [B, T, C]
+                                              /*is_causal=*/first);  // [B, nh', T, hs]
+    y = y.transpose(1, 2).contiguous().view({B, T, -1});             // [B, T, C']
+    return project_out(y);                                           // [B, T, C]
   }
 
   torch::nn::Linear c_attn{nullptr};
   torch::nn::Linear c_proj{nullptr};
+  std::shared_ptr<nn::TensorParallel> tp;  // the group c_attn and c_proj split over; null: whole
 
  private:
-  int64_t n_head_;
+  // [B, T, C'] -> [B, nh', T, hs]
+  torch::Tensor heads(const torch::Tensor& t) const {
+    return t.view({t.size(0), t.size(1), -1, head_size_}).transpose(1, 2);
+  }
+  // c_attn, column-parallel by heads under tp: [B, T, C] -> [B, T, 3C']
+  torch::Tensor project_in(const torch::Tensor& x) {
+    return tp ? nn::column_parallel(*tp, x, c_attn->weight, c_attn->bias) : apply_linear(c_attn, x);
+  }
+  // c_proj, row-parallel under tp: [B, T, C'] -> [B, T, C]
+  torch::Tensor project_out(const torch::Tensor& y) {
+    return tp ? nn::row_parallel(*tp, y, c_proj->weight, c_proj->bias) : apply_linear(c_proj, y);
+  }
+
+  int64_t head_size_;
   double dropout_;
 };
 TORCH_MODULE(GptAttention);
@@ -147,14 +160,20 @@ class GptMlpImpl : public torch::nn::Module {
     c_proj = register_module("c_proj", linear(4 * cfg.n_embd, cfg.n_embd, cfg.bias));
   }
 
+  // With tensor parallelism (`tp`) c_fc is column-parallel and c_proj row-parallel: this rank
+  // computes 4C' = 4C / tp of the hidden units.
   torch::Tensor forward(const torch::Tensor& x) {
     // x: [B, T, C]
-    auto h = torch::gelu(apply_linear(c_fc, x), /*approximate=*/"tanh");  // [B, T, 4C]
-    return drop(apply_linear(c_proj, h), dropout_, is_training());        // [B, T, C]
+    auto h = tp ? nn::column_parallel(*tp, x, c_fc->weight, c_fc->bias) : apply_linear(c_fc, x);
+    h = torch::gelu(h, /*approximate=*/"tanh");  // [B, T, 4C']
+    return drop(
+        tp ? nn::row_parallel(*tp, h, c_proj->weight, c_proj->bias) : apply_linear(c_proj, h),
+        dropout_, is_training());  // [B, T, C]
   }
 
   torch::nn::Linear c_fc{nullptr};
   torch::nn::Linear c_proj{nullptr};
+  std::shared_ptr<nn::TensorParallel> tp;  // the group c_fc and c_proj split over; null: whole
 
  private:
   double dropout_;
@@ -238,7 +257,7 @@ TORCH_MODULE(GptHead);
 class GptImpl : public NetImpl {
  public:
   GptImpl(const GptOptions& cfg, const nn::CheckpointPolicy& policy, const InputSpec& input)
-      : block_size_(cfg.block_size), dropout_(cfg.dropout) {
+      : block_size_(cfg.block_size), n_head_(cfg.n_head), dropout_(cfg.dropout) {
     runner_ = nn::BlockRunner(policy);
     const int64_t vocab = cfg.vocab_size > 0 ? cfg.vocab_size : input.num_classes;
     if (vocab <= 0) {
@@ -255,9 +274,8 @@ class GptImpl : public NetImpl {
     }
     transformer = register_module("transformer", GptTransformer(cfg, vocab));
     lm_head = register_module(
-        "lm_head", cfg.tie_embeddings
-                       ? GptHead(transformer->wte->weight, /*tied=*/true)
-                       : GptHead(torch::empty({vocab, cfg.n_embd}), /*tied=*/false));
+        "lm_head", cfg.tie_embeddings ? GptHead(transformer->wte->weight, /*tied=*/true)
+                                      : GptHead(torch::empty({vocab, cfg.n_embd}), /*tied=*/false));
     init_weights(cfg.n_layer);
   }
 
@@ -266,8 +284,8 @@ class GptImpl : public NetImpl {
     TORCH_CHECK(x.dim() == 2, "gpt expects token ids [B, T]; got ", x.dim(), " dims");
     const int64_t T = x.size(1);
     TORCH_CHECK(T <= block_size_, "gpt: sequence length ", T, " exceeds block_size ", block_size_);
-    const auto pos = torch::arange(T, x.options().dtype(torch::kLong));      // [T]
-    auto h = transformer->wte->forward(x) + transformer->wpe->forward(pos);  // [B, T, C]
+    const auto pos = torch::arange(T, x.options().dtype(torch::kLong));  // [T]
+    auto h = embed(x) + transformer->wpe->forward(pos);                  // [B, T, C]
     h = drop(h, dropout_, is_training());
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
       const auto block = transformer->blocks[i].ptr();
@@ -275,8 +293,8 @@ class GptImpl : public NetImpl {
           static_cast<int64_t>(i), *block,
           [block](const torch::Tensor& in) { return block->forward(in); }, h);  // [B, T, C]
     }
-    h = transformer->ln_f->forward(h);  // [B, T, C]
-    return lm_head->forward(h);         // [B, T, vocab]
+    h = transformer->ln_f->forward(h);                   // [B, T, C]
+    return lm_head->forward(tp_ ? tp_->copy_in(h) : h);  // [B, T, vocab'] (vocab / tp under tp)
   }
 
   // Decoding (eval mode): the logits [B, vocab] of the last of the new tokens x [B, T], which
@@ -286,12 +304,35 @@ class GptImpl : public NetImpl {
     const int64_t T = x.size(1);
     caches.resize(transformer->blocks.size());
     const auto pos = torch::arange(start, start + T, x.options().dtype(torch::kLong));  // [T]
-    auto h = transformer->wte->forward(x) + transformer->wpe->forward(pos);             // [B, T, C]
+    auto h = embed(x) + transformer->wpe->forward(pos);                                 // [B, T, C]
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
       h = transformer->blocks[i]->forward_cached(h, caches[i]);  // [B, T, C]
     }
     h = transformer->ln_f->forward(h.select(/*dim=*/1, /*index=*/T - 1));  // [B, C]
-    return lm_head->forward(h);                                            // [B, vocab]
+    return lm_head->forward(tp_ ? tp_->copy_in(h) : h);                    // [B, vocab']
+  }
+
+  // Megatron-LM's splits: attention column-parallel by heads (c_attn's query, key and value rows
+  // of this rank's heads) then row-parallel (c_proj's columns), the MLP column- then
+  // row-parallel, the token embedding and lm_head (tied or not) vocabulary-parallel; layer norms,
+  // position embeddings and the row-parallel layers' biases whole on every rank.
+  nn::SplitPlan split_over(std::shared_ptr<nn::TensorParallel> tp) override {
+    const int n = tp->size();
+    check_splits("model.n_head", n_head_, n);
+    check_splits("the MLP's width (4 x model.n_embd)",
+                 transformer->blocks[0]->mlp->c_fc->weight.size(0), n);
+    check_splits("model.vocab_size", vocabulary(), n);
+    nn::SplitPlan plan{{"transformer.wte.weight", {0, 1}}, {"lm_head.weight", {0, 1}}};
+    for (size_t i = 0; i < transformer->blocks.size(); ++i) {
+      const std::string p = "transformer.h." + std::to_string(i) + ".";
+      plan[p + "attn.c_attn.weight"] = plan[p + "attn.c_attn.bias"] = {0, 3};
+      plan[p + "attn.c_proj.weight"] = plan[p + "mlp.c_proj.weight"] = {1, 1};
+      plan[p + "mlp.c_fc.weight"] = plan[p + "mlp.c_fc.bias"] = {0, 1};
+    }
+    nn::keep_parts(*this, plan, tp->rank(), n);
+    for (auto& block : transformer->blocks) block->attn->tp = block->mlp->tp = tp;
+    tp_ = std::move(tp);
+    return plan;
   }
 
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override {
@@ -334,8 +375,27 @@ class GptImpl : public NetImpl {
     }
   }
 
+  // The token embeddings [B, T, C] of ids [B, T] (vocabulary-parallel under tp).
+  torch::Tensor embed(const torch::Tensor& x) {
+    return tp_ ? tp_->embedding(x, transformer->wte->weight) : transformer->wte->forward(x);
+  }
+
+  // A size that must split into `parts` equal parts over the tensor-parallel ranks.
+  static void check_splits(const std::string& what, int64_t size, int parts) {
+    if (size % parts == 0) return;
+    throw ModelError(
+        "dist.tp_size",
+        what + " " + std::to_string(size) + " does not split over dist.tp_size " +
+            std::to_string(parts) + "; use a tp_size that divides it" +
+            (what == "model.vocab_size" ? " or a vocabulary padded to a multiple of it "
+                                          "(GPT-2's 50257 padded: 50304)"
+                                        : ""));
+  }
+
   int64_t block_size_;
+  int64_t n_head_;
   double dropout_;
+  std::shared_ptr<nn::TensorParallel> tp_;  // the group the layers split over; null: whole
   GptTransformer transformer{nullptr};
   GptHead lm_head{nullptr};
 };

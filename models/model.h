@@ -22,6 +22,7 @@
 #include "config/registry.h"
 #include "nn/blocks.h"
 #include "nn/parameters.h"
+#include "nn/tensor_parallel.h"
 
 namespace trainer::models {
 
@@ -43,6 +44,13 @@ class NetImpl : public torch::nn::Module {
   // Hooks around every block's forward from now on (null: none); they must outlive the model's
   // use.
   void set_block_hooks(nn::BlockHooks* hooks) { runner_.set_hooks(hooks); }
+
+  // Tensor parallelism (dist.tp_size): keeps this rank's part of every layer the model splits
+  // over `tp`'s group; from then on forward computes with the group's collectives, every rank of
+  // the group given the same input, and returns this rank's part of the outputs (a
+  // vocabulary-parallel [..., K / tp]). Returns how the parameters split. Throws ModelError
+  // (key dist.tp_size) when the model does not split or its sizes do not divide by the group's.
+  virtual nn::SplitPlan split_over(std::shared_ptr<nn::TensorParallel> tp);
 
  protected:
   nn::BlockRunner runner_;  // runs the blocks; a model with blocks gives it its checkpoint policy

@@ -28,6 +28,12 @@ Net build_model(const config::ModelConfig& cfg, const InputSpec& input) {
   return model_registry().get(cfg.name).make(cfg, input);
 }
 
+nn::SplitPlan NetImpl::split_over(std::shared_ptr<nn::TensorParallel> /*tp*/) {
+  throw ModelError("dist.tp_size",
+                   "this model does not split its layers over tensor-parallel ranks; use "
+                   "dist.tp_size: 1 (gpt splits)");
+}
+
 NamedWeights to_trainer_layout(const std::string& name, const NamedWeights& weights) {
   const auto& hf = model_registry().get(name).hf;
   return hf && hf->matches(weights) ? hf->to_trainer(weights) : weights;

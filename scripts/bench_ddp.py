@@ -32,14 +32,13 @@ world_size * batch * steps / seconds.
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench_common import step_stats, timed_loop
 from reference_models import DEFAULT_ROOT, Lenet, Mlp, load_train
 
 
@@ -101,27 +100,17 @@ def main():
         opt.step()
         return loss.detach()
 
-    for _ in range(a.warmup):
-        step()
-    if use_ddp:
-        dist.barrier()
-    times = []
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        s = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - s)
-    seconds = time.perf_counter() - t0
+    losses, times, seconds = timed_loop(step, a.warmup, a.steps, barrier=use_ddp)
 
     if rank == 0:
+        step_ms, step_ms_mean, samples_per_sec = step_stats(times, seconds, a.steps,
+                                                            world * a.batch)
         print(json.dumps({
             "impl": "python", "mode": "ddp" if use_ddp else "plain", "model": a.model,
             "world_size": world, "batch": a.batch, "threads": a.threads, "steps": a.steps,
-            "warmup": a.warmup, "seconds": seconds,
-            "step_ms": 1000 * statistics.median(times) if times else None,
-            "step_ms_mean": 1000 * seconds / a.steps if a.steps else None,
-            "samples_per_sec": world * a.batch * a.steps / seconds if seconds > 0 else None,
-            "parameters": n_params, "loss": float(loss) if a.steps else None,
+            "warmup": a.warmup, "seconds": seconds, "step_ms": step_ms,
+            "step_ms_mean": step_ms_mean, "samples_per_sec": samples_per_sec,
+            "parameters": n_params, "loss": float(losses[-1]) if a.steps else None,
             "torch": torch.__version__,
         }), flush=True)
     if use_ddp:

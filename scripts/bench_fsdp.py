@@ -36,94 +36,50 @@ to_local()); peak_rss_bytes is rank 0's ru_maxrss. comm_bytes_per_step_theoretic
 reduce-scatter), 2 x without; ddp 1 x parameter bytes ("allreduce_bytes", the payload all-reduced).
 """
 import argparse
-import json
-import resource
-import statistics
-import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 
+from bench_common import (add_gpt_args, adamw, build_gpt, emit, fixed_batch, gather,
+                          gpt_json_args, held_bytes, mean_over_ranks, param_count_bytes,
+                          peak_rss, probe_fused, seq_len, step_stats, timed_loop)
 from bench_reference import count_operators, no_phase
-from reference_models import GPT
-
-
-def local(t):
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def nbytes(t):
-    t = local(t)
-    return t.numel() * t.element_size()
 
 
 def make_optimizer(params, a, impl):
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": a.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.99), eps=1e-8, **{impl: True})
+    return adamw([{"params": decay, "weight_decay": a.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}], a, impl)
 
 
-def probe_fused(a, strategy):
-    """True when fused AdamW steps a tiny module wrapped the same way (DTensor params for fsdp)."""
+def probe_module(strategy):
+    """A tiny module wrapped the same way (DTensor params for fsdp) for probe_fused."""
     m = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
     if strategy == "fsdp":
         fully_shard(m)
-    ok = True
-    try:
-        opt = make_optimizer(list(m.parameters()), a, "fused")
-        m(torch.ones(2, 8)).sum().backward()
-        opt.step()
-    except Exception as e:  # noqa: BLE001 - any failure means "use foreach"
-        print(f"fused AdamW unavailable ({type(e).__name__}: {e}); using foreach",
-              file=sys.stderr)
-        ok = False
-    flag = torch.tensor([int(ok)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank picks the same implementation
-    return bool(flag.item())
+    return m
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--block-size", type=int, default=128)
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--bias", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--batch", type=int, default=8, help="samples per step and rank")
-    ap.add_argument("--seq", type=int, default=None, help="sequence length (default block size)")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--clip", type=float, default=1.0, help="max grad norm (0 = none)")
+    add_gpt_args(ap, "samples per step and rank")
     ap.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction,
                     default=True)
     ap.add_argument("--strategy", choices=["fsdp", "ddp"], default="fsdp")
     ap.add_argument("--json", default=None, help="also write the JSON line to this file")
     a = ap.parse_args()
-    seq = a.seq or a.block_size
-    if seq > a.block_size:
-        ap.error(f"--seq {seq} exceeds --block-size {a.block_size}")
+    seq = seq_len(ap, a)
 
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    torch.manual_seed(a.seed)
-    model = GPT(vocab=a.vocab, block_size=a.block_size, n_layer=a.n_layer, n_head=a.n_head,
-                C=a.n_embd, bias=a.bias, dropout=0.0)
-    n_params = sum(p.numel() for p in model.parameters())  # tied wte/lm_head counted once
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = build_gpt(a)
+    n_params, param_bytes = param_count_bytes(model)  # tied wte/lm_head counted once
     model.train()
     if a.strategy == "fsdp":
         for blk in model.h:
@@ -138,14 +94,11 @@ def main():
         net = nn.parallel.DistributedDataParallel(model)
         comm = {"comm_bytes_per_step_theoretical": param_bytes, "comm_kind": "allreduce_bytes"}
 
-    impl = "fused" if probe_fused(a, a.strategy) else "foreach"
+    impl = "fused" if probe_fused(probe_module(a.strategy), make_optimizer, a) else "foreach"
     params = list(net.parameters())
     opt = make_optimizer(params, a, impl)
 
-    g = torch.Generator()
-    g.manual_seed(a.seed * 1000 + rank)
-    data = torch.randint(a.vocab, (a.batch, seq + 1), generator=g)
-    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()  # [B, T] each
+    x, y = fixed_batch(a, seq, a.seed * 1000 + rank)  # [B, T] each
 
     def step(mark=no_phase):
         opt.zero_grad(set_to_none=True)
@@ -160,53 +113,31 @@ def main():
             opt.step()
         return loss.detach()
 
-    losses = [step() for _ in range(a.warmup)]
-    dist.barrier()
-    times = []
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        s = time.perf_counter()
-        losses.append(step())
-        times.append(time.perf_counter() - s)
-    seconds = time.perf_counter() - t0
+    losses, times, seconds = timed_loop(step, a.warmup, a.steps, barrier=True)
     # Top-level ATen operators and host reads per step, as `trainer bench` counts them (untimed).
     ops, syncs = count_operators(step, 3)
 
-    mean_losses = torch.stack(losses) if losses else torch.zeros(0)
-    dist.all_reduce(mean_losses, op=dist.ReduceOp.AVG)
-    state = {"params": sum(nbytes(p) for p in params),
-             "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
-             "optimizer": sum(nbytes(v) for s in opt.state.values() for v in s.values()
-                              if torch.is_tensor(v))}
-    state["total"] = sum(state.values())
-    per_rank = [None] * world
-    dist.all_gather_object(per_rank, state)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    rss_all = [None] * world
-    dist.all_gather_object(rss_all, rss)
+    mean_losses = mean_over_ranks(losses, True)
+    per_rank = gather(held_bytes(params, opt), world, True)
+    rss = peak_rss()
+    rss_all = gather(rss, world, True)
 
     if rank == 0:
-        line = json.dumps({
+        step_ms_median, step_ms_mean, samples_per_sec = step_stats(times, seconds, a.steps,
+                                                                   world * a.batch)
+        emit({
             "impl": "python", "strategy": a.strategy, "model": "gpt", "world_size": world,
-            "vocab": a.vocab, "block_size": a.block_size, "n_layer": a.n_layer,
-            "n_head": a.n_head, "n_embd": a.n_embd, "bias": a.bias, "batch": a.batch,
-            "seq": seq, "threads": a.threads, "steps": a.steps, "warmup": a.warmup,
-            "seed": a.seed, "lr": a.lr, "weight_decay": a.weight_decay, "clip": a.clip,
+            **gpt_json_args(a, seq),
             "reshard_after_forward": a.reshard_after_forward if a.strategy == "fsdp" else None,
             "optimizer_impl": impl, "seconds": seconds,
-            "step_ms_median": 1000 * statistics.median(times) if times else None,
-            "step_ms_mean": 1000 * seconds / a.steps if a.steps else None,
-            "samples_per_sec": world * a.batch * a.steps / seconds if seconds > 0 else None,
+            "step_ms_median": step_ms_median, "step_ms_mean": step_ms_mean,
+            "samples_per_sec": samples_per_sec,
             "params": n_params, "param_bytes": param_bytes, **comm,
             "state_bytes_per_rank": per_rank, "peak_rss_bytes": rss,
             "peak_rss_bytes_per_rank": rss_all,
             "losses": [float(v) for v in mean_losses], "torch": torch.__version__,
             "ops_per_step": ops, "host_syncs_per_step": syncs,
-        })
-        print(line, flush=True)
-        if a.json:
-            with open(a.json, "w") as f:
-                f.write(line + "\n")
+        }, a.json)
     dist.destroy_process_group()
 
 

@@ -11,44 +11,16 @@
 #   scripts/bench_fsdp.sh [REPEATS=3] [NPROC=2] [LAYERS=4] [EMBD=128] [HEADS=4] [BATCH=8]
 #                         [SEQ=128] [STEPS=20] [WARMUP=5] [RESULTS=DIR]
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
-for arg in "$@"; do
-  case "$arg" in
-    REPEATS=* | NPROC=* | LAYERS=* | EMBD=* | HEADS=* | BATCH=* | SEQ=* | STEPS=* | WARMUP=* | RESULTS=*)
-      export "${arg%%=*}=${arg#*=}" ;;
-    *) echo "bench_fsdp: unknown argument '$arg'; expected REPEATS=, NPROC=, LAYERS=, EMBD=," \
-         "HEADS=, BATCH=, SEQ=, STEPS=, WARMUP= or RESULTS=" >&2
-       exit 2 ;;
-  esac
-done
-REPEATS=${REPEATS:-3} NPROC=${NPROC:-2} LAYERS=${LAYERS:-4} EMBD=${EMBD:-128} HEADS=${HEADS:-4}
-BATCH=${BATCH:-8} SEQ=${SEQ:-128} STEPS=${STEPS:-20} WARMUP=${WARMUP:-5}
-RESULTS=${RESULTS:-runs/bench_fsdp/$(date -u +%Y%m%d-%H%M%S)}
-PY=.venv/bin/python
+# shellcheck source=scripts/bench_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_common.sh" bench_fsdp
+bench_args "REPEATS NPROC LAYERS EMBD HEADS BATCH SEQ STEPS WARMUP RESULTS" "$@"
+bench_defaults
 TRAINER=build/trainer
 [[ -x $TRAINER ]] || scripts/build.sh >&2
 mkdir -p "$RESULTS"
 export OMP_NUM_THREADS=1
-# The model and step of bench_fsdp.py's defaults: bytes of Debian's fortunes (vocabulary 256),
-# AdamW (0.9, 0.99) lr 1e-3, weight decay 0.1 on matrices, clipping at 1.0, fp32.
-CONFIG="--config configs/gpt_char.yaml --set model.n_layer=$LAYERS --set model.n_head=$HEADS
-  --set model.n_embd=$EMBD --set model.block_size=$SEQ --set model.dropout=0 --set model.bias=false
-  --set data.batch_size=$BATCH --set data.workers=0 --set optim.name=adamw --set optim.lr=0.001
-  --set optim.weight_decay=0.1 --set train.clip_grad_norm=1.0 --set sched.name=constant
-  --set sched.warmup_steps=0 --set run.threads=1 --set dist.strategy=fsdp"
-# run NAME COMMAND...: COMMAND's output in $RESULTS/NAME.log; its last lines when it fails
-# without having written $RESULTS/NAME.json (PyTorch's Gloo teardown at exit sometimes aborts
-# after the results are out: "terminate called without an active exception").
-run() {
-  local name=$1
-  shift
-  if ! "$@" > "$RESULTS/$name.log" 2>&1 && [[ ! -s "$RESULTS/$name.json" ]]; then
-    echo "bench_fsdp: $name failed; the end of $RESULTS/$name.log:" >&2
-    tail -n 5 "$RESULTS/$name.log" >&2
-    exit 1
-  fi
-}
+# The model and step of bench_fsdp.py's defaults (gpt_config).
+CONFIG=$(gpt_config fsdp)
 for rep in $(seq "$REPEATS"); do
   # shellcheck disable=SC2086
   run "trainer_$rep" "$TRAINER" launch --standalone --nproc-per-node "$NPROC" -- bench $CONFIG \

@@ -40,6 +40,8 @@
 #                            and doctor --perf's verdict on the job
 #   gpt2_ckpt_async          gpt2_bf16 trained 90 steps with a checkpoint every 30, synchronous and
 #                            with run.checkpoint_async: the save time against the time blocked
+#   gpt2_bf16_tp1            gpt2_bf16 with dist.tp_size=1 under `trainer launch --nproc-per-node 1`
+#                            (an NCCL group of one): against gpt2_bf16's PyTorch eager
 # Before the cases, `trainer doctor --perf --quick --json`: the GPU's matmul TFLOP/s per dtype,
 # HBM copy and PCIe bandwidth against the spec table (kept in results.json, rows in the table).
 # Each case runs `trainer bench` and, for the plain cases, scripts/bench_reference.py (PyTorch,
@@ -385,6 +387,7 @@ CASES=(
   "observe|gpu_resnet50.yaml|0|6|40|observe|data.batch_size=32"
   "r50_shards|gpu_resnet50.yaml|0|60|150|shards"
   "gpt2_ckpt_async|gpu_gpt2.yaml|0|90|120|ckpt_async"
+  "gpt2_bf16_tp1|gpu_gpt2.yaml|5|20|30|launch|dist.tp_size=1"
 )
 
 # PyTorch's DataLoader workers are processes that hand batches over through /dev/shm (154 MB a
@@ -639,7 +642,7 @@ bench, out, header = sys.argv[1:4]
 order = ["r50_bf16_b256", "r50_bf16_b256_compile", "r50_bf16_b256_loop", "r50_fp16_b256",
          "r50_bf16_b32", "r50_bf16_b32_graph", "r50_bf16_b32_compile", "r50_bf16_b32_autotune",
          "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph", "gpt2_bf16_compile",
-         "gpt2_bf16_autotune", "gpt2_bf16_loop", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer",
+         "gpt2_bf16_autotune", "gpt2_bf16_loop", "gpt2_bf16_tp1", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer",
          "graph_losses", "gpt2_fsdp", "gpt2_fsdp_ddp", "fsdp_losses"]
 runs = {}
 for f in sorted(os.listdir(bench)):
@@ -680,7 +683,7 @@ print(cols % ("case", "impl", "precision", "samples/s", "tokens/s", "step p50", 
               "peak MB", "TFLOPS", "MFU", "vs torch", "vs best", "ops", "syncs"))
 
 def base_of(case):
-    for tail in ("_graph", "_compile", "_autotune", "_loop"):
+    for tail in ("_graph", "_compile", "_autotune", "_loop", "_tp1"):
         if case.endswith(tail):
             return case[: -len(tail)]
     return case

@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -115,6 +115,29 @@ class Cli : public ::testing::Test {
     std::vector<double> out;
     for (const auto& j : metrics(run_dir, "train")) out.push_back(j["loss"].get<double>());
     return out;
+  }
+
+  // `args` on `ranks` processes (a plain run for 1) with `batch` samples per data-parallel rank,
+  // into `dir`; the test fails when it does not exit 0.
+  void train(int ranks, int batch, const std::string& args, const fs::path& dir) {
+    const std::string common = args + " --set data.batch_size=" + std::to_string(batch) +
+                               " --run-dir '" + dir.string() + "'";
+    const auto r = ranks == 1 ? run(common)
+                              : run("launch --standalone --nproc-per-node " +
+                                    std::to_string(ranks) + " -- " + common);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+  }
+
+  // The runs in `a` and `b` logged `steps` training losses each, every one within `absolute` +
+  // `relative` x |b's| of the other's.
+  static void expect_same_losses(const fs::path& a, const fs::path& b, size_t steps,
+                                 double absolute, double relative = 0.0) {
+    const auto la = losses(a), lb = losses(b);
+    ASSERT_EQ(la.size(), steps);
+    ASSERT_EQ(lb.size(), steps);
+    for (size_t i = 0; i < steps; ++i) {
+      EXPECT_NEAR(la[i], lb[i], absolute + relative * std::abs(lb[i])) << "step " << i + 1;
+    }
   }
 
   TempDir tmp_{"cli"};  // removed without std::filesystem::remove_all (see temp_dir.h)

@@ -7,6 +7,8 @@
 #
 # Scenarios:
 #   1. ddp and fsdp across the two nodes: every loss equals a 2-process run on one node's loopback.
+#      Then a GPT with tensor parallelism 2 within each node (2 processes a node) and ddp, then
+#      fsdp, across the nodes: every loss equals a 4-process run on one node.
 #   2. node 1 killed outright (launcher and worker): node 0 stops at once with one line naming the
 #      step, the peer and dist.timeout_s; node 1 hung (its processes stopped, the link silent): node
 #      0 stops at the collective timeout, dist.timeout_s.
@@ -61,15 +63,16 @@ PORT=29641
 nodes() {
   local dir=$1
   shift
-  local launch=() rest=()
+  local launch=() rest=() nproc=${NPROC:-1}
+  local -n base=${BASE:-ARGS}  # the trainer flags every run of a scenario shares
   while [[ $# -gt 0 && $1 != -- ]]; do launch+=("$1"); shift; done
   shift
   rest=("$@")
   PORT=$((PORT + 1))
   for n in 0 1; do
     local ns=NS$n
-    ip netns exec "${!ns}" "$TRAINER" launch --nnodes 2 --node-rank $n --nproc-per-node 1 \
-      --master-addr "${NET}1" --master-port $PORT "${launch[@]}" -- "${ARGS[@]}" "${rest[@]}" \
+    ip netns exec "${!ns}" "$TRAINER" launch --nnodes 2 --node-rank $n --nproc-per-node "$nproc" \
+      --master-addr "${NET}1" --master-port $PORT "${launch[@]}" -- "${base[@]}" "${rest[@]}" \
       --run-dir "$dir" > "$dir.node$n.log" 2>&1 &
     eval "PID$n=\$!"
   done
@@ -90,6 +93,24 @@ for strategy in ddp fsdp; do
   [[ $strategy == ddp ]] && FAST=$(($(now_ms) - start))
   echo "1. $strategy across 2 namespaces: $steps steps in $(($(now_ms) - start)) ms, losses equal to one node's 2 processes: $([[ -n $a && $a == "$b" ]] && echo yes || echo NO)"
   [[ -n $a && $a == "$b" && $steps == 40 ]] || fail "$strategy: losses differ from the one-node run"
+done
+
+# 1b. tensor parallelism within each node, data parallelism across: 2 x 2 ranks.
+TP_ARGS=(--config "$SOURCE/configs/gpt_char.yaml" --set model.n_layer=2 --set model.n_embd=32
+         --set model.n_head=4 --set model.block_size=32 --set model.dropout=0
+         --set data.batch_size=4 --set dist.tp_size=2 "${ARGS[@]:6}")
+for strategy in ddp fsdp; do
+  "$TRAINER" launch --standalone --nproc-per-node 4 -- "${TP_ARGS[@]}" \
+    --set dist.strategy=$strategy --run-dir "$TMP/local_tp_$strategy" \
+    > "$TMP/local_tp_$strategy.log" 2>&1 || fail "local tp 2 $strategy run"
+  start=$(now_ms)
+  NPROC=2 BASE=TP_ARGS nodes "$TMP/two_tp_$strategy" -- --set dist.strategy=$strategy
+  finish
+  [[ $RC0 == 0 && $RC1 == 0 ]] || fail "tp 2 $strategy across nodes: exit $RC0/$RC1: $(tail -3 "$TMP/two_tp_$strategy.node0.log")"
+  a=$(losses "$TMP/local_tp_$strategy") b=$(losses "$TMP/two_tp_$strategy")
+  steps=$(wc -w <<<"$b")
+  echo "1b. tp 2 in each namespace, $strategy across them: $steps steps in $(($(now_ms) - start)) ms, losses equal to one node's 4 processes: $([[ -n $a && $a == "$b" ]] && echo yes || echo NO)"
+  [[ -n $a && $a == "$b" && $steps == 40 ]] || fail "tp 2 $strategy: losses differ from the one-node run"
 done
 
 # 2. node 1 dies: node 0 stops within dist.timeout_s (8 s) with one clear line.

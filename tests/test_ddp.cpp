@@ -341,9 +341,12 @@ TEST(TensorParallel, AColumnThenRowParallelMlpEqualsTheWholeOne) {
   std::vector<int64_t> moved(2);
   const auto errors = on_ranks(2, [&](Group& world, int r) {
     Group tp(world, {0, 1}, "tp");
-    auto w1 = tpx::shard_of(fc1->weight.detach(), 0, r, 2).clone().requires_grad_();  // [8, 8]
-    auto b1 = tpx::shard_of(fc1->bias.detach(), 0, r, 2).clone().requires_grad_();    // [8]
-    auto w2 = tpx::shard_of(fc2->weight.detach(), 1, r, 2).clone().requires_grad_();  // [8, 8]
+    auto w1 =
+        trainer::split_part(fc1->weight.detach(), {0, 1}, r, 2).clone().requires_grad_();  // [8, 8]
+    auto b1 =
+        trainer::split_part(fc1->bias.detach(), {0, 1}, r, 2).clone().requires_grad_();  // [8]
+    auto w2 =
+        trainer::split_part(fc2->weight.detach(), {1, 1}, r, 2).clone().requires_grad_();  // [8, 8]
     auto xr = x.clone().requires_grad_();
     auto h = torch::gelu(torch::nn::functional::linear(tpx::copy_to_group(xr, tp), w1, b1));
     auto y = tpx::reduce_from_group(torch::nn::functional::linear(h, w2), tp) +
@@ -360,12 +363,15 @@ TEST(TensorParallel, AColumnThenRowParallelMlpEqualsTheWholeOne) {
     ASSERT_EQ(errors[r], "") << "rank " << r;
     EXPECT_TRUE(torch::allclose(out[r], whole.detach(), 1e-12, 1e-12)) << "rank " << r;
     EXPECT_TRUE(torch::allclose(dx[r], xw.grad(), 1e-12, 1e-12)) << "rank " << r;
-    EXPECT_TRUE(torch::allclose(dw1[r], tpx::shard_of(fc1->weight.grad(), 0, r, 2), 1e-12, 1e-12));
-    EXPECT_TRUE(torch::allclose(db1[r], tpx::shard_of(fc1->bias.grad(), 0, r, 2), 1e-12, 1e-12));
-    EXPECT_TRUE(torch::allclose(dw2[r], tpx::shard_of(fc2->weight.grad(), 1, r, 2), 1e-12, 1e-12));
+    EXPECT_TRUE(torch::allclose(dw1[r], trainer::split_part(fc1->weight.grad(), {0, 1}, r, 2),
+                                1e-12, 1e-12));
+    EXPECT_TRUE(
+        torch::allclose(db1[r], trainer::split_part(fc1->bias.grad(), {0, 1}, r, 2), 1e-12, 1e-12));
+    EXPECT_TRUE(torch::allclose(dw2[r], trainer::split_part(fc2->weight.grad(), {1, 1}, r, 2),
+                                1e-12, 1e-12));
     EXPECT_EQ(moved[r], 2 * 5 * 8 * 8);  // the output's all-reduce and the input gradient's
   }
-  EXPECT_THROW(tpx::shard_of(torch::zeros({6}), 0, 0, 4), std::invalid_argument);
+  EXPECT_THROW(trainer::split_part(torch::zeros({6}), {0, 1}, 0, 4), std::invalid_argument);
 }
 
 // A vocabulary of 12 split over two ranks: the embedding lookup and the cross-entropy computed on
@@ -382,8 +388,8 @@ TEST(TensorParallel, VocabularyParallelEmbeddingAndCrossEntropyEqualTheWholeOnes
 
   std::vector<torch::Tensor> embs(2), losses(2), dtable(2), dlogits(2);
   const auto errors = on_ranks(2, [&](Group& tp, int r) {
-    auto t = tpx::shard_of(table, 0, r, 2).clone().requires_grad_();   // [V/2, C]
-    auto l = tpx::shard_of(logits, 1, r, 2).clone().requires_grad_();  // [N, V/2]
+    auto t = trainer::split_part(table, {0, 1}, r, 2).clone().requires_grad_();   // [V/2, C]
+    auto l = trainer::split_part(logits, {1, 1}, r, 2).clone().requires_grad_();  // [N, V/2]
     const auto e = tpx::vocab_parallel_embedding(ids, t, 6 * r, tp);
     const auto loss = tpx::vocab_parallel_cross_entropy(l, ids, 6 * r, tp).mean();
     (e.square().sum() + loss).backward();
@@ -397,8 +403,10 @@ TEST(TensorParallel, VocabularyParallelEmbeddingAndCrossEntropyEqualTheWholeOnes
     ASSERT_EQ(errors[r], "") << "rank " << r;
     EXPECT_TRUE(torch::allclose(embs[r], emb.detach(), 1e-12, 1e-12)) << "rank " << r;
     EXPECT_NEAR(losses[r].item<double>(), whole_loss.item<double>(), 1e-12) << "rank " << r;
-    EXPECT_TRUE(torch::allclose(dtable[r], tpx::shard_of(tw.grad(), 0, r, 2), 1e-12, 1e-12));
-    EXPECT_TRUE(torch::allclose(dlogits[r], tpx::shard_of(lw.grad(), 1, r, 2), 1e-12, 1e-12))
+    EXPECT_TRUE(
+        torch::allclose(dtable[r], trainer::split_part(tw.grad(), {0, 1}, r, 2), 1e-12, 1e-12));
+    EXPECT_TRUE(
+        torch::allclose(dlogits[r], trainer::split_part(lw.grad(), {1, 1}, r, 2), 1e-12, 1e-12))
         << "rank " << r;
   }
 }

@@ -48,21 +48,8 @@ std::string mlp(int steps) {
 
 class Fsdp : public Cli {
  protected:
-  // `args` on `ranks` processes (a plain run for 1) with `batch` samples per rank, into `dir`.
-  void train(int ranks, int batch, const std::string& args, const fs::path& dir) {
-    const std::string common = args + " --set data.batch_size=" + std::to_string(batch) +
-                               " --run-dir '" + dir.string() + "'";
-    const auto r = ranks == 1 ? run(common)
-                              : run("launch --standalone --nproc-per-node " +
-                                    std::to_string(ranks) + " -- " + common);
-    ASSERT_EQ(r.code, 0) << r.out << r.err;
-  }
-
   static void expect_same_losses(const fs::path& a, const fs::path& b, size_t steps) {
-    const auto la = losses(a), lb = losses(b);
-    ASSERT_EQ(la.size(), steps);
-    ASSERT_EQ(lb.size(), steps);
-    for (size_t i = 0; i < steps; ++i) EXPECT_NEAR(la[i], lb[i], 1e-5) << "step " << i + 1;
+    Cli::expect_same_losses(a, b, steps, /*absolute=*/1e-5);
   }
 };
 

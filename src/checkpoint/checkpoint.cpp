@@ -17,6 +17,7 @@
 #include "util/fileio.h"
 #include "util/format.h"
 #include "util/log.h"
+#include "util/tensor_split.h"
 
 namespace trainer::checkpoint {
 namespace {
@@ -178,6 +179,49 @@ void assemble_shards(State& state, const std::string& path) {
   }
 }
 
+// A checkpoint written with tensor parallelism under fsdp: the parts
+// "<name>@tp<rank>/<ranks>/<dim>/<groups>" of a tensor (util/tensor_split.h's split) joined into
+// the whole tensor <name>.
+void join_tensor_parallel_parts(State& state, const std::string& path) {
+  struct Parts {
+    TensorSplit split;
+    std::vector<torch::Tensor> each;
+  };
+  std::map<std::string, Parts> split;
+  NamedTensors kept;
+  for (auto& [name, t] : state.tensors) {
+    const auto at = name.rfind("@tp");
+    int rank = 0, ranks = 0;
+    int64_t dim = 0, groups = 0;
+    if (at == std::string::npos ||
+        std::sscanf(name.c_str() + at, "@tp%d/%d/%" SCNd64 "/%" SCNd64, &rank, &ranks, &dim,
+                    &groups) != 4 ||
+        rank < 0 || rank >= ranks || groups < 1) {
+      kept.emplace_back(name, t);
+      continue;
+    }
+    Parts& p = split[name.substr(0, at)];
+    p.split = TensorSplit{dim, groups};
+    p.each.resize(static_cast<size_t>(ranks));
+    p.each[static_cast<size_t>(rank)] = t;
+  }
+  for (auto& [name, p] : split) {
+    for (size_t r = 0; r < p.each.size(); ++r) {
+      if (!p.each[r].defined()) {
+        throw CorruptCheckpoint(path + ": the part of tensor-parallel rank " + std::to_string(r) +
+                                " of '" + name + "' is missing");
+      }
+    }
+    try {
+      kept.emplace_back(name, join_parts(p.each, p.split));
+    } catch (const c10::Error& e) {
+      throw CorruptCheckpoint(path + ": the tensor-parallel parts of '" + name +
+                              "' do not join: " + e.what_without_backtrace());
+    }
+  }
+  state.tensors = std::move(kept);
+}
+
 State parse(const std::vector<uint8_t>& bytes, const std::string& path) {
   SafetensorsFile f;
   try {
@@ -216,6 +260,7 @@ State load_verified(const std::string& path, const Entry* entry) {
   if (state.meta.is_object() && state.meta.contains("shards")) {
     try {
       assemble_shards(state, path);
+      join_tensor_parallel_parts(state, path);
     } catch (const nlohmann::json::exception& e) {
       throw CorruptCheckpoint(path + ": unreadable shard descriptions: " + e.what());
     }

@@ -25,13 +25,19 @@ std::string precision(const config::Config& cfg) {
   return cfg.amp.enabled ? cfg.amp.dtype : "float32";
 }
 
-nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOptions& o,
-                           const engine::Trainer& t, const std::string& config_path) {
-  const auto& cfg = t.config();
+// Each phase's milliseconds per step, by name.
+nlohmann::json phases_json(const engine::BenchResult& r) {
   nlohmann::json phases = nlohmann::json::object();
   for (int p = 0; p < engine::kPhaseCount; ++p) {
     phases[engine::phase_name(static_cast<engine::Phase>(p))] = r.phase_ms[static_cast<size_t>(p)];
   }
+  return phases;
+}
+
+nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOptions& o,
+                           const engine::Trainer& t, const std::string& config_path) {
+  const auto& cfg = t.config();
+  const nlohmann::json phases = phases_json(r);
   return {{"impl", "trainer"},
           {"config", config_path},
           {"model", cfg.model.name},
@@ -43,6 +49,7 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
           {"batch_size", cfg.data.batch_size},
           {"grad_accum_steps", cfg.train.grad_accum_steps},
           {"world_size", t.world_size()},
+          {"tp_size", t.world_size() / std::max(1, t.data_parallel_size())},
           {"threads", torch::get_num_threads()},
           {"steps", o.steps},
           {"warmup", o.warmup},
@@ -123,8 +130,13 @@ std::string result_table(const engine::BenchResult& r, const engine::BenchOption
   out += strprintf("  final loss    %.4f\n", r.final_loss);
   out += strprintf(
       "  held state    %.1f MiB per rank (%s): parameters %.1f, gradients %.1f, optimizer %.1f\n",
-      r.held.total() / 1048576.0, cfg.dist.strategy.c_str(), r.held.params / 1048576.0,
-      r.held.grads / 1048576.0, r.held.optimizer / 1048576.0);
+      r.held.total() / 1048576.0,
+      (cfg.dist.strategy +
+       (t.world_size() > t.data_parallel_size()
+            ? strprintf(", tensor parallel over %d", t.world_size() / t.data_parallel_size())
+            : std::string()))
+          .c_str(),
+      r.held.params / 1048576.0, r.held.grads / 1048576.0, r.held.optimizer / 1048576.0);
   out += strprintf("  communicated  %.3f MiB per step:", r.comm_bytes_per_step / 1048576.0);
   for (const auto& [kind, bytes] : r.comm_by_kind) {
     out += strprintf(" %s %.3f,", kind.c_str(), bytes / 1048576.0);

@@ -150,22 +150,39 @@ std::vector<std::string> memory_remedies(engine::Trainer& trainer,
 nlohmann::json memory_json(const config::Config& cfg, const engine::MemoryEstimate& fp32,
                            const engine::MemoryEstimate& bf16,
                            const engine::MemoryEstimate& planned, const Capacity& capacity,
-                           int64_t world, bool fsdp, bool fits) {
+                           int64_t world, int64_t tp, bool fsdp, bool fits) {
   const int64_t batch = cfg.data.batch_size;
   return {{"model", cfg.model.name},
-         {"strategy", fsdp ? "fsdp" : "ddp"},
-         {"world_size", world},
-         {"fsdp_bytes", planned.fsdp_total(batch, world)},
-         {"batch_per_process", batch},
-         {"float32_bytes", fp32.total(batch)},
-         {"bfloat16_bytes", bf16.total(batch)},
-         {"params_bytes", fp32.params_bytes},
-         {"optimizer_bytes", fp32.optimizer_bytes},
-         {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
-         {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
-         {"capacity_mb", capacity.mb},
-         {"checkpointing", cfg.model.checkpointing},
-         {"fits", fits}};
+          {"strategy", fsdp ? "fsdp" : "ddp"},
+          {"world_size", world},
+          {"fsdp_bytes", planned.fsdp_total(batch, world)},
+          {"tp_size", tp},
+          {"tp_bytes", planned.tp_total(batch, tp, world, fsdp)},
+          {"batch_per_process", batch},
+          {"float32_bytes", fp32.total(batch)},
+          {"bfloat16_bytes", bf16.total(batch)},
+          {"params_bytes", fp32.params_bytes},
+          {"optimizer_bytes", fp32.optimizer_bytes},
+          {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
+          {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
+          {"capacity_mb", capacity.mb},
+          {"checkpointing", cfg.model.checkpointing},
+          {"fits", fits}};
+}
+
+// The memory per process with tensor parallelism (tp > 1) or fsdp (when chosen, or when the step
+// does not fit whole), as the memory finding's message adds it; "" otherwise.
+std::string parallel_note(const engine::MemoryEstimate& planned, int64_t batch, int64_t world,
+                          int64_t tp, bool fsdp, bool fits) {
+  if (tp > 1) {
+    return strprintf("; with dist.tp_size %" PRId64 " over %" PRId64 " processes (%" PRId64
+                     " data-parallel%s) %s per process",
+                     tp, world, std::max<int64_t>(world / tp, 1), fsdp ? ", fsdp" : "",
+                     gib(planned.tp_total(batch, tp, world, fsdp)).c_str());
+  }
+  if (!fsdp && fits) return "";
+  return strprintf("; with dist.strategy fsdp on %" PRId64 " process%s %s per process", world,
+                   world == 1 ? "" : "es", gib(planned.fsdp_total(batch, world)).c_str());
 }
 
 // The memory a config's training step needs per process, against the device's capacity; the
@@ -176,11 +193,14 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
   sets.push_back("device=cpu");
   sets.push_back("data.workers=0");
   auto loaded = load_config(config_path, sets, {});
-  // Measured whole in one process; fsdp's figures follow from the measurement.
+  // Measured whole in one process; fsdp's and tensor parallelism's figures follow from the
+  // measurement.
   const bool fsdp = loaded.cfg.dist.strategy == "fsdp";
+  const int64_t tp = loaded.cfg.dist.tp_size;
   loaded.cfg.dist.strategy = "ddp";
-  const auto& cfg = loaded.cfg;
+  loaded.cfg.dist.tp_size = 1;
   engine::Trainer trainer(loaded);
+  const auto& cfg = loaded.cfg;
   const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
   const auto bf16 = trainer.estimate_memory(/*bf16=*/true);
   const int64_t batch = cfg.data.batch_size;
@@ -190,9 +210,11 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
   // A tenth stays free for the CUDA context, library workspaces and fragmentation.
   const int64_t usable = (capacity.mb << 20) / 10 * 9;
   const int64_t world = job_world_size(facts);
-  const int64_t needed = fsdp ? planned.fsdp_total(batch, world) : planned.total(batch);
+  const int64_t needed = tp > 1 ? planned.tp_total(batch, tp, world, fsdp)
+                         : fsdp ? planned.fsdp_total(batch, world)
+                                : planned.total(batch);
   const bool fits = needed <= usable;
-  out = memory_json(cfg, fp32, bf16, planned, capacity, world, fsdp, fits);
+  out = memory_json(cfg, fp32, bf16, planned, capacity, world, tp, fsdp, fits);
   const std::string checkpointing =
       cfg.model.checkpointing == "none"
           ? ""
@@ -205,10 +227,7 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
       gib(fp32.params_bytes).c_str(), gib(fp32.optimizer_bytes).c_str(),
       gib(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
       gib(bf16.total(batch)).c_str(), capacity.where.c_str());
-  if (fsdp || !fits) {
-    message += strprintf("; with dist.strategy fsdp on %" PRId64 " process%s %s per process", world,
-                         world == 1 ? "" : "es", gib(planned.fsdp_total(batch, world)).c_str());
-  }
+  message += parallel_note(planned, batch, world, tp, fsdp, fits);
   if (measure_batch > 0) {
     // One real step at that batch, to check the extrapolation against.
     const int64_t fixed = fp32.params_bytes + fp32.optimizer_bytes;

@@ -162,6 +162,7 @@ void AmpConfig::validate(Checks& c) const {
 
 void DistConfig::validate(Checks& c) const {
   c.one_of("strategy", strategy, {"ddp", "fsdp"});
+  c.at_least("tp_size", tp_size, 1);
   c.one_of("backend", backend, {"auto", "nccl", "gloo"});
   c.one_of("fsdp_param_dtype", fsdp_param_dtype, {"auto", "float32", "bfloat16", "float16"});
   c.one_of("fsdp_reduce_dtype", fsdp_reduce_dtype, {"float32", "bfloat16", "float16"});

@@ -335,7 +335,8 @@ struct AmpConfig {
 };
 
 struct DistConfig {
-  std::string strategy = "ddp";         // ddp (replicated weights)|fsdp (sharded over the ranks)
+  std::string strategy = "ddp";  // ddp (replicated weights)|fsdp (sharded over the ranks)
+  int64_t tp_size = 1;  // tensor parallelism: each layer split over groups of this many ranks
   std::string backend = "auto";         // auto|nccl|gloo (auto: nccl on CUDA, gloo on the CPU)
   double bucket_cap_mb = 25.0;          // gradient bucket size in MiB
   double first_bucket_mb = 1.0;         // size of the first bucket, reduced early in backward
@@ -357,6 +358,7 @@ struct DistConfig {
   template <class V>
   void visit(V& v) {
     v("strategy", strategy);
+    v("tp_size", tp_size);
     v("backend", backend);
     v("bucket_cap_mb", bucket_cap_mb);
     v("first_bucket_mb", first_bucket_mb);

@@ -121,6 +121,22 @@ void check_cuda_graph(const Config& c, const Environment& env, Checks& checks) {
   }
 }
 
+// dist.tp_size: what the tensor-parallel step does not do (its divisibility by the ranks and the
+// model's sizes is checked when they are known: the job's world size, the built model).
+void check_tensor_parallel(const Config& c, Checks& checks) {
+  if (c.dist.tp_size <= 1) return;
+  const std::string tp = "dist.tp_size " + std::to_string(c.dist.tp_size);
+  if (c.train.label_smoothing > 0.0) {
+    checks.add("train.label_smoothing",
+               "the vocabulary-parallel cross-entropy of " + tp +
+                   " has no label smoothing; set train.label_smoothing: 0 or dist.tp_size: 1");
+  }
+  if (c.train.cuda_graph) {
+    checks.add("train.cuda_graph", "cannot capture the tensor-parallel collectives of " + tp +
+                                       "; set train.cuda_graph: false or dist.tp_size: 1");
+  }
+}
+
 // Settings that only a CUDA device has.
 void check_cuda_only(const Config& c, const Environment& env, Checks& checks) {
   if (trains_on_cpu(c, env) && c.profile.memory_snapshot) {
@@ -158,6 +174,7 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   c.visit(sections);
   detail::check_environment(c, env, top);
   detail::check_cuda_graph(c, env, top);
+  detail::check_tensor_parallel(c, top);
   detail::check_cuda_only(c, env, top);
   detail::check_names(c, env, top);
   return detail::without_repeats(std::move(issues));

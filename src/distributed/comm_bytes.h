@@ -14,6 +14,10 @@ struct CommBytes {
   int64_t broadcast = 0;
 
   int64_t total() const { return all_reduce + all_gather + reduce_scatter + broadcast; }
+  CommBytes operator+(const CommBytes& more) const {
+    return {all_reduce + more.all_reduce, all_gather + more.all_gather,
+            reduce_scatter + more.reduce_scatter, broadcast + more.broadcast};
+  }
   CommBytes operator-(const CommBytes& before) const {
     return {all_reduce - before.all_reduce, all_gather - before.all_gather,
             reduce_scatter - before.reduce_scatter, broadcast - before.broadcast};

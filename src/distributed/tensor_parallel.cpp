@@ -19,7 +19,7 @@ Group& group_of(AutogradContext* ctx) {
 struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Group* group) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
-    return x.clone();
+    return x;  // autograd makes the returned input a view of it, no copy
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto grad = grads[0].contiguous();
@@ -93,14 +93,13 @@ torch::Tensor reduce_from_group(const torch::Tensor& x, Group& group) {
   return ReduceFromGroup::apply(x, &group);
 }
 
-torch::Tensor shard_of(const torch::Tensor& whole, int64_t dim, int rank, int parts) {
-  const int64_t n = whole.size(dim);
-  if (parts < 1 || n % parts != 0) {
-    throw std::invalid_argument("a dimension of " + std::to_string(n) + " does not split into " +
-                                std::to_string(parts) + " equal parts");
-  }
-  const int64_t each = n / parts;
-  return whole.narrow(dim, each * rank, each);
+torch::Tensor join_over(const torch::Tensor& part, const TensorSplit& split, Group& group) {
+  torch::NoGradGuard no_grad;
+  const auto mine = part.detach().contiguous();
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < group.world_size(); ++r) parts.push_back(torch::empty_like(mine));
+  group.all_gather(mine, parts);
+  return join_parts(parts, split);
 }
 
 }  // namespace trainer::distributed

@@ -1,6 +1,6 @@
 // Megatron-LM's tensor-parallel regions: the two collectives a column-parallel linear followed by
-// a row-parallel one needs, as autograd functions, and the slices of a whole layer's weights each
-// rank of a tensor-parallel group holds.
+// a row-parallel one needs, as autograd functions, the vocabulary-parallel embedding and
+// cross-entropy, and nn::TensorParallel over a process group.
 //
 //   y = reduce_from_group(row_parallel(act(column_parallel(copy_to_group(x)))))
 //
@@ -12,6 +12,8 @@
 #include <cstdint>
 
 #include "distributed/process_group.h"
+#include "nn/tensor_parallel.h"
+#include "util/tensor_split.h"
 
 namespace trainer::distributed {
 
@@ -40,9 +42,26 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
                                            const torch::Tensor& targets, int64_t first,
                                            Group& group);
 
-// Rank `rank` of `parts`' share of `whole` along `dim`: a column-parallel weight's rows (dim 0),
-// a row-parallel weight's columns (dim 1). Throws std::invalid_argument naming the sizes when
-// the dimension does not divide by `parts`.
-torch::Tensor shard_of(const torch::Tensor& whole, int64_t dim, int rank, int parts);
+// The whole tensor from every rank of `group`'s part (`part`, split as `split` says), on every
+// rank; not differentiable. Every rank of `group` must call this, in the same order.
+torch::Tensor join_over(const torch::Tensor& part, const TensorSplit& split, Group& group);
+
+// nn::TensorParallel over a process group: the collectives above, for a model's split layers.
+// The group must outlive it.
+class GroupTensorParallel : public nn::TensorParallel {
+ public:
+  explicit GroupTensorParallel(Group& group) : group_(group) {}
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.world_size(); }
+  torch::Tensor copy_in(const torch::Tensor& x) override { return copy_to_group(x, group_); }
+  torch::Tensor reduce_out(const torch::Tensor& x) override { return reduce_from_group(x, group_); }
+  torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight) override {
+    return vocab_parallel_embedding(ids, weight, rank() * weight.size(0), group_);
+  }
+  Group& group() const { return group_; }
+
+ private:
+  Group& group_;
+};
 
 }  // namespace trainer::distributed

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "engine/loop/sharded_state.h"
+#include "engine/loop/tensor_parallel_state.h"
 #include "engine/loop/weight_average.h"
 #include "nn/rng.h"
 #include "util/device.h"
@@ -178,6 +179,12 @@ checkpoint::State Checkpointer::snapshot() const {
                 {"cuda_devices", cuda_device_count()}}}};
   // The classifier's outputs (export's metadata: the torchvision model to build).
   if (!parts_.splits.spec.sequence) out.meta["num_classes"] = parts_.input.num_classes;
+  // Tensor parallelism: each split tensor whole, joined over the group (fsdp: its parts are in the
+  // shard files, tensor_parallel_pieces, joined when read).
+  if (parts_.tp) {
+    out.meta["tensor_parallel"] = {{"size", parts_.tp_size()}};
+    if (!parts_.fsdp) out.tensors = joined_over_group(parts_, std::move(out.tensors));
+  }
   ToJson to_json{out.meta};
   TrainingState counters = state_;
   counters.visit(to_json);
@@ -191,10 +198,16 @@ checkpoint::State Checkpointer::snapshot() const {
 
 Checkpointer::DataPosition Checkpointer::position_now() const {
   const auto& cfg = loaded_.cfg;
-  return {parts_.world_size(), cfg.data.batch_size, cfg.train.grad_accum_steps};
+  return {parts_.data_parallel_size(), cfg.data.batch_size, cfg.train.grad_accum_steps};
 }
 
-void Checkpointer::restore(const checkpoint::State& ckpt, const std::string& path) {
+checkpoint::State Checkpointer::for_this_rank(const checkpoint::State& ckpt) const {
+  if (!parts_.tp) return ckpt;
+  return {local_parts(parts_, ckpt.tensors), ckpt.meta};
+}
+
+void Checkpointer::restore(const checkpoint::State& whole, const std::string& path) {
+  const checkpoint::State ckpt = for_this_rank(whole);
   restore_model(ckpt, path, LabelUse::train_and_score);
   restore_tensors(ckpt, path);
   restore_position(ckpt.meta, path);
@@ -204,7 +217,7 @@ void Checkpointer::restore(const checkpoint::State& ckpt, const std::string& pat
 
 int64_t Checkpointer::load_model(const std::string& path, LabelUse labels,
                                  const checkpoint::State* loaded, WeightsUse weights) {
-  const checkpoint::State ckpt = loaded ? *loaded : checkpoint::load(path);
+  const checkpoint::State ckpt = for_this_rank(loaded ? *loaded : checkpoint::load(path));
   restore_model(ckpt, path, labels, weights);
   if (!ckpt.meta.contains("step") || !ckpt.meta["step"].is_number_integer()) {
     throw checkpoint::CorruptCheckpoint(path + ": no integer 'step' in its metadata");

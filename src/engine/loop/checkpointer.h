@@ -112,8 +112,13 @@ class Checkpointer {
   static std::string position_mismatch(const DataPosition& then, const DataPosition& now,
                                        const std::string& path);
 
+  // The state to save. With tensor parallelism under ddp every rank must call this, in the same
+  // order (the split tensors are joined over the group: snapshots_everywhere()).
   checkpoint::State snapshot() const;
-  void restore(const checkpoint::State& ckpt, const std::string& path);
+  bool snapshots_everywhere() const { return parts_.tp && !parts_.fsdp; }
+  // A checkpoint's whole tensors as this rank holds them (its parts of the split ones).
+  checkpoint::State for_this_rank(const checkpoint::State& ckpt) const;
+  void restore(const checkpoint::State& whole, const std::string& path);
   void check_config(const nlohmann::json& saved, const std::string& path) const;
   void restore_model(const checkpoint::State& ckpt, const std::string& path, LabelUse labels,
                      WeightsUse weights = WeightsUse::trained);
@@ -133,7 +138,8 @@ class Checkpointer {
   void write(const EvalResult& eval);
   // run.checkpoint_async: the host copy, then the write on the background thread.
   void write_async(std::map<std::string, double> metrics);
-  // The pieces of this rank's shard file: the parameters', the optimizer's and the saved parts'.
+  // The pieces of this rank's shard file: the parameters', the optimizer's and the saved parts'
+  // (with tensor parallelism, of its parts: tensor_parallel_pieces).
   std::vector<checkpoint::ShardPiece> shard_pieces() const;
   // Writes this rank's shard file of `step`; its description, or "!rank N: <error>".
   std::string write_own_shard(int64_t step,

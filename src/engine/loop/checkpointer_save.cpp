@@ -15,6 +15,7 @@
 
 #include "engine/loop/checkpointer.h"
 #include "engine/loop/sharded_state.h"
+#include "engine/loop/tensor_parallel_state.h"
 #include "util/device.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -71,8 +72,8 @@ void Checkpointer::write(const EvalResult& eval) {
   const nlohmann::json shards =
       parts_.fsdp ? gather_shards(write_own_shard(state_.step, shard_pieces()), shard_error)
                   : nlohmann::json();
+  if (job_.rank == 0 || snapshots_everywhere()) save.state = snapshot();
   if (job_.rank == 0) {
-    save.state = snapshot();
     commit(save, shards, shard_error);
     if (save.status == kSaved) last_ = save.path;
   }
@@ -87,9 +88,11 @@ void Checkpointer::write_async(std::map<std::string, double> metrics) {
   job->step = state_.step;
   job->metrics = std::move(metrics);
   if (parts_.fsdp) job->pieces = host_copy(shard_pieces());
+  if (job_.rank == 0 || snapshots_everywhere()) job->state = snapshot();
   if (job_.rank == 0) {
-    job->state = snapshot();
     job->state.tensors = host_copy(job->state.tensors);
+  } else {
+    job->state = checkpoint::State();
   }
   job->stall_s = seconds_since(job->start);
   const bool sharded = parts_.fsdp != nullptr;
@@ -128,7 +131,7 @@ std::vector<checkpoint::ShardPiece> Checkpointer::shard_pieces() const {
       pieces.push_back(std::move(piece));
     }
   }
-  return pieces;
+  return parts_.tp ? tensor_parallel_pieces(parts_, std::move(pieces)) : pieces;
 }
 
 std::string Checkpointer::write_own_shard(int64_t step,

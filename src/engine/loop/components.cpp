@@ -63,7 +63,39 @@ std::unique_ptr<distributed::Group> make_group(const config::Config& cfg,
   return std::make_unique<distributed::Group>(job, group);
 }
 
-// This rank's loaders over the splits.
+// dist.tp_size: the tensor-parallel group of this rank's tp_size consecutive ranks and the
+// data-parallel group of the ranks holding the same parts. Alone (no launched job) the model
+// stays whole.
+void make_tensor_parallel(Components& c, const config::LoadedConfig& loaded) {
+  const int tp = static_cast<int>(loaded.cfg.dist.tp_size);
+  if (tp <= 1) return;
+  if (!c.group) {
+    log::warn(
+        strprintf("dist.tp_size %d: one process, the model stays whole; launch a multiple "
+                  "of %d processes to split it (trainer launch --nproc-per-node %d)",
+                  tp, tp, tp));
+    return;
+  }
+  const int world = c.group->world_size(), rank = c.group->rank();
+  if (world % tp != 0) {
+    config_error(loaded, "dist.tp_size",
+                 strprintf("dist.tp_size %d does not divide the job's %d processes; use a "
+                           "tp_size that divides the world size (data-parallel size = world "
+                           "size / tp_size)",
+                           tp, world));
+  }
+  std::vector<int> tp_ranks, dp_ranks;
+  for (int r = rank / tp * tp; r < rank / tp * tp + tp; ++r) tp_ranks.push_back(r);
+  for (int r = rank % tp; r < world; r += tp) dp_ranks.push_back(r);
+  c.tp_group =
+      std::make_unique<distributed::Group>(*c.group, tp_ranks, "tp" + std::to_string(rank / tp));
+  c.dp_group =
+      std::make_unique<distributed::Group>(*c.group, dp_ranks, "dp" + std::to_string(rank % tp));
+  c.tp = std::make_shared<distributed::GroupTensorParallel>(*c.tp_group);
+}
+
+// This rank's loaders over the splits: the ranks of a tensor-parallel group read the same
+// batches.
 void make_loaders(Components& c, const config::Config& cfg, const distributed::DistEnv& job) {
   data::LoaderOptions train;
   train.batch_size = cfg.data.batch_size;
@@ -74,8 +106,9 @@ void make_loaders(Components& c, const config::Config& cfg, const distributed::D
   train.throttle_ms = cfg.data.throttle_ms;
   train.seed = static_cast<uint64_t>(cfg.seed);
   train.pin_memory = c.device.is_cuda();
-  train.rank = job.rank;
-  train.world_size = job.launched() ? job.world_size : 1;
+  const distributed::Group* data = c.data_group();
+  train.rank = data ? data->rank() : job.rank;
+  train.world_size = data ? data->world_size() : 1;
   data::LoaderOptions val = train;
   val.batch_size = cfg.data.eval_batch_size > 0 ? cfg.data.eval_batch_size : cfg.data.batch_size;
   val.shuffle = false;
@@ -193,6 +226,13 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
     config_error(loaded, e.key(), e.what());
   }
   if (!cfg.model.pretrained.empty()) load_pretrained(c, loaded);
+  if (c.tp) {
+    try {
+      c.tp_plan = c.model->split_over(c.tp);
+    } catch (const models::ModelError& e) {
+      config_error(loaded, e.key(), e.what());
+    }
+  }
   if (cfg.dist.strategy != "fsdp") {
     c.model->to(c.device);
   } else {
@@ -238,7 +278,7 @@ void make_fsdp(Components& c, const config::Config& cfg) {
   }
   c.fsdp = std::make_unique<distributed::FullyShardedDataParallel>(
       *c.model, sharding_units(*c.model),
-      [&decay](const std::string& name) { return decay.count(name) > 0; }, c.group.get(), c.device,
+      [&decay](const std::string& name) { return decay.count(name) > 0; }, c.data_group(), c.device,
       o);
   c.model->set_block_hooks(c.fsdp.get());
   c.params.clear();
@@ -258,10 +298,10 @@ void make_parallel(Components& c, const config::LoadedConfig& loaded) {
   ddp.reducer_at_world_size_1 = d.reducer_at_world_size_1;
   if (!c.fsdp) {
     c.ddp = std::make_unique<distributed::DataParallel>(
-        *c.model, models::unique_named_parameters(*c.model), *c.group, ddp);
+        *c.model, models::unique_named_parameters(*c.model), *c.data_group(), ddp);
   }
   if (!d.sync_bn) return;
-  distributed::Group* group = c.group.get();  // outlives the model (declared before it)
+  distributed::Group* group = c.data_group();  // outlives the model (declared before it)
   nn::BatchNormSync sync{group->rank(), group->world_size(), {}};
   // Alone, the global batch is this process's: plain batch norm (no sum).
   if (group->world_size() > 1) {
@@ -273,6 +313,18 @@ void make_parallel(Components& c, const config::LoadedConfig& loaded) {
                      " has no batch norm to synchronise; remove "
                      "dist.sync_bn");
   }
+}
+
+// The mean cross-entropy of vocabulary-parallel logits [..., K / tp] (this rank's classes)
+// against targets [...] in the whole vocabulary; the logits are never gathered.
+losses::Loss vocabulary_parallel_loss(std::shared_ptr<distributed::GroupTensorParallel> tp) {
+  return [tp](const torch::Tensor& logits, const torch::Tensor& targets) {
+    const int64_t k = logits.size(-1);
+    return distributed::vocab_parallel_cross_entropy(logits.reshape({-1, k}).to(torch::kFloat),
+                                                     targets.reshape({-1}), tp->rank() * k,
+                                                     tp->group())
+        .mean();
+  };
 }
 
 // Optimizer, schedule, loss and mixed precision.
@@ -291,7 +343,8 @@ void make_training(Components& c, const config::Config& cfg) {
     sched.warmup_steps = std::llround(sched.warmup_epochs * static_cast<double>(c.steps_per_epoch));
   }
   c.schedule = std::make_unique<optim::Schedule>(sched, cfg.optim.lr, c.total_steps);
-  c.loss = losses::loss_registry().get(cfg.train.loss)(cfg.train);
+  c.loss = c.tp ? vocabulary_parallel_loss(c.tp)
+                : losses::loss_registry().get(cfg.train.loss)(cfg.train);
   c.precision.autocast = cfg.amp.enabled;
   c.precision.dtype = dtype_named(cfg.amp.dtype);
   const bool float16 = cfg.amp.enabled && cfg.amp.dtype == "float16";
@@ -318,6 +371,10 @@ c10::ScalarType dtype_named(const std::string& name) {
   return name == "bfloat16" ? c10::kBFloat16 : name == "float16" ? c10::kHalf : c10::kFloat;
 }
 
+torch::Tensor Components::whole_outputs(const torch::Tensor& outputs) const {
+  return tp ? distributed::join_over(outputs, {outputs.dim() - 1, 1}, *tp_group) : outputs;
+}
+
 int Components::world_size() const {
   return group ? group->world_size() : 1;
 }
@@ -329,6 +386,7 @@ Components build_components(const config::LoadedConfig& loaded, const distribute
   c.device = pick_device(cfg.device, job);
   if (c.device.is_cuda()) c10::impl::getDeviceGuardImpl(torch::kCUDA)->setDevice(c.device);
   c.group = make_group(cfg, job, c.device);
+  make_tensor_parallel(c, loaded);
   make_data(c, loaded, job);  // before the model: its input and output sizes come from the data
   make_model(c, loaded);
   make_parallel(c, loaded);

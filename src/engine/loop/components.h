@@ -14,6 +14,7 @@
 #include "distributed/env.h"
 #include "distributed/fsdp.h"
 #include "distributed/process_group.h"
+#include "distributed/tensor_parallel.h"
 #include "losses/loss.h"
 #include "models/model.h"
 #include "optim/grad_scaler.h"
@@ -33,6 +34,12 @@ struct Precision {
 struct Components {
   torch::Device device{torch::kCPU};
   std::unique_ptr<distributed::Group> group;  // the job's process group; null when alone
+  // dist.tp_size > 1: this rank's tensor-parallel group (tp_size consecutive ranks, the model's
+  // layers split over them) and its data-parallel group (the ranks holding the same parts, one
+  // in each tensor-parallel group); both null otherwise.
+  std::unique_ptr<distributed::Group> tp_group;
+  std::unique_ptr<distributed::Group> dp_group;
+  std::shared_ptr<distributed::GroupTensorParallel> tp;  // over tp_group; null without
   data::Splits splits;
   std::unique_ptr<data::Loader> train_loader;  // this rank's shard of the training split
   std::unique_ptr<data::Loader> val_loader;    // this rank's shard of the validation split
@@ -40,6 +47,7 @@ struct Components {
   int64_t total_steps = 0;                     // optimizer steps of the whole run
   models::InputSpec input;                     // what the model was built for
   models::Net model;
+  nn::SplitPlan tp_plan;  // how the model's parameters split over tp_group (empty without)
   std::vector<torch::Tensor> params;  // what the optimizer updates: the model's parameters (tied
                                       // ones once), or with fsdp this rank's shards of them
   std::unique_ptr<distributed::DataParallel> ddp;  // gradient averaging; null when alone or fsdp
@@ -52,6 +60,17 @@ struct Components {
 
   // The processes training together (1 when alone).
   int world_size() const;
+  // The ranks each layer splits over (dist.tp_size; 1 without tensor parallelism).
+  int tp_size() const { return tp ? tp->size() : 1; }
+  // The model's replicas, each reading its own batches: world_size() / tp_size().
+  int data_parallel_size() const { return world_size() / tp_size(); }
+  // The group gradients are averaged over and the data is sharded over: dp_group with tensor
+  // parallelism, else the job's group (null when alone).
+  distributed::Group* data_group() const { return dp_group ? dp_group.get() : group.get(); }
+  // The model's outputs for every class: under tensor parallelism each rank's [..., K / tp]
+  // joined over tp_group (every rank of the group must call this, in the same order), else
+  // `outputs` as they are.
+  torch::Tensor whole_outputs(const torch::Tensor& outputs) const;
   // What the step calls around its micro-batches: fsdp or ddp; null when neither.
   distributed::DataParallelism* data_parallel() const {
     return fsdp ? static_cast<distributed::DataParallelism*>(fsdp.get()) : ddp.get();

@@ -19,13 +19,13 @@ namespace {
 // With fsdp every forward gathers blocks from every rank: the batches this rank lacks against the
 // rank with the most, run on a placeholder and discarded.
 int64_t missing_forwards(Components& parts, data::Loader& loader) {
-  if (!parts.fsdp || !parts.group) return 0;
+  distributed::Group* data = parts.data_group();
+  if (!parts.fsdp || !data) return 0;
   const int64_t mine = loader.batches_per_epoch();
-  auto most = torch::full({1}, mine, torch::dtype(torch::kLong).device(parts.group->device()));
-  parts.group->all_reduce({most}, distributed::Reduce::max);
+  auto most = torch::full({1}, mine, torch::dtype(torch::kLong).device(data->device()));
+  data->all_reduce({most}, distributed::Reduce::max);
   return host_int(most) - mine;
 }
-
 
 // `count` forwards of a placeholder sample, so that this rank joins every gather of the ranks
 // with more validation batches (fsdp).
@@ -34,8 +34,10 @@ void placeholder_forwards(Components& parts, int64_t count) {
   const auto& spec = parts.splits.spec;
   std::vector<int64_t> shape{1};
   shape.insert(shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
-  const auto placeholder = torch::zeros(shape, torch::TensorOptions().device(parts.device).dtype(
-                                                   spec.sequence ? torch::kLong : torch::kFloat));
+  const auto placeholder =
+      torch::zeros(shape, torch::TensorOptions()
+                              .device(parts.device)
+                              .dtype(spec.sequence ? torch::kLong : torch::kFloat));
   nn::AutocastGuard autocast(parts.device.type(), parts.precision.dtype, parts.precision.autocast);
   for (; count > 0; --count) parts.model->forward(placeholder);
 }
@@ -66,6 +68,7 @@ EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_sample
       nn::AutocastGuard autocast(device.type(), parts.precision.dtype, parts.precision.autocast);
       logits = model.forward(inputs);
     }
+    logits = parts.whole_outputs(logits);  // tensor parallelism: every rank's classes
     logits = logits.to(torch::kFloat).reshape({targets.size(0), logits.size(-1)});  // [N, K]
     loss_sum += torch::nn::functional::cross_entropy(
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
@@ -80,8 +83,8 @@ EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_sample
   if (parts.fsdp) parts.fsdp->release_root();
   model.train();
   auto sums = torch::stack({loss_sum, top1, top5, torch::full_like(loss_sum, predictions)});
-  // Sums over every rank's shard.
-  if (parts.group) parts.group->all_reduce({sums}, distributed::Reduce::sum);
+  // Sums over every rank's shard (once per tensor-parallel group).
+  if (auto* data = parts.data_group()) data->all_reduce({sums}, distributed::Reduce::sum);
   const auto host = read_to_host(sums);
   const auto s = host.accessor<double, 1>();
   EvalResult r;

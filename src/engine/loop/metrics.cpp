@@ -243,7 +243,8 @@ MetricsLog::WindowSums MetricsLog::window_sums() {
     if (parts_.group) parts_.group->all_reduce({sums}, distributed::Reduce::sum);
     const auto host = read_to_host(sums);
     const auto s = host.accessor<double, 1>();
-    return {s[0] / ranks, s[1], s[2] / ranks};
+    // The ranks of a tensor-parallel group train on the same samples.
+    return {s[0] / ranks, s[1] / parts_.tp_size(), s[2] / ranks};
   }
   return {state_.window_steps > 0 ? host_double(state_.window_loss) : 0.0, samples, 0.0};
 }

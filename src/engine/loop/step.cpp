@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "engine/loop/tensor_parallel_state.h"
 #include "nn/autocast.h"
 #include "optim/clip.h"
 #include "util/device.h"
@@ -93,6 +94,7 @@ bool computes_grad_norm(const config::TrainConfig& train, const SpikeGuard* guar
 torch::Tensor step_grad_norm(Components& parts, const config::TrainConfig& train,
                              const SpikeGuard* guard) {
   if (!computes_grad_norm(train, guard)) return {};
+  if (parts.tp) return tensor_parallel_grad_norm(parts);
   optim::SquaredNormSum over_shards;  // sharded gradients: the norm over every rank's
   if (parts.fsdp) {
     over_shards = [&parts](const torch::Tensor& squared) {
@@ -208,6 +210,10 @@ void TrainStep::update(const torch::Tensor& loss) {
     found_inf = kernel_unscales ? p.scaler->check(p.params) : p.scaler->unscale(p.params);
     // Sharded gradients: inf/NaN in any rank's shard skips the step everywhere.
     if (p.fsdp) found_inf = p.fsdp->reduce_over_shards(found_inf, distributed::Reduce::max);
+    if (p.tp) {  // and in any part of a split layer
+      found_inf = found_inf.contiguous().clone();
+      p.tp_group->all_reduce({found_inf}, distributed::Reduce::max);
+    }
   }
   const torch::Tensor norm = step_grad_norm(p, train_, guard_);
   // Decided on the device, the same on every rank: skip the update on inf/NaN gradients

@@ -357,7 +357,9 @@ std::string Trainer::summary() const {
   if (p.group) {
     out << "distributed: rank " << s_->job.rank << " of " << s_->job.world_size << " ("
         << p.group->backend() << ", started by " << s_->job.source << "), global batch "
-        << cfg.data.batch_size * cfg.train.grad_accum_steps * s_->job.world_size << "\n";
+        << cfg.data.batch_size * cfg.train.grad_accum_steps * p.data_parallel_size()
+        << (p.tp ? strprintf(", tensor parallel over %d ranks", p.tp_size()) : std::string())
+        << "\n";
   }
   out << "data: " << cfg.data.name << ", " << p.splits.train->size() << " train / "
       << p.splits.val->size() << " val samples, " << p.splits.spec.num_classes << " classes\n";
@@ -402,6 +404,10 @@ int Trainer::rank() const {
 
 int Trainer::world_size() const {
   return s_->parts.world_size();
+}
+
+int Trainer::data_parallel_size() const {
+  return s_->parts.data_parallel_size();
 }
 
 torch::Device Trainer::device() const {

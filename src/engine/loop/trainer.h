@@ -126,6 +126,8 @@ class Trainer {
   int rank() const;
   // The processes training together (1 when alone).
   int world_size() const;
+  // The model's replicas, each reading its own batches: world_size() / dist.tp_size.
+  int data_parallel_size() const;
   // A decoder over the model (models::Decoder; with a key/value cache when `use_cache`), in eval
   // mode; nullptr when the model is not a language model.
   std::unique_ptr<models::Decoder> decoder(bool use_cache);

@@ -35,6 +35,20 @@ struct MemoryEstimate {
     return (2 * params_bytes + optimizer_bytes) / std::max<int64_t>(world, 1) + gathered +
            activations + step_bytes_per_sample * batch;
   }
+
+  // The same with dist.tp_size `tp` over `world` processes (world / tp data-parallel ranks): the
+  // parameters and optimizer state split over the tensor-parallel group (the few whole tensors,
+  // layer norms and position embeddings, counted as split) and with fsdp sharded over the
+  // data-parallel ranks too, the gathered units split as well; the step (gradients and
+  // activations) as Megatron-LM counts a transformer layer's activations (Korthikanti et al.,
+  // 2022): of 34 bytes per token and unit of width, 24 split over the group and 10 whole.
+  int64_t tp_total(int64_t batch, int64_t tp, int64_t world, bool fsdp) const {
+    const int64_t t = std::max<int64_t>(tp, 1), dp = std::max<int64_t>(world / t, 1);
+    const int64_t state = (params_bytes + optimizer_bytes) / t / (fsdp ? dp : 1);
+    const int64_t gathered = fsdp ? 2 * (root_bytes + 2 * largest_block_bytes) / t : 0;
+    const int64_t step = step_fixed_bytes + step_bytes_per_sample * batch;
+    return state + gathered + step * (10 * t + 24) / (34 * t);
+  }
 };
 
 // The CUDA caching allocator's figures for one device, in bytes.

@@ -268,8 +268,9 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
   count_operators(trainer, options, r);
   profile_steps(trainer, options, r);
 
-  const double samples = static_cast<double>(options.steps * cfg.data.batch_size *
-                                             cfg.train.grad_accum_steps * trainer.world_size());
+  const double samples =
+      static_cast<double>(options.steps * cfg.data.batch_size * cfg.train.grad_accum_steps *
+                          trainer.data_parallel_size());
   r.samples_per_sec = samples / r.seconds;
   r.tokens_per_sec = r.samples_per_sec * static_cast<double>(trainer.tokens_per_sample());
   if (device.is_cuda()) {

@@ -46,7 +46,12 @@ HeldState Trainer::held_state() const {
 }
 
 distributed::CommBytes Trainer::communicated() const {
-  return s_->parts.group ? s_->parts.group->communicated() : distributed::CommBytes{};
+  const auto& p = s_->parts;
+  distributed::CommBytes out;
+  for (const auto* g : {p.group.get(), p.tp_group.get(), p.dp_group.get()}) {
+    if (g) out = out + g->communicated();
+  }
+  return out;
 }
 
 distributed::Group* Trainer::group() const {
@@ -108,6 +113,7 @@ torch::Tensor Trainer::predict(const torch::Tensor& inputs) {
     nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
     logits = p.model->forward(inputs.to(p.device));
   }
+  logits = p.whole_outputs(logits);  // tensor parallelism: every rank's classes
   return read_to_host(logits.to(torch::kFloat).softmax(/*dim=*/1));
 }
 
@@ -126,8 +132,9 @@ EvalResult Trainer::evaluate_train_split() {
   o.workers = cfg.data.workers;
   o.seed = static_cast<uint64_t>(cfg.seed);
   o.pin_memory = p.device.is_cuda();
-  o.rank = p.group ? p.group->rank() : 0;
-  o.world_size = p.group ? p.group->world_size() : 1;
+  const distributed::Group* data = p.data_group();
+  o.rank = data ? data->rank() : 0;
+  o.world_size = data ? data->world_size() : 1;
   data::Loader loader(p.splits.train, o);
   return engine::evaluate(p, loader, s_->state.bad_samples);
 }
