@@ -321,7 +321,8 @@ class GptImpl : public NetImpl {
     check_splits("model.n_head", n_head_, n);
     check_splits("the MLP's width (4 x model.n_embd)",
                  transformer->blocks[0]->mlp->c_fc->weight.size(0), n);
-    check_splits("model.vocab_size", vocabulary(), n);
+    check_splits("model.vocab_size", vocabulary(), n,
+                 " or a vocabulary padded to a multiple of it (GPT-2's 50257 padded: 50304)");
     nn::SplitPlan plan{{"transformer.wte.weight", {0, 1}}, {"lm_head.weight", {0, 1}}};
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
       const std::string p = "transformer.h." + std::to_string(i) + ".";
@@ -381,15 +382,12 @@ class GptImpl : public NetImpl {
   }
 
   // A size that must split into `parts` equal parts over the tensor-parallel ranks.
-  static void check_splits(const std::string& what, int64_t size, int parts) {
+  static void check_splits(const std::string& what, int64_t size, int parts,
+                           const std::string& remedy = "") {
     if (size % parts == 0) return;
-    throw ModelError(
-        "dist.tp_size",
-        what + " " + std::to_string(size) + " does not split over dist.tp_size " +
-            std::to_string(parts) + "; use a tp_size that divides it" +
-            (what == "model.vocab_size" ? " or a vocabulary padded to a multiple of it "
-                                          "(GPT-2's 50257 padded: 50304)"
-                                        : ""));
+    throw ModelError("dist.tp_size",
+                     what + " " + std::to_string(size) + " does not split over dist.tp_size " +
+                         std::to_string(parts) + "; use a tp_size that divides it" + remedy);
   }
 
   int64_t block_size_;

@@ -112,10 +112,13 @@ class Checkpointer {
   static std::string position_mismatch(const DataPosition& then, const DataPosition& now,
                                        const std::string& path);
 
-  // The state to save. With tensor parallelism under ddp every rank must call this, in the same
-  // order (the split tensors are joined over the group: snapshots_everywhere()).
+  // The state to save, which rank 0 writes. With tensor parallelism under ddp every rank of rank
+  // 0's tensor-parallel group must call this, in the same order (the split tensors are joined
+  // over the group): snapshots_here().
   checkpoint::State snapshot() const;
-  bool snapshots_everywhere() const { return parts_.tp && !parts_.fsdp; }
+  bool snapshots_here() const {
+    return job_.rank == 0 || (parts_.tp && !parts_.fsdp && parts_.data_group()->rank() == 0);
+  }
   // A checkpoint's whole tensors as this rank holds them (its parts of the split ones).
   checkpoint::State for_this_rank(const checkpoint::State& ckpt) const;
   void restore(const checkpoint::State& whole, const std::string& path);

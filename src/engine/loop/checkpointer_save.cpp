@@ -72,7 +72,7 @@ void Checkpointer::write(const EvalResult& eval) {
   const nlohmann::json shards =
       parts_.fsdp ? gather_shards(write_own_shard(state_.step, shard_pieces()), shard_error)
                   : nlohmann::json();
-  if (job_.rank == 0 || snapshots_everywhere()) save.state = snapshot();
+  if (snapshots_here()) save.state = snapshot();
   if (job_.rank == 0) {
     commit(save, shards, shard_error);
     if (save.status == kSaved) last_ = save.path;
@@ -88,11 +88,9 @@ void Checkpointer::write_async(std::map<std::string, double> metrics) {
   job->step = state_.step;
   job->metrics = std::move(metrics);
   if (parts_.fsdp) job->pieces = host_copy(shard_pieces());
-  if (job_.rank == 0 || snapshots_everywhere()) job->state = snapshot();
-  if (job_.rank == 0) {
-    job->state.tensors = host_copy(job->state.tensors);
-  } else {
-    job->state = checkpoint::State();
+  if (snapshots_here()) {
+    checkpoint::State state = snapshot();
+    if (job_.rank == 0) job->state = {host_copy(state.tensors), std::move(state.meta)};
   }
   job->stall_s = seconds_since(job->start);
   const bool sharded = parts_.fsdp != nullptr;
