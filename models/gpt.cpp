@@ -84,8 +84,9 @@ class GptLayerNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptLayerNorm);
 
-torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+// A linear layer that LoRA may adapt (nn/lora.h).
+nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
 // Multi-head causal self-attention with fused q, k, v projection.
@@ -130,8 +131,8 @@ class GptAttentionImpl : public torch::nn::Module {
     return project_out(y);                                           // [B, T, C]
   }
 
-  torch::nn::Linear c_attn{nullptr};
-  torch::nn::Linear c_proj{nullptr};
+  nn::Linear c_attn{nullptr};
+  nn::Linear c_proj{nullptr};
   std::shared_ptr<nn::TensorParallel> tp;  // the group c_attn and c_proj split over; null: whole
 
  private:
@@ -141,11 +142,11 @@ class GptAttentionImpl : public torch::nn::Module {
   }
   // c_attn, column-parallel by heads under tp: [B, T, C] -> [B, T, 3C']
   torch::Tensor project_in(const torch::Tensor& x) {
-    return tp ? nn::column_parallel(*tp, x, c_attn->weight, c_attn->bias) : apply_linear(c_attn, x);
+    return tp ? c_attn->column_parallel(*tp, x) : apply_linear(c_attn, x);
   }
   // c_proj, row-parallel under tp: [B, T, C'] -> [B, T, C]
   torch::Tensor project_out(const torch::Tensor& y) {
-    return tp ? nn::row_parallel(*tp, y, c_proj->weight, c_proj->bias) : apply_linear(c_proj, y);
+    return tp ? c_proj->row_parallel(*tp, y) : apply_linear(c_proj, y);
   }
 
   int64_t head_size_;
@@ -164,15 +165,14 @@ class GptMlpImpl : public torch::nn::Module {
   // computes 4C' = 4C / tp of the hidden units.
   torch::Tensor forward(const torch::Tensor& x) {
     // x: [B, T, C]
-    auto h = tp ? nn::column_parallel(*tp, x, c_fc->weight, c_fc->bias) : apply_linear(c_fc, x);
+    auto h = tp ? c_fc->column_parallel(*tp, x) : apply_linear(c_fc, x);
     h = torch::gelu(h, /*approximate=*/"tanh");  // [B, T, 4C']
-    return drop(
-        tp ? nn::row_parallel(*tp, h, c_proj->weight, c_proj->bias) : apply_linear(c_proj, h),
-        dropout_, is_training());  // [B, T, C]
+    return drop(tp ? c_proj->row_parallel(*tp, h) : apply_linear(c_proj, h), dropout_,
+                is_training());  // [B, T, C]
   }
 
-  torch::nn::Linear c_fc{nullptr};
-  torch::nn::Linear c_proj{nullptr};
+  nn::Linear c_fc{nullptr};
+  nn::Linear c_proj{nullptr};
   std::shared_ptr<nn::TensorParallel> tp;  // the group c_fc and c_proj split over; null: whole
 
  private:

@@ -94,6 +94,16 @@ struct ForeignFormat {
                      const std::map<std::string, std::string>& config,
                      std::vector<std::string>& errors, std::vector<std::string>& warnings)>
       check_config;
+  // Hugging Face folders (model.pretrained: DIR): the config.json model_type values this layout
+  // reads (none: it loads from a weights file only).
+  std::vector<std::string> model_types;
+  // The model's own options (keys without "model.", e.g. {"n_layer": 2, "rms_norm_eps": 1e-5})
+  // that `file`, a config.json of one of model_types, sets: `errors`, one line each naming the
+  // field, for settings the model does not compute (it would be another model); `warnings` for
+  // settings that only training uses.
+  std::function<nlohmann::json(const nlohmann::json& file, std::vector<std::string>& errors,
+                               std::vector<std::string>& warnings)>
+      options_of_config;
 };
 
 // A language model decoding token by token (trainer generate).

@@ -11,6 +11,7 @@ namespace trainer::models {
   X(mlp)                          \
   X(lenet)                        \
   X(gpt)                          \
+  X(llama)                        \
   X(resnet)                       \
   X(vit)                          \
   /* end of the list */
@@ -71,14 +72,30 @@ torch::Tensor activate(const std::string& name, const torch::Tensor& x) {
   return torch::relu(x);
 }
 
+namespace {
+
+// A module's line without its C++ type's namespaces and `Impl` suffix: "GptTransformer" for
+// trainer::models::(anonymous namespace)::GptTransformerImpl.
+std::string readable_line(const torch::nn::Module& module) {
+  std::ostringstream out;
+  module.pretty_print(out);
+  std::string line = out.str();
+  const std::string& type = module.name();
+  if (line.compare(0, type.size(), type) != 0) return line;
+  std::string plain = type.substr(type.rfind("::") == std::string::npos ? 0 : type.rfind("::") + 2);
+  if (plain.size() > 4 && plain.compare(plain.size() - 4, 4, "Impl") == 0)
+    plain.resize(plain.size() - 4);
+  return plain + line.substr(type.size());
+}
+
+}  // namespace
+
 std::string summary(const torch::nn::Module& module, const std::string& name) {
   std::ostringstream out;
   out << "model: " << name << "\n";
   for (const auto& child : module.named_children()) {
-    std::ostringstream line;
-    child.value()->pretty_print(line);
-    out << "  " << child.key() << ": " << line.str() << "  (" << parameter_count(*child.value())
-        << " parameters)\n";
+    out << "  " << child.key() << ": " << readable_line(*child.value()) << "  ("
+        << parameter_count(*child.value()) << " parameters)\n";
   }
   out << "parameters: " << parameter_count(module) << "\n";
   return out.str();

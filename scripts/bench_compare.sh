@@ -21,6 +21,8 @@
 #   lenet      lenet_fmnist.yaml      100 / 10
 #   resnet18   resnet18_cifar32.yaml   20 / 3
 #   gpt        gpt_6x256.yaml          20 / 3
+#   llama      llama_4x256.yaml        10 / 2   (not in the default CASES: CASES=llama)
+#   llama_lora llama_lora_4x256.yaml   10 / 2   (LoRA against PEFT; not in the default CASES)
 #   lenet_ddp  lenet_fmnist.yaml      100 / 10
 # The default run (5 cases, 3 repeats, with torch.compile) takes about 12 minutes on 2 cores, the
 # first compilation of each model (up to a minute for resnet18) included.
@@ -52,9 +54,11 @@ TORCHRUN=.venv/bin/torchrun
 TRAINER=build/trainer
 
 declare -A CONFIG=([mlp]=mlp_fmnist [lenet]=lenet_fmnist [resnet18]=resnet18_cifar32
-  [gpt]=gpt_6x256 [lenet_ddp]=lenet_fmnist)
-declare -A CASE_STEPS=([mlp]=500 [lenet]=100 [resnet18]=20 [gpt]=20 [lenet_ddp]=100)
-declare -A CASE_WARMUP=([mlp]=50 [lenet]=10 [resnet18]=3 [gpt]=3 [lenet_ddp]=10)
+  [gpt]=gpt_6x256 [lenet_ddp]=lenet_fmnist [llama]=llama_4x256 [llama_lora]=llama_lora_4x256)
+declare -A CASE_STEPS=([mlp]=500 [lenet]=100 [resnet18]=20 [gpt]=20 [lenet_ddp]=100 [llama]=10
+  [llama_lora]=10)
+declare -A CASE_WARMUP=([mlp]=50 [lenet]=10 [resnet18]=3 [gpt]=3 [lenet_ddp]=10 [llama]=2
+  [llama_lora]=2)
 declare -A PROCS=([lenet_ddp]=2)
 
 for c in $CASES; do

@@ -19,7 +19,10 @@ parsed as YAML (1e-3 is a float, as for the trainer); keys left out take the tra
 Keys are not checked here: `trainer --dry-run --config FILE` reports unknown or invalid ones.
 Supported: models mlp, lenet (Mlp/Lenet of reference_models.py), resnet18/34/50/101/152
 (torchvision's; `model.stem: cifar` replaces conv1 by a 3x3 stride-1 convolution and the max-pool
-by Identity, as models/resnet.cpp does) and gpt (reference_models.GPT); datasets fashion_mnist
+by Identity, as models/resnet.cpp does), gpt (reference_models.GPT) and llama (transformers'
+LlamaForCausalLM, Qwen2ForCausalLM with model.qkv_bias, Qwen3ForCausalLM with model.qk_norm, sdpa
+attention, called with use_cache=False as training code does; with model.lora.rank > 0 PEFT's
+get_peft_model of it, the optimizer over the adapters); datasets fashion_mnist
 (the IDX files of data.root, a Dataset that normalises each sample, in a DataLoader),
 synthetic (random images or vectors of data.shape with random labels, generated once into a
 TensorDataset) and synthetic_tokens (data.train_samples random windows of seq_len + 1 token ids
@@ -95,7 +98,13 @@ DEFAULTS = {
         "channels": [32, 64], "kernel_size": 5, "fc_hidden": 128, "dropout": 0.0,
         "activation": "relu", "in_channels": 0, "stem": "imagenet", "zero_init_residual": False,
         "channels_last": False, "n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024,
-        "vocab_size": 50257, "bias": True,
+        "vocab_size": 50257, "bias": True, "tie_embeddings": True, "n_kv_head": 0, "head_dim": 0,
+        "intermediate_size": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "rope_scaling": "none", "rope_factor": 8.0, "rope_low_freq_factor": 1.0,
+        "rope_high_freq_factor": 4.0, "rope_original_context": 8192, "qkv_bias": False,
+        "qk_norm": False,
+        "lora": {"rank": 0, "alpha": 8.0, "dropout": 0.0, "targets": [], "rslora": False,
+                 "base_dtype": "float32"},
     },
     "data": {
         "name": "synthetic", "root": "", "batch_size": 128, "workers": 2, "prefetch": 2,
@@ -179,8 +188,10 @@ def check_supported(cfg):
     """One line per setting this script cannot reproduce."""
     problems = []
     m, d, t = cfg["model"], cfg["data"], cfg["train"]
-    if m["name"] not in ("mlp", "lenet", "gpt") + RESNETS:
+    if m["name"] not in ("mlp", "lenet", "gpt", "llama") + RESNETS:
         problems.append(f"model.name: {m['name']} is not supported")
+    if m["name"] == "llama" and m["qkv_bias"] and m["qk_norm"]:
+        problems.append("model.qkv_bias with model.qk_norm: no transformers model has both")
     if m["checkpointing"] != "none":
         problems.append("model.checkpointing: only none is supported")
     if d["name"] not in DATASETS:
@@ -284,6 +295,11 @@ def make_model(cfg, sample_shape, data_classes):
     if m["name"] == "lenet":
         return Lenet(tuple(m["channels"]), m["kernel_size"], m["fc_hidden"], classes,
                      tuple(sample_shape), m["dropout"], m["activation"])
+    if m["name"] == "llama":
+        net = HfCausalLM(m, m["vocab_size"] or data_classes)
+        if m["lora"]["rank"] > 0:
+            net.lm = with_lora(net.lm, m["lora"])
+        return net
     if m["name"] == "gpt":
         return GPT(vocab=m["vocab_size"] or data_classes, block_size=m["block_size"],
                    n_layer=m["n_layer"], n_head=m["n_head"], C=m["n_embd"], bias=m["bias"],
@@ -304,7 +320,7 @@ def make_model(cfg, sample_shape, data_classes):
 
 def make_optimizer(cfg, model):
     o = cfg["optim"]
-    params = list(model.parameters())  # unique: a tied weight once
+    params = [p for p in model.parameters() if p.requires_grad]  # a tied weight once
     if o["weight_decay"] > 0 and not o["decay_bias_and_norm"]:
         groups = [{"params": [p for p in params if p.dim() > 1]},
                   {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
@@ -321,6 +337,51 @@ def make_optimizer(cfg, model):
     cls = torch.optim.Adam if o["name"] == "adam" else torch.optim.AdamW
     return cls(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
                weight_decay=o["weight_decay"], amsgrad=o["amsgrad"], **impl)
+
+
+def with_lora(lm, lora):
+    """PEFT's LoRA model of transformers' `lm` (model.lora): get_peft_model with the trainer's
+    rank, alpha, dropout, targets (none: PEFT's default for the model) and rslora; the frozen base
+    cast to model.lora.base_dtype, the adapters float32."""
+    from peft import LoraConfig, get_peft_model
+    config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                        target_modules=lora["targets"] or None, use_rslora=lora["rslora"],
+                        task_type="CAUSAL_LM")
+    peft_model = get_peft_model(lm, config)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[lora["base_dtype"]]
+    for p in peft_model.parameters():
+        if not p.requires_grad:
+            p.data = p.data.to(dtype)
+    return peft_model
+
+
+class HfCausalLM(nn.Module):
+    """transformers' model of the trainer's llama keys `m`: token ids [B, T] -> logits [B, T, V]."""
+
+    def __init__(self, m, vocab):
+        super().__init__()
+        import transformers
+        kind = "Qwen3" if m["qk_norm"] else "Qwen2" if m["qkv_bias"] else "Llama"
+        heads = m["n_head"]
+        rope = None
+        if m["rope_scaling"] == "llama3":
+            rope = {"rope_type": "llama3", "factor": m["rope_factor"],
+                    "low_freq_factor": m["rope_low_freq_factor"],
+                    "high_freq_factor": m["rope_high_freq_factor"],
+                    "original_max_position_embeddings": m["rope_original_context"]}
+        config = getattr(transformers, kind + "Config")(
+            vocab_size=vocab, hidden_size=m["n_embd"], intermediate_size=m["intermediate_size"],
+            num_hidden_layers=m["n_layer"], num_attention_heads=heads,
+            num_key_value_heads=m["n_kv_head"] or heads,
+            head_dim=m["head_dim"] or m["n_embd"] // heads,
+            max_position_embeddings=m["block_size"], rms_norm_eps=m["rms_norm_eps"],
+            rope_theta=m["rope_theta"], rope_scaling=rope,
+            tie_word_embeddings=m["tie_embeddings"], attn_implementation="sdpa")
+        self.lm = getattr(transformers, kind + "ForCausalLM")(config)
+
+    def forward(self, idx):
+        return self.lm(input_ids=idx, use_cache=False).logits
 
 
 PHASE = "phase:"  # the record_function ranges step() marks its phases with when counting

@@ -358,6 +358,10 @@ R50_TINY=("data.shape=[3,32,32]" data.train_samples=16 data.workers=1 run.thread
 GPT_TINY=(model.n_layer=2 model.n_head=2 model.n_embd=64 model.block_size=64 model.vocab_size=512
           data.num_classes=512 data.seq_len=64 data.batch_size=2 data.train_samples=16 data.workers=1
           run.threads=2)
+LLAMA_TINY=(model.n_layer=2 model.n_head=4 model.n_kv_head=2 model.n_embd=64 model.head_dim=16
+            model.intermediate_size=128 model.block_size=64 model.vocab_size=512
+            data.num_classes=512 data.seq_len=64 data.batch_size=2 data.train_samples=16
+            data.workers=1 run.threads=2)
 # case | config | warmup | steps | expected seconds per run on an H200 | implementations | --set...
 # (scripts/bench_reference.py has no activation checkpointing: gpt2_ckpt runs the trainer alone.)
 # In priority order: a case that would not finish within the budget is skipped and marked.
@@ -388,6 +392,8 @@ CASES=(
   "r50_shards|gpu_resnet50.yaml|0|60|150|shards"
   "gpt2_ckpt_async|gpu_gpt2.yaml|0|90|120|ckpt_async"
   "gpt2_bf16_tp1|gpu_gpt2.yaml|5|20|30|launch|dist.tp_size=1"
+  "llama1b_bf16|gpu_llama1b.yaml|3|10|60|trainer pytorch"
+  "llama1b_bf16_compile|gpu_llama1b.yaml|3|10|150|compile"
 )
 
 # PyTorch's DataLoader workers are processes that hand batches over through /dev/shm (154 MB a
@@ -617,6 +623,7 @@ for c in "${CASES[@]}"; do
              [[ "$name" == *fp16* ]] && sets+=(amp.dtype=bfloat16) ;;
       ddp_*) sets+=("${R50_TINY[@]}" data.batch_size=4) ;;
       gpt2_* | fsdp_*) sets+=("${GPT_TINY[@]}") ;;
+      llama1b_*) sets+=("${LLAMA_TINY[@]}") ;;
     esac
   fi
   for impl in "${impls[@]}"; do
@@ -642,7 +649,8 @@ bench, out, header = sys.argv[1:4]
 order = ["r50_bf16_b256", "r50_bf16_b256_compile", "r50_bf16_b256_loop", "r50_fp16_b256",
          "r50_bf16_b32", "r50_bf16_b32_graph", "r50_bf16_b32_compile", "r50_bf16_b32_autotune",
          "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph", "gpt2_bf16_compile",
-         "gpt2_bf16_autotune", "gpt2_bf16_loop", "gpt2_bf16_tp1", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer",
+         "gpt2_bf16_autotune", "gpt2_bf16_loop", "gpt2_bf16_tp1", "llama1b_bf16",
+         "llama1b_bf16_compile", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer",
          "graph_losses", "gpt2_fsdp", "gpt2_fsdp_ddp", "fsdp_losses"]
 runs = {}
 for f in sorted(os.listdir(bench)):

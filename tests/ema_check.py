@@ -122,10 +122,17 @@ def resume_and_commands(trainer, source, tmp, failures):
         cmd = [trainer, "eval", "--checkpoint", whole, "--json"]
         if flag:
             cmd += ["--weights", flag]
-        got = json.loads(subprocess.run(cmd, check=True, capture_output=True,
-                                        text=True).stdout)
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        got = json.loads(done.stdout)
         if abs(got["loss"] - want["loss"]) > 1e-5:
             failures.append(f"eval --weights {flag}: loss {got['loss']}, the run's {want['loss']}")
+        # Which weights were scored is said, in the JSON and the log; nothing of a resume.
+        said = flag or "ema"
+        if got.get("weights") != said or f"weights: {said}" not in done.stderr:
+            failures.append(f"eval --weights {flag}: 'weights' {got.get('weights')!r}, log "
+                            f"{done.stderr.strip()!r}")
+        if "resuming with" in done.stderr:
+            failures.append(f"eval logs a resume's changed keys: {done.stderr.strip()!r}")
     plain = os.path.join(tmp, "plain")
     train_synthetic(trainer, source, plain, "train.max_steps=2")
     r = subprocess.run([trainer, "export", "--checkpoint", plain, "--out",

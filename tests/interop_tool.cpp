@@ -2,10 +2,11 @@
 //
 //   interop_tool MODEL NUM_CLASSES WEIGHTS.safetensors INPUT.safetensors OUT.safetensors [KEY=N]...
 //
-// Builds MODEL (e.g. resnet18) for NUM_CLASSES with its integer or boolean options KEY (e.g.
-// depth=2, the model.depth key; bias=false) set, loads WEIGHTS strictly by name (a layout of
-// Hugging Face's converted first, as model.pretrained does), runs the tensor "x" of INPUT through
-// it in eval mode and writes {"logits": ...} to OUT. Exit 1 with a message on any problem.
+// Builds MODEL (e.g. resnet18) for NUM_CLASSES with its options KEY set (e.g. depth=2, the
+// model.depth key; bias=false; rope_theta=1e6; rope_scaling=llama3: an integer, a boolean, a
+// number or a string by the value's form), loads WEIGHTS strictly by name (a layout of Hugging
+// Face's converted first, as model.pretrained does), runs the tensor "x" of INPUT through it in
+// eval mode and writes {"logits": ...} to OUT. Exit 1 with a message on any problem.
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -30,10 +31,19 @@ int main(int argc, char** argv) {
       const std::string option = argv[i];
       const auto eq = option.find('=');
       const std::string value = option.substr(eq + 1);
+      const std::string key = option.substr(0, eq);
+      char* int_end = nullptr;
+      char* real_end = nullptr;
+      const long long integer = std::strtoll(value.c_str(), &int_end, 10);
+      const double real = std::strtod(value.c_str(), &real_end);
       if (value == "true" || value == "false") {
-        cfg.options.set(option.substr(0, eq), value == "true");
+        cfg.options.set(key, value == "true");
+      } else if (!value.empty() && *int_end == '\0') {
+        cfg.options.set(key, int64_t{integer});
+      } else if (!value.empty() && *real_end == '\0') {
+        cfg.options.set(key, real);
       } else {
-        cfg.options.set(option.substr(0, eq), int64_t{std::atoll(value.c_str())});
+        cfg.options.set(key, value);
       }
     }
     const auto input = checkpoint::read_safetensors(argv[4]);

@@ -5,15 +5,24 @@ Usage: mlflow_check.py TRAINER_BINARY SOURCE_DIR
 Starts `mlflow server` (sqlite backend, artifacts served, a free port on 127.0.0.1) and checks,
 reading the runs back with MLflow's Python client:
   1. a run of configs/synthetic.yaml: every metric of metrics.jsonl (tag names as TensorBoard's,
-     the same steps and values), the resolved config as params, the system and config tags,
+     the same steps and values), the resolved config as params, the system and config tags
+     (mlflow.user as getpass.getuser() names it, trainer.last_checkpoint absolute),
      config.yaml as an artifact, status FINISHED;
   2. a run stopped halfway (status KILLED) and resumed continues the same MLflow run, which then
      holds every record of metrics.jsonl once;
   3. the server stopped while a run trains and started again later: the run is not slowed by
      more than 5% against the same run without tracking, and the records logged while the
-     server was down arrive.
+     server was down arrive;
+  4. a run killed (SIGKILL) after MLflow got steps past its last checkpoint and resumed with
+     --resume auto: the MLflow run's history has each step of metrics.jsonl once;
+  5. a server that answers 400 (MLflow's error JSON): the run's last warning names the
+     rejection and the server's message, not "not reachable"; one that answers 200 with a web
+     page: a warning that it is not MLflow's reply, and never "answers again";
+  6. a server that accepts connections and never answers: SIGTERM to `trainer launch` ends the
+     job within the launcher's grace period, exit 0.
 Exits 77 (skipped) when mlflow is not installed.
 """
+import getpass
 import json
 import os
 import re
@@ -22,8 +31,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import yaml
 from run_check import report
@@ -125,16 +136,19 @@ def expected_metrics(run_dir):
     return out
 
 
-def compare_metrics(client, run_id, run_dir, failures, label):
+def compare_metrics(client, run_id, run_dir, failures, label, skip_values=()):
+    """MLflow's history of each metric has the steps and values of metrics.jsonl (the steps only
+    for the keys in `skip_values`)."""
     want = expected_metrics(run_dir)
     got_keys = set(client.get_run(run_id).data.metrics)
     if got_keys != set(want):
         failures.append(f"{label}: metric names {sorted(got_keys)}, metrics.jsonl {sorted(want)}")
     for key, points in want.items():
         history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-        if [s for s, _ in history] != [s for s, _ in sorted(points)] or any(
-                abs(a - b) > 1e-9 * max(1.0, abs(b))
-                for (_, a), (_, b) in zip(history, sorted(points))):
+        if [s for s, _ in history] != [s for s, _ in sorted(points)] or (
+                key not in skip_values and any(
+                    abs(a - b) > 1e-9 * max(1.0, abs(b))
+                    for (_, a), (_, b) in zip(history, sorted(points)))):
             failures.append(f"{label}: {key}: MLflow has {len(history)} points, metrics.jsonl "
                             f"{len(points)}; first differences {history[:2]} vs {points[:2]}")
             return
@@ -160,6 +174,14 @@ def check_run(client, trainer, source, tmp, uri, failures):
                 "trainer.last_checkpoint", "mlflow.source.name"):
         if not tags.get(key):
             failures.append(f"plain run: no tag {key}")
+    # The user as MLflow's own client names it; the checkpoint as a path usable from anywhere.
+    if tags.get("mlflow.user") != getpass.getuser():
+        failures.append(f"plain run: mlflow.user {tags.get('mlflow.user')!r}, "
+                        f"getpass.getuser() {getpass.getuser()!r}")
+    last = tags.get("trainer.last_checkpoint", "")
+    if not os.path.isabs(last) or not os.path.isfile(last):
+        failures.append(f"plain run: trainer.last_checkpoint {last!r} is not an absolute path "
+                        "to a file")
     if tags.get("team") != "ci" or tags.get("mlflow.runName") != "plain":
         failures.append(f"plain run: tags team={tags.get('team')} "
                         f"runName={tags.get('mlflow.runName')}")
@@ -228,6 +250,136 @@ def check_server_down(client, server, trainer, source, tmp, failures):
     compare_metrics(client, run_id, run_dir, failures, "server down")
 
 
+def wait_for(condition, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def check_kill_resume(client, trainer, source, tmp, uri, failures):
+    run_dir = os.path.join(tmp, "killed")
+    sets = ["run.threads=1", "train.max_steps=6000", "data.train_samples=4096",
+            "model.hidden=[512,512]", "run.log_every=10", "run.checkpoint_every=1000",
+            "run.progress=never"]
+    args = [trainer, "--config", os.path.join(source, "configs/synthetic.yaml"), "--run-dir",
+            run_dir, "--log-level", "info", "--set", f"tracking.mlflow.uri={uri}"]
+    for s in sets:
+        args += ["--set", s]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    id_file = os.path.join(run_dir, "mlflow_run_id")
+
+    def mlflow_past_checkpoint():  # MLflow holds steps the resume will redo
+        if proc.poll() is not None:
+            raise RuntimeError("the run ended before it was killed")
+        if not os.path.exists(id_file):
+            return False
+        run_id = open(id_file).read().strip()
+        return max((m.step for m in client.get_metric_history(run_id, "train/loss")),
+                   default=0) >= 1300
+    try:
+        wait_for(mlflow_past_checkpoint, 120, "MLflow to hold step 1300")
+    finally:
+        proc.kill()
+        proc.wait()
+    r = subprocess.run(args + ["--resume", "auto"], capture_output=True, text=True)
+    if r.returncode != 0:
+        failures.append(f"resume after kill -9: exit {r.returncode}: {r.stderr[-500:]}")
+        return
+    resumed = re.search(r"resumed from .* at step (\d+)", r.stderr)
+    if not resumed or int(resumed.group(1)) >= 1300 or "not logged to it again" not in r.stderr:
+        failures.append("resume after kill -9: not from a checkpoint before the steps MLflow "
+                        f"holds (1300 and on): {r.stderr[-800:]}")
+    # Redone steps give the same losses (deterministic: true); throughput differs.
+    compare_metrics(client, open(id_file).read().strip(), run_dir, failures, "killed and resumed",
+                    skip_values=("train/samples_per_sec",))
+
+
+class FixedReply:
+    """A loopback HTTP server answering every request with one status and body."""
+
+    def __init__(self, status, body, content_type):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                if n:
+                    self.rfile.read(n)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_PUT = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def check_bad_replies(trainer, source, tmp, failures):
+    rejecting = FixedReply(400, b'{"error_code": "INVALID_PARAMETER_VALUE", "message": "Invalid '
+                           b'value for the run: refused by this server"}', "application/json")
+    page = FixedReply(200, b"<html><body>Sign in</body></html>", "text/html")
+    try:
+        r = train(trainer, source, os.path.join(tmp, "rejected"), rejecting.uri,
+                  "train.stop_at_step=4", check=False)
+        last = [line for line in r.stderr.splitlines() if "were not sent" in line]
+        if r.returncode != 0 or not last or "rejected" not in last[-1] or \
+                "INVALID_PARAMETER_VALUE" not in last[-1] or "refused by this server" not in \
+                last[-1] or "not reachable" in last[-1]:
+            failures.append(f"a server answering 400: the last warning is {last[-1:]} "
+                            f"(exit {r.returncode})")
+        r = train(trainer, source, os.path.join(tmp, "page"), page.uri, "train.stop_at_step=4",
+                  check=False)
+        if r.returncode != 0 or "not MLflow's JSON reply" not in r.stderr or \
+                "answers again" in r.stderr:
+            failures.append(f"a server answering with a web page: {r.stderr[-600:]}")
+    finally:
+        rejecting.close()
+        page.close()
+
+
+def check_grace_period(trainer, source, tmp, failures):
+    silent = socket.socket()  # connections complete in the backlog; nothing ever answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    run_dir = os.path.join(tmp, "grace")
+    args = [trainer, "launch", "--standalone", "--nproc-per-node", "1", "--grace-period", "10",
+            "--", "--config", os.path.join(source, "configs/synthetic.yaml"), "--run-dir",
+            run_dir, "--set", f"tracking.mlflow.uri=http://127.0.0.1:{silent.getsockname()[1]}",
+            "--set", "train.max_steps=100000000", "--set", "run.log_every=1", "--set",
+            "run.progress=never"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = os.path.join(run_dir, "metrics.jsonl")
+        wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, 120,
+                 "the first metrics record")
+        start = time.time()
+        proc.send_signal(signal.SIGTERM)
+        stderr = proc.communicate(timeout=120)[1]
+        took = time.time() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        silent.close()
+    print(f"SIGTERM to launch with a silent MLflow server: exit {proc.returncode} in {took:.1f} s")
+    if proc.returncode != 0 or took >= 10:
+        failures.append(f"SIGTERM with a silent MLflow server: launch exited {proc.returncode} "
+                        f"after {took:.1f} s (grace period 10 s): {stderr[-600:]}")
+
+
 def main():
     trainer, source = sys.argv[1], sys.argv[2]
     failures = []
@@ -239,6 +391,9 @@ def main():
             check_run(client, trainer, source, tmp, server.uri, failures)
             check_resume(client, trainer, source, tmp, server.uri, failures)
             check_server_down(client, server, trainer, source, tmp, failures)
+            check_kill_resume(client, trainer, source, tmp, server.uri, failures)
+            check_bad_replies(trainer, source, tmp, failures)
+            check_grace_period(trainer, source, tmp, failures)
         finally:
             server.stop()
     return report(failures)

@@ -252,6 +252,13 @@ run: {log_every: 20, progress: never, eval_every: 80}
   const auto val = metrics(run_dir, "val");
   ASSERT_EQ(val.size(), 1u);
   EXPECT_FALSE(val[0].contains("top1")) << val[0].dump();
+  // The checkpoint manifest records the same: loss and perplexity, no top-k accuracy.
+  std::ifstream manifest_file(run_dir / "checkpoints" / "manifest.json");
+  const auto manifest = nlohmann::json::parse(manifest_file);
+  ASSERT_FALSE(manifest["checkpoints"].empty()) << manifest.dump();
+  const auto& saved = manifest["checkpoints"].back()["metrics"];
+  EXPECT_EQ(saved.size(), 2u) << saved.dump();
+  EXPECT_TRUE(saved.contains("loss") && saved.contains("ppl")) << saved.dump();
   const double loss = val[0]["loss"].get<double>();
   EXPECT_NEAR(val[0]["ppl"].get<double>(), std::exp(loss), 1e-6 * std::exp(loss));
   EXPECT_LT(loss, entropy) << "unigram entropy " << entropy;
@@ -777,7 +784,7 @@ TEST_F(Cli, GenerateWithGpt2TokensDecodesText) {
   EXPECT_EQ(a.out, b.out);
   const auto bytes = run("generate --checkpoint '" + run_dir.string() + "'");
   EXPECT_EQ(bytes.code, 2);
-  EXPECT_NE(bytes.err.find("give --tokenizer DIR"), std::string::npos) << bytes.err;
+  EXPECT_NE(bytes.err.find("give --tokenizer PATH"), std::string::npos) << bytes.err;
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "data/memory_images.h"
 #include "data/shards.h"
 #include "idx_files.h"
+#include "image_files.h"
 #include "temp_dir.h"
 
 namespace trainer::data {
@@ -697,10 +698,42 @@ TEST(Shards, BracePatternsExpandAsBraceexpand) {
   EXPECT_EQ(expand_braces("{a,b}/{1..2}.tar"),
             (std::vector<std::string>{"a/1.tar", "a/2.tar", "b/1.tar", "b/2.tar"}));
   EXPECT_EQ(expand_braces("plain.tar"), std::vector<std::string>{"plain.tar"});
-  EXPECT_TRUE(expand_braces("{3..1}.tar").empty());
   EXPECT_THROW(expand_braces("train-{000..003.tar"), std::invalid_argument);
   EXPECT_THROW(expand_braces("train-{a..c}.tar"), std::invalid_argument);
   EXPECT_THROW(expand_braces("train-000}.tar"), std::invalid_argument);
+}
+
+// Reversed ranges count down and ranges pad as bash and braceexpand do (the reference values are
+// braceexpand 0.1.7's); a pattern naming more than a million files is refused before any name is
+// made, naming the range.
+TEST(Shards, BraceRangesCountDownPadAndAreCountedBeforeExpanding) {
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(expand_braces("{3..1}.tar"), (Names{"3.tar", "2.tar", "1.tar"}));
+  EXPECT_EQ(expand_braces("{000001..000000}"), (Names{"000001", "000000"}));
+  EXPECT_EQ(expand_braces("{10..08}"), (Names{"10", "09", "08"}));
+  EXPECT_EQ(expand_braces("{1..010}").front(), "001");
+  EXPECT_EQ(expand_braces("{8..10}"), (Names{"8", "9", "10"}));
+  EXPECT_EQ(expand_braces("{0..2}"), (Names{"0", "1", "2"}));
+  EXPECT_EQ(expand_braces("s{1..0}-{a,b}"), (Names{"s1-a", "s1-b", "s0-a", "s0-b"}));
+  EXPECT_EQ(expand_braces("{000000..999999}").size(), 1000000u);
+  const auto error_of = [](const std::string& pattern) {
+    try {
+      expand_braces(pattern);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string huge = error_of("train-{000000..999999999}.tar");
+  EXPECT_NE(huge.find("train-{000000..999999999}.tar: names more than 1000000 files "
+                      "({000000..999999999} alone 1000000000)"),
+            std::string::npos)
+      << huge;
+  // Several braces multiply: 2000 x 1000 is over the limit, each alone is not.
+  const std::string product = error_of("{0..1999}/{000..999}.tar");
+  EXPECT_NE(product.find("names more than 1000000 files, more shards"), std::string::npos)
+      << product;
+  EXPECT_NE(error_of("{0..999999999999999999}{0..999999999999999999}"), "no error");
 }
 
 // A mix of two synthetic sets (300 and 100 training samples) weighted 0.7 and 0.3.
@@ -765,6 +798,76 @@ TEST(Mix, DrawsEachPartInProportionAndWalksItsOrderAcrossEpochs) {
   EXPECT_TRUE(torch::equal(mixed.inputs[2], own.inputs[1]));
   EXPECT_EQ(mixed.targets[2].item<int64_t>(), own.targets[1].item<int64_t>());
   EXPECT_FALSE(torch::equal(mixed.inputs[1], own.inputs[0]));
+}
+
+// A part of a mix: `name` with its keys set from `keys` (integers) and `root`.
+config::MixPart mix_part(const config::DataConfig& cfg, const std::string& name,
+                         const std::string& root,
+                         const std::vector<std::pair<std::string, int64_t>>& keys) {
+  config::MixPart part = cfg.mix.prototype;
+  part.name = name;
+  part.root = root;
+  part.weight = 0.5;
+  for (const auto& [key, value] : keys) part.options.set(key, value);
+  part.options.set("shape", std::vector<int64_t>{3, 8, 8});
+  return part;
+}
+
+// Labels must mean the same classes in every part: a part with another number of classes
+// (webdataset's unnamed labels 0..3 beside an image folder's a, b), or other names, is a config
+// error at start naming both parts and their classes; a part without names that agrees in number
+// takes the named part's.
+TEST(Mix, PartsThatDisagreeOnTheirClassesAreConfigErrorsNamingBoth) {
+  test_support::TempDir tmp("mix-classes");
+  for (const auto& [folder, classes] :
+       std::vector<std::pair<std::string, std::vector<std::string>>>{{"ab", {"a", "b"}},
+                                                                     {"ac", {"a", "c"}}}) {
+    for (const char* split : {"train", "val"}) {
+      for (const auto& cls : classes) {
+        fs::create_directories(tmp / folder / split / cls);
+        test_support::write_file((tmp / folder / split / cls / "0.png").string(),
+                                 test_support::encode_png(test_support::ramp_image(8, 8), 8, 8));
+      }
+    }
+  }
+  config::DataConfig cfg = default_data_config("mix");
+  cfg.mix.prototype.options = dataset_registry().options();
+  const std::vector<std::pair<std::string, int64_t>> image = {{"image_size", 8},
+                                                              {"resize_size", 8}};
+  const auto folder = [&](const std::string& root) {
+    return mix_part(cfg, "imagefolder", (tmp / root).string(), image);
+  };
+  const auto synthetic = [&](int64_t classes) {
+    return mix_part(cfg, "synthetic", "", {{"num_classes", classes}, {"train_samples", 20}});
+  };
+  const auto error_of = [&](std::vector<config::MixPart> parts) {
+    cfg.mix.items = std::move(parts);
+    try {
+      dataset_registry().get("mix")(cfg, DataContext{});
+    } catch (const DataConfigError& e) {
+      return e.key() + ": " + e.message();
+    }
+    return std::string("no error");
+  };
+  std::string e = error_of({synthetic(4), folder("ab")});
+  EXPECT_EQ(e.rfind("data.mix: data.mix[1] (imagefolder) has 2 classes (a, b), data.mix[0] "
+                    "(synthetic) 4 classes, unnamed (labels 0..3): a label would mean another "
+                    "class",
+                    0),
+            0u)
+      << e;
+  e = error_of({folder("ab"), folder("ac")});
+  EXPECT_EQ(e.rfind("data.mix: data.mix[0] (imagefolder) has 2 classes (a, b), data.mix[1] "
+                    "(imagefolder) 2 classes (a, c)",
+                    0),
+            0u)
+      << e;
+  e = error_of({folder("ab"), synthetic(2), synthetic(3)});
+  EXPECT_NE(e.find("data.mix[2] (synthetic) 3 classes, unnamed"), std::string::npos) << e;
+  cfg.mix.items = {synthetic(2), folder("ab")};
+  const auto splits = dataset_registry().get("mix")(cfg, DataContext{});
+  EXPECT_EQ(splits.spec.num_classes, 2);
+  EXPECT_EQ(splits.spec.class_names, (std::vector<std::string>{"a", "b"}));
 }
 
 TEST(Mix, PartsThatDoNotFitAreConfigErrorsNamingThePart) {

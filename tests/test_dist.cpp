@@ -62,6 +62,10 @@ TEST_F(Dist, TwoProcessesEqualOneProcessAtTheGlobalBatch) {
                             common + " --set data.batch_size=16 --run-dir '" + two.string() + "'");
       ASSERT_EQ(r.code, 0) << r.out << r.err;
       EXPECT_NE(r.err.find("[rank0]: "), std::string::npos) << r.err;
+      // The log names what started the job and how the ranks share the model.
+      const std::string all = r.out + r.err;
+      EXPECT_NE(all.find("started by trainer launch), ddp (replicated weights)"), std::string::npos)
+          << all;
       const double diff =
           model_max_abs_diff(one / "checkpoints" / step_file(20), two / "checkpoints" / step_file(20));
       EXPECT_LE(diff, 1e-5);

@@ -15,32 +15,11 @@
 #include "engine/measure/memory.h"
 #include "engine/measure/op_count.h"
 #include "models/model.h"
+#include "engine_fixture.h"
 #include "temp_dir.h"
 
 namespace trainer::engine {
 namespace {
-
-class EngineTest : public ::testing::Test {
- protected:
-  // A validated config for a small synthetic-data run, with `overrides` applied.
-  config::LoadedConfig load(const std::vector<std::string>& overrides) {
-    const auto path = tmp_ / ("run" + std::to_string(++runs_) + ".yaml");
-    std::ofstream(path) << "seed: 5\ndeterministic: true\ndevice: cpu\n"
-                           "model: {name: mlp, hidden: [16]}\n"
-                           "data: {name: synthetic, shape: [12], num_classes: 3, "
-                           "train_samples: 128, val_samples: 64, batch_size: 32, workers: 0}\n"
-                           "train: {max_steps: 4}\noptim: {lr: 0.1, momentum: 0.0}\n"
-                           "run: {log_every: 1, progress: never, dir: "
-                        << (tmp_ / ("out" + std::to_string(runs_))).string() << "}\n";
-    auto loaded = engine::load_config(path.string(), overrides);
-    config::check(loaded, config::Environment{});
-    std::filesystem::create_directories(loaded.cfg.run.dir);
-    return loaded;
-  }
-
-  test_support::TempDir tmp_{"engine"};
-  int runs_ = 0;
-};
 
 TEST_F(EngineTest, AccumulatingTwoHalfBatchesEqualsOneFullBatch) {
   auto full_cfg = load({"data.batch_size=32", "train.grad_accum_steps=1"});
@@ -85,6 +64,19 @@ TEST_F(EngineTest, EvaluationCountsEverySample) {
   EXPECT_EQ(e.samples, 64);
   EXPECT_GE(e.top5, e.top1);
   EXPECT_DOUBLE_EQ(e.top5, 1.0);  // 3 classes: the target is always among the top 5
+}
+
+// run.eval_batches: an evaluation in training reads that many batches (the first 50 of the 64
+// samples, whose loss is the full evaluation's over those samples); trainer eval reads them all.
+TEST_F(EngineTest, EvalBatchesLimitsTheEvaluationsOfTraining) {
+  auto limited_cfg = load({"data.eval_batch_size=50", "run.eval_batches=1"});
+  auto first_cfg = load({"data.eval_batch_size=50", "data.val_samples=50"});
+  Trainer limited(limited_cfg), first(first_cfg);
+  const auto during = limited.fit().last_eval;
+  EXPECT_EQ(during.samples, 50);
+  first.fit();
+  EXPECT_NEAR(during.loss, first.evaluate().loss, 1e-6);  // the same weights, the same 50 samples
+  EXPECT_EQ(limited.evaluate().samples, 64);
 }
 
 TEST_F(EngineTest, MaxStepsAcrossEpochs) {
@@ -207,24 +199,6 @@ TEST_F(EngineTest, MemoryEstimateMatchesAMeasuredStep) {
       << "estimated " << estimated << ", measured " << measured;
 }
 
-// The tensors of the last checkpoint a trainer wrote, by name.
-std::map<std::string, torch::Tensor> checkpoint_tensors(const Trainer& t) {
-  const auto state = checkpoint::load(t.last_checkpoint());
-  return {state.tensors.begin(), state.tensors.end()};
-}
-
-// Expects the tensors whose names start with `prefix` to be equal bit for bit in `a` and `b`.
-void expect_same(const std::map<std::string, torch::Tensor>& a,
-                 const std::map<std::string, torch::Tensor>& b, const std::string& prefix) {
-  int compared = 0;
-  for (const auto& [name, tensor] : a) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    ASSERT_TRUE(b.count(name)) << name;
-    EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name;
-    ++compared;
-  }
-  EXPECT_GT(compared, 0) << prefix;
-}
 
 TEST_F(EngineTest, InfInOneGradientSkipsExactlyThatStep) {
   // Adam keeps per-parameter step counts and moments: a skipped step must leave them as they were.

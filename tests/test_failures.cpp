@@ -2,6 +2,8 @@
 // corrupt or unreadable checkpoints and manifests, files changing under a run, signals at awkward
 // moments, file-size limits, bad values. Each test runs the trainer binary as real processes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "cli_fixture.h"
+#include "util/fileio.h"
 
 namespace {
 
@@ -348,6 +351,147 @@ TEST_F(Cli, ExportRefusesToReplaceItsCheckpointAndNamesBadFiles) {
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_TRUE(has(r.err, weights.string())) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "w2.safetensors"));
+}
+
+// A GPT-2 tokenizer folder `dir` small enough to write: a token for each byte (GPT-2's
+// byte-to-character map), "ab", <|endoftext|>, and the one merge "a b".
+void write_tiny_tokenizer(const fs::path& dir) {
+  fs::create_directories(dir);
+  nlohmann::json encoder = nlohmann::json::object();
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool same = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int code = same ? b : 256 + extra++;
+    std::string utf8;  // code < 0x800: one or two UTF-8 bytes
+    if (code < 0x80) {
+      utf8 = std::string(1, static_cast<char>(code));
+    } else {
+      utf8 = {static_cast<char>(0xC0 | (code >> 6)), static_cast<char>(0x80 | (code & 0x3F))};
+    }
+    encoder[utf8] = b;
+  }
+  encoder["ab"] = 256;
+  encoder["<|endoftext|>"] = 257;
+  std::ofstream(dir / "encoder.json") << encoder.dump();
+  std::ofstream(dir / "vocab.bpe") << "#version: 0.2\na b\n";
+}
+
+struct stat stat_of(const fs::path& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st;
+}
+
+// tokenize --out never replaces a FIFO, a character device (through a symlink: /dev/null is
+// never named) or a folder, nor one of its inputs under any name (another path, a hard link) or
+// the tokenizer's files: exit 2, one line, nothing changed. A regular file is replaced.
+TEST_F(Cli, TokenizeOutNeverReplacesADeviceAFifoOrItsInput) {
+  write_tiny_tokenizer(dir_ / "tok");
+  const auto text = write("a.txt", "ab ab ba\n");
+  const std::string tokenize = "tokenize --tokenizer '" + (dir_ / "tok").string() + "' ";
+  ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0600), 0);
+  fs::create_symlink("/dev/null", dir_ / "null");
+  fs::create_directories(dir_ / "folder");
+  fs::create_directories(dir_ / "sub");
+  fs::create_hard_link(text, dir_ / "link.txt");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"fifo", "is a FIFO, not a regular file"},
+      {"null", "is a character device, not a regular file"},
+      {"folder", "is a folder, not a regular file"},
+      {"a.txt", "is the input " + text.string() + ": writing the output there would destroy"},
+      {"sub/../a.txt", "is the input " + text.string() + " (the same file under another name)"},
+      {"link.txt", "is the input " + text.string() + " (the same file under another name)"},
+      {"tok/vocab.bpe", "is the input " + (dir_ / "tok" / "vocab.bpe").string()},
+  };
+  for (const auto& [out, needle] : cases) {
+    const auto r = run(tokenize + "--out '" + (dir_ / out).string() + "' '" + text.string() + "'");
+    EXPECT_EQ(r.code, 2) << out << ": " << r.err;
+    EXPECT_TRUE(has(r.err, "--out " + (dir_ / out).string() + " " + needle))
+        << out << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  EXPECT_TRUE(S_ISFIFO(stat_of(dir_ / "fifo").st_mode));
+  EXPECT_TRUE(fs::is_symlink(dir_ / "null"));
+  EXPECT_TRUE(S_ISCHR(stat_of("/dev/null").st_mode));
+  EXPECT_EQ(read_file(text), "ab ab ba\n");
+  EXPECT_EQ(read_file(dir_ / "tok" / "vocab.bpe"), "#version: 0.2\na b\n");
+  // A regular file is replaced: "ab", " ", "ab", " ", "b", "a", "\n" as uint16 ids.
+  const auto old = write("old.bin", "previous contents");
+  const auto r = run(tokenize + "--out '" + old.string() + "' '" + text.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(fs::file_size(old), 14u);
+  EXPECT_TRUE(has(r.out, " of 1 document, ")) << r.out;  // singular for one
+}
+
+// export --out and bench --json check their outputs the same way: a FIFO, a character device,
+// a folder where a file goes (a file where a folder goes), the checkpoint under another name, the
+// config: exit 2 before anything is written.
+TEST_F(Cli, ExportAndBenchOutputsNeverReplaceADeviceAFifoOrAnInput) {
+  const auto b = dir_ / "b";
+  ASSERT_EQ(run(quick(b) + " --set train.stop_at_step=2").code, 0);
+  const auto ckpt = b / "checkpoints" / step_file(2);
+  const auto size = fs::file_size(ckpt);
+  ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0600), 0);
+  fs::create_symlink("/dev/null", dir_ / "null");
+  fs::create_hard_link(ckpt, dir_ / "hard.safetensors");
+  fs::create_directories(dir_ / "hf");
+  ASSERT_EQ(::mkfifo((dir_ / "hf" / "config.json").c_str(), 0600), 0);
+  const auto plain = write("plain.txt", "x");
+  const std::string export_ = "export --checkpoint '" + ckpt.string() + "' --out '";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"fifo'", "fifo is a FIFO, not a regular file"},
+      {"null'", "null is a character device, not a regular file"},
+      {"b'", "b is a folder, not a regular file"},
+      {"hard.safetensors'", "hard.safetensors is the checkpoint itself"},
+      {"plain.txt' --format hf", "plain.txt is a regular file, not a folder"},
+      {"hf' --format hf", "hf/config.json is a FIFO, not a regular file"},
+  };
+  for (const auto& [out, needle] : cases) {
+    const auto r = run(export_ + (dir_ / out).string());
+    EXPECT_EQ(r.code, 2) << out << ": " << r.err;
+    EXPECT_TRUE(has(r.err, "--out " + dir_.string() + "/" + needle)) << out << ": " << r.err;
+  }
+  EXPECT_TRUE(S_ISFIFO(stat_of(dir_ / "fifo").st_mode));
+  EXPECT_TRUE(S_ISFIFO(stat_of(dir_ / "hf" / "config.json").st_mode));
+  EXPECT_FALSE(fs::exists(dir_ / "hf" / "model.safetensors"));
+  EXPECT_TRUE(S_ISCHR(stat_of("/dev/null").st_mode));
+  EXPECT_EQ(fs::file_size(ckpt), size);
+  for (const auto& [json, needle] : std::vector<std::pair<fs::path, std::string>>{
+           {dir_ / "fifo", "is a FIFO"}, {dir_ / "null", "is a character device"}}) {
+    const auto r = run("bench --config configs/synthetic.yaml --steps 2 --warmup 1 --json '" +
+                       json.string() + "'");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(has(r.err, "--json " + json.string() + " " + needle)) << r.err;
+  }
+  const auto config = write("bench.yaml", read_file("configs/synthetic.yaml"));
+  const auto r = run("bench --config '" + config.string() + "' --json '" + config.string() + "'");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "is the input " + config.string())) << r.err;
+  EXPECT_TRUE(S_ISCHR(stat_of("/dev/null").st_mode));
+}
+
+// write_atomically itself never renames over what is not a regular file: the FIFO stays, the
+// temporary file is removed, IoError names the path.
+TEST(FileIo, WriteAtomicallyNeverReplacesADeviceOrAFifo) {
+  trainer::test_support::TempDir tmp("fileio");
+  const auto fifo = tmp / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_symlink("/dev/null", tmp / "null");
+  for (const auto& path : {fifo, tmp / "null", tmp.path()}) {
+    try {
+      trainer::write_text_atomically(path.string(), "text");
+      ADD_FAILURE() << path << ": written";
+    } catch (const trainer::IoError& e) {
+      EXPECT_TRUE(has(e.what(), path.string() + ": is a")) << e.what();
+    }
+  }
+  EXPECT_TRUE(S_ISFIFO(stat_of(fifo).st_mode));
+  EXPECT_TRUE(fs::is_symlink(tmp / "null"));
+  EXPECT_TRUE(S_ISCHR(stat_of("/dev/null").st_mode));
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(tmp.path())) ++entries;
+  EXPECT_EQ(entries, 2u);  // no temporary file left
+  EXPECT_EQ(trainer::output_problem((tmp / "new").string(), trainer::OutputKind::file), "");
 }
 
 // Every train record of metrics.jsonl without its timing field, one string per line.

@@ -65,5 +65,37 @@ TEST(Sampling, TheSameSeedDrawsTheSameTokens) {
   EXPECT_NE(x, z);
 }
 
+// A decoder whose likeliest next token is the last one given plus one (mod its vocabulary).
+class CountingDecoder : public models::Decoder {
+ public:
+  torch::Tensor next_logits(const torch::Tensor& tokens) override {
+    const int64_t last = tokens[0][tokens.size(1) - 1].item<int64_t>();
+    ++calls;
+    return torch::one_hot(torch::tensor({(last + 1) % 10}), 10).to(torch::kFloat) * 10;
+  }
+  void reset() override { calls = 0; }
+  int64_t vocabulary() const override { return 10; }
+  int calls = 0;
+};
+
+TEST(Generate, StopsAfterTheFirstStopTokenDrawn) {
+  CountingDecoder decoder;
+  SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 8;
+  auto gen = at::detail::createCPUGenerator(0);
+  std::vector<int64_t> seen;
+  const auto prompt = torch::tensor({{2}});
+  // 3, 4, 5, ...: 9 is never drawn, 5 is the third token.
+  o.stop_ids = {9, 5};
+  auto out = generate(decoder, prompt, o, gen, [&](int64_t id) { seen.push_back(id); });
+  EXPECT_EQ(out, (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_EQ(seen, out);
+  EXPECT_EQ(decoder.calls, 3);
+  o.stop_ids.clear();
+  out = generate(decoder, prompt, o, gen, [](int64_t) {});
+  EXPECT_EQ(out.size(), 8u);
+}
+
 }  // namespace
 }  // namespace trainer::engine

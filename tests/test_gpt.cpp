@@ -115,6 +115,16 @@ TEST(Gpt, LmHeadIsTiedToTokenEmbedding) {
   EXPECT_EQ(parameter_count(*net), all - wte.numel());
 }
 
+// The summary names each submodule by its type as a user reads it: no C++ namespaces (the
+// anonymous one included) and no `Impl` suffix.
+TEST(Gpt, SummaryNamesSubmodulesReadably) {
+  auto net = build_gpt(small_config());
+  const auto text = summary(*net, "gpt");
+  EXPECT_NE(text.find("  transformer: GptTransformer"), std::string::npos) << text;
+  EXPECT_EQ(text.find("anonymous"), std::string::npos) << text;
+  EXPECT_EQ(text.find("Impl"), std::string::npos) << text;
+}
+
 TEST(Gpt, NanoGptParameterNames) {
   auto net = build_gpt(small_config());
   const auto params = net->named_parameters();

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -113,6 +115,100 @@ TEST(ImageDecodeTest, DecompressionBombsAndShortDataAreRejected) {
   const auto small = encode_png(ramp_image(16, 16), 16, 16);
   EXPECT_NO_THROW(decode_image(small, "x.png", region, /*min_side=*/0, /*max_pixels=*/256));
   EXPECT_THROW(decode_image(small, "x.png", region, /*min_side=*/0, /*max_pixels=*/255), DataError);
+}
+
+// A header's size is checked against data.max_image_pixels first, whatever its sides: a
+// 60000 x 60000 JPEG or PNG gets the limit's message. A side longer than the decoder takes within
+// the limit gets a message of its own.
+TEST(ImageDecodeTest, HugeHeadersGetThePixelLimitsMessage) {
+  const auto png = encode_png(ramp_image(16, 16), 16, 16);
+  const auto jpeg = encode_jpeg(ramp_image(16, 16), 16, 16);
+  for (const auto* bytes : {&png, &jpeg}) {
+    const std::string e = error_of(with_header_size(*bytes, 60000, 60000));
+    EXPECT_NE(e.find("img/x.jpg: 60000x60000 = 3600000000 pixels is more than "
+                     "data.max_image_pixels (89478485)"),
+              std::string::npos)
+        << e;
+    const std::string side = error_of(with_header_size(*bytes, 40000, 16));
+    EXPECT_NE(side.find("img/x.jpg: 40000x16: a side longer than 32768 pixels"), std::string::npos)
+        << side;
+  }
+  const std::string empty = error_of(with_header_size(jpeg, 0, 16));
+  EXPECT_NE(empty.find("img/x.jpg: corrupt JPEG"), std::string::npos) << empty;
+}
+
+// JPEGs damaged in several ways, each decoded before a valid one on the same thread.
+std::vector<std::pair<std::string, std::vector<uint8_t>>> damaged_jpegs(
+    const std::vector<uint8_t>& valid) {
+  size_t sos = 0;  // the SOS marker, FF DA
+  for (size_t i = 2; i + 1 < valid.size() && !sos; ++i) {
+    if (valid[i] == 0xFF && valid[i + 1] == 0xDA) sos = i;
+  }
+  EXPECT_GT(sos, 0u);
+  auto cut = [&](size_t n) { return std::vector<uint8_t>(valid.begin(), valid.begin() + n); };
+  auto flipped = valid;
+  for (size_t i = sos + 20; i < flipped.size() - 2; i += 7) flipped[i] ^= 0x5A;
+  return {{"the header cut before SOS", cut(sos)},
+          {"the header cut inside a segment", cut(20)},
+          {"the scan cut short", cut(sos + (valid.size() - sos) / 2)},
+          {"garbage after SOI", {0xFF, 0xD8, 0xFF, 0x12, 0x34, 0x56, 0x78, 0x9A, 0xBC}},
+          {"a size of 0 in the header", with_header_size(valid, 0, 0)},
+          {"a size over the pixel limit", with_header_size(valid, 60000, 60000)},
+          {"bytes flipped in the scan", flipped}};
+}
+
+// What decode_image gives for `bytes` (or its error), region included.
+struct Decoded {
+  std::vector<uint8_t> rgb;
+  Rect region;
+  std::string error;
+};
+
+Decoded decode(const std::vector<uint8_t>& bytes, int64_t min_side) {
+  Decoded d;
+  d.region = Rect{8, 4, 40, 36};
+  try {
+    d.rgb = decode_image(bytes, "x.jpg", d.region, min_side).rgb;
+  } catch (const DataError& e) {
+    d.error = e.what();
+  }
+  return d;
+}
+
+// A valid JPEG decodes to the same pixels after a damaged one on the same thread as on a thread
+// that has decoded nothing else: the decoder keeps no state from a failure.
+TEST(ImageDecodeTest, AValidJpegDecodesExactlyAfterADamagedOne) {
+  const auto valid = encode_jpeg(ramp_image(64, 48), 64, 48, 90, TJSAMP_420);
+  for (const int64_t min_side : {int64_t{0}, int64_t{16}}) {  // the whole image, a training crop
+    Decoded fresh;
+    std::thread([&] { fresh = decode(valid, min_side); }).join();
+    ASSERT_EQ(fresh.error, "");
+    for (const auto& [what, damaged] : damaged_jpegs(valid)) {
+      Decoded bad, after, size_error;
+      int64_t width = 0, height = 0;
+      std::thread([&] {
+        bad = decode(damaged, min_side);
+        after = decode(valid, min_side);
+        try {  // the header read alone, after another failure
+          image_size(damaged, "x.jpg", width, height);
+        } catch (const DataError&) {
+        }
+        try {
+          image_size(valid, "x.jpg", width, height);
+        } catch (const DataError& e) {
+          size_error.error = e.what();
+        }
+      }).join();
+      if (what != "bytes flipped in the scan") EXPECT_NE(bad.error, "") << what;
+      EXPECT_EQ(after.error, "") << what << ", min_side " << min_side;
+      EXPECT_TRUE(after.rgb == fresh.rgb) << what << ", min_side " << min_side;
+      EXPECT_EQ(after.region.x, fresh.region.x) << what;
+      EXPECT_EQ(after.region.width, fresh.region.width) << what;
+      EXPECT_EQ(size_error.error, "") << what;
+      EXPECT_EQ(width, 64) << what;
+      EXPECT_EQ(height, 48) << what;
+    }
+  }
 }
 
 TEST(ImageDecodeTest, ImageSizeFromHeader) {
@@ -440,6 +536,55 @@ TEST_F(ImageFolderTest, CorruptImageIsSkippedAndCounted) {
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("a_cat/z.jpeg: corrupt JPEG"), std::string::npos)
         << e.what();
+  }
+}
+
+// With data.on_error: skip, exactly the damaged files are skipped and counted: a good image read
+// after a damaged one on the same thread is read, and equals its reading in a folder without the
+// damaged files.
+TEST_F(ImageFolderTest, OnlyTheDamagedImagesAreSkipped) {
+  const auto valid = encode_jpeg(ramp_image(60, 45), 60, 45, 90, TJSAMP_420);
+  test_support::TempDir clean_dir{"imagefolder-clean"};
+  for (const auto& dir : {root(), clean_dir.path()}) {
+    fs::create_directories(dir / "train" / "a");
+    fs::create_directories(dir / "val" / "a");
+    write_file((dir / "train" / "a" / "0.jpg").string(), valid);
+  }
+  // val/a/00.jpg, 01.jpg, ...: good images (their blue channel tells them apart), each damaged
+  // one between two of them.
+  int64_t files = 0, bad_files = 0;
+  std::vector<int64_t> next_good;  // each file's good file (itself, or the one after it)
+  for (const auto& [what, bytes] : damaged_jpegs(valid)) {
+    if (what == "bytes flipped in the scan") continue;  // decodes, with warnings
+    for (const bool damaged : {false, true}) {
+      const std::string name = (files < 10 ? "0" : "") + std::to_string(files) + ".jpg";
+      if (damaged) {
+        write_file((root() / "val" / "a" / name).string(), bytes);
+        ++bad_files;
+      } else {
+        const auto blue = static_cast<uint8_t>(15 * (files - bad_files));
+        const auto jpeg = encode_jpeg(ramp_image(60, 45, blue), 60, 45, 90, TJSAMP_420);
+        write_file((root() / "val" / "a" / name).string(), jpeg);
+        write_file((clean_dir.path() / "val" / "a" / name).string(), jpeg);
+      }
+      next_good.push_back(files - bad_files + (damaged ? 1 : 0));
+      ++files;
+    }
+  }
+  write_file((root() / "val" / "a" / "99.jpg").string(), valid);  // after the last damaged one
+  write_file((clean_dir.path() / "val" / "a" / "99.jpg").string(), valid);
+  const Splits s = make(config());
+  ASSERT_EQ(s.val->size(), files + 1);
+  auto clean_cfg = config();
+  clean_cfg.root = clean_dir.path().string();
+  const Splits clean = dataset_registry().get("imagefolder")(clean_cfg, DataContext{/*seed=*/0});
+  ASSERT_EQ(clean.val->size(), files - bad_files + 1);
+  const Batch all = s.val->get(range(files));  // one after another on this thread
+  EXPECT_EQ(all.bad_samples, bad_files);
+  const Batch reference = clean.val->get(range(clean.val->size()));
+  for (int64_t i = 0; i < files; ++i) {
+    const int64_t g = next_good[static_cast<size_t>(i)];
+    EXPECT_TRUE(torch::equal(all.inputs[i], reference.inputs[g])) << "val/a file " << i;
   }
 }
 

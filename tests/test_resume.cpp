@@ -52,6 +52,40 @@ TEST_F(Cli, ResumeAfterAPlannedStopIsBitwiseExact) {
   EXPECT_EQ(records(a), records(b));
 }
 
+// A resume with more steps stretches the cosine schedule: it says so with the learning rates of
+// the next step, the checkpoint's run's (as an uninterrupted run of the old length logs it) and
+// the new one's (as the resumed run logs it). The same schedule resumes without the line.
+TEST_F(Cli, ResumingWithAnotherScheduleSaysHowTheLearningRateChanges) {
+  const auto a = dir_ / "a", b = dir_ / "b";
+  const auto lr_at = [](const fs::path& dir, int64_t step) {
+    std::ifstream in(dir / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.at("split") == "train" && j.at("step") == step) return j.at("lr").get<double>();
+    }
+    return -1.0;
+  };
+  const std::string run_a = kSynthetic + " --set train.epochs=0 --set train.max_steps=20";
+  ASSERT_EQ(run(run_a + " --run-dir '" + a.string() + "'").code, 0);
+  auto r = run(run_a + " --run-dir '" + b.string() + "' --set train.stop_at_step=10");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run(run_a + " --run-dir '" + b.string() + "' --set train.stop_at_step=12 --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("another learning-rate schedule"), std::string::npos) << r.err;
+  r = run(kSynthetic + " --set train.epochs=0 --set train.max_steps=40 --run-dir '" + b.string() +
+          "' --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.err.find("with another learning-rate schedule (over 40 steps, the "
+                               "checkpoint's run over 20): the next step's learning rate is ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string rest = r.err.substr(r.err.find("rate is ", at) + 8);
+  const double now = std::stod(rest);
+  const double then = std::stod(rest.substr(rest.find(", ") + 2));
+  EXPECT_NEAR(then, lr_at(a, 13), 1e-5 * lr_at(a, 13));  // printed to 6 digits
+  EXPECT_NEAR(now, lr_at(b, 13), 1e-5 * now);
+  EXPECT_GT(now, then);
+}
+
 // run.checkpoint_async: the checkpoints are written in the background, each log line says how
 // long training was blocked, and a run stopped mid-epoch resumes as the synchronous one ends.
 TEST_F(Cli, AsynchronousCheckpointsResumeBitwise) {

@@ -68,8 +68,38 @@ TEST_F(TensorParallel, TwoAndTwoByTwoEqualOneProcess) {
     expect_same_losses(one, tp2, 50);
     expect_same_losses(one, ddp, 50);
     expect_same_losses(one, fsdp, 50);
+    // The log gives the whole model's parameter count beside the rank's parts'.
+    const auto count_after = [](const fs::path& log, const std::string& label) {
+      const std::string text = read_file(log);
+      const size_t at = text.find(label);
+      return at == std::string::npos ? -1 : std::stoll(text.substr(at + label.size()));
+    };
+    const long long whole = count_after(one / "train.log", "] parameters: ");
+    EXPECT_GT(whole, 0);
+    EXPECT_EQ(count_after(tp2 / "train.log", "parameters of the whole model: "), whole);
+    EXPECT_LT(count_after(tp2 / "train.log", "] parameters: "), whole);
     for (const auto& dir : {one, tp2, ddp, fsdp}) fs::remove_all(dir);
   }
+}
+
+// llama (configs/llama3_tiny.yaml, smaller): 4 query heads sharing 2 key/value heads, q/k/v
+// biases and per-head q/k norms, an untied head. 30 steps of 8 samples with clipping: tp 2 on 2
+// processes (each rank 2 query heads and 1 key/value head), and fsdp on 2 with every block
+// checkpointed, equal one process.
+TEST_F(TensorParallel, LlamaSplitsAsOneProcessComputes) {
+  const std::string args =
+      "--config configs/llama3_tiny.yaml --set model.n_layer=2 --set model.n_embd=32 "
+      "--set model.n_head=4 --set model.n_kv_head=2 --set model.intermediate_size=48 "
+      "--set model.block_size=32 --set model.qkv_bias=true --set model.qk_norm=true "
+      "--set train.max_steps=30 --set train.clip_grad_norm=0.5 --set run.log_every=1 "
+      "--set run.eval_every=0 --set train.eval_at_end=false --set data.workers=1 "
+      "--set run.progress=never --set run.threads=1 --set sched.warmup_steps=5";
+  const fs::path one = dir_ / "one", tp2 = dir_ / "tp2", fsdp = dir_ / "fsdp";
+  train(1, 8, args, one);
+  train(2, 8, args + " --set dist.tp_size=2", tp2);
+  train(2, 4, args + " --set dist.strategy=fsdp --set model.checkpointing=blocks", fsdp);
+  expect_same_losses(one, tp2, 30);
+  expect_same_losses(one, fsdp, 30);
 }
 
 // tp 2 to step 10, tp 1 to 20, tp 4 (dp 1) to 30, tp 2 x fsdp 2 to 40: the losses of the
@@ -163,6 +193,10 @@ TEST_F(TensorParallel, ConfigErrorsNameWhatDoesNotDivide) {
        "model.n_head 1 does not split over dist.tp_size 2"},
       {2, gpt(2) + " --set model.vocab_size=257 --set dist.tp_size=2",
        "model.vocab_size 257 does not split over dist.tp_size 2"},
+      {4,
+       "--config configs/llama3_tiny.yaml --set train.max_steps=2 --set data.workers=0 "
+       "--set dist.tp_size=4",
+       "model.n_head 4 and model.n_kv_head 2 must both split over dist.tp_size 4"},
       {2, gpt(2) + " --set dist.tp_size=2 --set train.label_smoothing=0.1",
        "train.label_smoothing"},
       {2,

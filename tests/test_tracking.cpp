@@ -1,5 +1,6 @@
 // End-to-end: metrics beside metrics.jsonl (tracking.csv), profiler traces of training and of
-// bench (profile:, bench --profile), and runs with optim.lr 0.
+// bench (profile:, bench --profile), runs with optim.lr 0, and tracking.mlflow's checks and
+// credentials without a server (tests/mlflow_check.py and mlflow_auth_check.py run one).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -153,6 +154,96 @@ TEST_F(Cli, ALearningRateOfZeroLeavesTheWeights) {
     } else {
       EXPECT_GT(moved, 0.0);
     }
+  }
+}
+
+// Every file under `dir` (recursively) whose bytes hold `secret`.
+std::vector<std::string> files_holding(const fs::path& dir, const std::string& secret) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file() &&
+        trainer::test_support::read_file(e.path()).find(secret) != std::string::npos) {
+      out.push_back(e.path().string());
+    }
+  }
+  return out;
+}
+
+// A password in tracking.mlflow.uri appears nowhere: not on the console, in train.log,
+// config.yaml, the checkpoints' metadata or any other file of the run dir, nor in the line of a
+// resume that says the URI changed; the masked URI does. (Nothing listens on port 9: the run
+// trains on.)
+TEST_F(Cli, AnMlflowPasswordIsMaskedEverywhereItIsShownOrStored) {
+  const auto run_dir = dir_ / "run";
+  const std::string args =
+      "--config configs/synthetic.yaml --log-level info --set "
+      "run.checkpoint_every=4 --run-dir '" +
+      run_dir.string() + "'";
+  auto r = run(args +
+               " --set tracking.mlflow.uri=http://alice:S3cretPw@127.0.0.1:9 --set "
+               "train.stop_at_step=4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string shown = r.out + r.err;
+  r = run(args +
+          " --set tracking.mlflow.uri=http://alice:S3cretPw@localhost:9 --set "
+          "train.stop_at_step=8 --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  shown += r.out + r.err;
+  EXPECT_NE(r.err.find("tracking.mlflow.uri changed: http://alice:***@127.0.0.1:9 -> "
+                       "http://alice:***@localhost:9"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(shown.find("S3cretPw"), std::string::npos) << shown;
+  EXPECT_EQ(files_holding(run_dir, "S3cretPw"), std::vector<std::string>{});
+  for (const char* file : {"config.yaml", "checkpoints/step_00000004.safetensors"}) {
+    EXPECT_NE(trainer::test_support::read_file(run_dir / file).find("http://alice:***@"),
+              std::string::npos)
+        << file;
+  }
+  // --print-config and a config error quoting the --set argument mask it too.
+  r =
+      run("--config configs/synthetic.yaml --set tracking.mlflow.uri=http://alice:S3cretPw@h:5000 "
+          "--print-config");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("http://alice:***@h:5000"), std::string::npos) << r.out;
+  r = run("--config configs/synthetic.yaml --set tracking.mlflow.url=http://alice:S3cretPw@h");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("alice:***@h"), std::string::npos) << r.err;
+  EXPECT_EQ((r.out + r.err).find("S3cretPw"), std::string::npos) << r.err;
+}
+
+// What MLflow's server would refuse, and MLflow's environment variables that cannot be used, stop
+// the run at start with one line naming the key (exit 2), never the password.
+TEST_F(Cli, WhatAnMlflowServerWouldRefuseIsAConfigError) {
+  const std::string base = "--config configs/synthetic.yaml --dry-run --set ";
+  const std::string long_name(501, 'e');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"tracking.mlflow.uri=http://", "names no host"},
+      {"tracking.mlflow.uri=http://alice:S3cretPw@127.0.0.1:99999",
+       "port '99999' is not a TCP port"},
+      {"tracking.mlflow.uri=http://alice:S3c/retPw@127.0.0.1:5000", "percent-encode"},
+      {"tracking.mlflow.tags=team=a,team=b", "tag 'team' is given twice"},
+      {"tracking.mlflow.tags=mlflow.runName=x", "tag 'mlflow.runName' is reserved"},
+      {"tracking.mlflow.tags=a//b=1", "is not a plain path"},
+      {"tracking.mlflow.experiment=" + long_name, "MLflow takes at most 500"},
+  };
+  for (const auto& [set, message] : cases) {
+    SCOPED_TRACE(set.substr(0, 80));
+    // The URI first: a case that sets it again overrides it.
+    const auto r = run(base + "tracking.mlflow.uri=http://127.0.0.1:5000 --set '" + set + "'");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("S3c"), std::string::npos) << r.err;
+  }
+  for (const auto& [env, message] : std::vector<std::pair<std::string, std::string>>{
+           {"MLFLOW_TRACKING_INSECURE_TLS=maybe", "MLFLOW_TRACKING_INSECURE_TLS must be"},
+           {"MLFLOW_TRACKING_PASSWORD=S3cretPw", "MLFLOW_TRACKING_USERNAME is not"}}) {
+    SCOPED_TRACE(env);
+    const auto r =
+        sh("env " + env + " \"$TRAINER\" " + base + "tracking.mlflow.uri=http://127.0.0.1:5000");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("S3cretPw"), std::string::npos) << r.err;
   }
 }
 

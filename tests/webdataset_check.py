@@ -13,9 +13,15 @@ scripts/make_shards.py: 3 training shards of 30 samples, 1 validation shard. The
   - shuffled: every sample once per epoch; epochs differ; at 3 ranks each rank reads one shard;
     rank r of 2 reads entries r, r+2, ... of the 1-rank order (so 2 -> 1 ranks resumes exactly);
     a loader started at batch k hands out the uninterrupted run's batches from k, at 1 and 2 ranks;
-  - a truncated shard, a sample without a label, a label out of range and an unreadable image are
-    skipped and counted with data.on_bad_sample: skip, and stop with a message naming the shard
-    (and the sample) with fail;
+  - a truncated shard, a sample without a label, a label out of range, a sample with two .cls
+    members (webdataset raises "duplicate file name") and an unreadable image are skipped and
+    counted with data.on_bad_sample: skip, and stop with a message naming the shard (and the
+    sample) with fail;
+  - the class names of make_shards.py's classes.txt (read from beside the shards) are the
+    checkpoint's (export's metadata) and predict's labels; data.classes other than their count, a
+    class file naming a class twice, a brace range of a billion shards: config errors (exit 2);
+  - data.mix of the shards and an image folder: with the same classes it builds; with other
+    classes it is a config error (exit 2) naming both parts;
   - training: a run stopped at step 4 and resumed equals an uninterrupted one bit for bit; a
     2-rank run stopped at step 3 and resumed on 1 rank (batch 8 = 2 x 4) equals the 2-rank run
     within 1e-5 at every step;
@@ -37,6 +43,7 @@ try:
     import torchvision.transforms as T
     import webdataset as wds
     from PIL import Image
+    from safetensors import safe_open
     from safetensors.torch import load_file
 except ImportError as e:
     print(f"skipped: {e}")
@@ -182,6 +189,17 @@ def copy_shard(src, dst, drop=None, edit=None):
             out.addfile(m, io.BytesIO(data))
 
 
+def with_second_cls(src, dst, key):
+    """A copy of shard src in which sample `key` has a second .cls member after its first."""
+    with tarfile.open(src) as t, tarfile.open(dst, "w", format=tarfile.USTAR_FORMAT) as out:
+        for m in t.getmembers():
+            out.addfile(m, io.BytesIO(t.extractfile(m).read()))
+            if m.name == key + ".cls":
+                info = tarfile.TarInfo(key + ".cls")
+                info.size = 1
+                out.addfile(info, io.BytesIO(b"4"))
+
+
 def truncated_copy(src, dst, size):
     shutil.copyfile(src, dst)
     os.truncate(dst, size)
@@ -197,15 +215,24 @@ def check_bad(tool, shards_dir, tmp, failures):
         "without a label": lambda p: copy_shard(src, p, drop=lambda n: n == first + ".cls"),
         "outside [0, 5)": lambda p: copy_shard(
             src, p, edit=lambda n, d: b"7" if n == second + ".cls" else d),
+        "two members of one name": lambda p: with_second_cls(src, p, first),
         "unreadable": lambda p: copy_shard(
             src, p, edit=lambda n, d: d[:40] if n.startswith(first + ".") and
             not n.endswith(".cls") else d),
     }
     val = os.path.join(shards_dir, "val-000000.tar")
-    want = {"truncated": 2, "without a label": 29, "outside [0, 5)": 29, "unreadable": 30}
+    want = {"truncated": 2, "without a label": 29, "outside [0, 5)": 29,
+            "two members of one name": 29, "unreadable": 30}
     for i, (what, make) in enumerate(cases.items()):
         path = os.path.join(tmp, f"bad{i}.tar")
         make(path)
+        if what == "two members of one name":  # the reference: webdataset refuses the shard
+            try:
+                list(wds.WebDataset(path, shardshuffle=False))
+                failures.append("webdataset read a sample with two .cls members")
+            except ValueError as e:
+                if "duplicate file name" not in str(e):
+                    failures.append(f"webdataset's error is not the one expected: {e}")
         skip = tool.run(shards=path, val_shards=val, shuffle=0, batch=4, classes=CLASSES)
         fail = tool.run(shards=path, val_shards=val, shuffle=0, batch=4, classes=CLASSES,
                         on_bad_sample="fail")
@@ -267,6 +294,61 @@ run: {{log_every: 1, checkpoint_every: 1, progress: never}}
         failures.append(f"2 -> 1 ranks: {len(on_one)} vs {len(two)} losses, difference {diff}")
 
 
+def check_classes(trainer, shards, shards_dir, folder, tmp, failures):
+    """classes.txt's names in run a's checkpoint and predict; the config errors about classes."""
+    with open(os.path.join(shards_dir, "classes.txt")) as f:
+        names = f.read().split()
+    run, out = os.path.join(tmp, "a"), os.path.join(tmp, "a.safetensors")
+    r = subprocess.run([trainer, "export", "--checkpoint", run, "--out", out],
+                       capture_output=True, text=True)
+    with safe_open(out, "pt") as f:
+        exported = json.loads(f.metadata().get("classes", "[]")) if r.returncode == 0 else None
+    image = os.path.join(folder, "val", "class2", "1.jpg")
+    r = subprocess.run([trainer, "predict", "--checkpoint", run, "--input", image],
+                       capture_output=True, text=True)
+    label = r.stdout.split("\t")[1] if r.returncode == 0 and "\t" in r.stdout else r.stderr
+    print(f"class names: {names}; exported {exported}; predict's label {label!r}")
+    if exported != names or label not in names:
+        failures.append(f"class names lost: classes.txt {names}, export {exported}, "
+                        f"predict {label!r}")
+    dup = os.path.join(tmp, "dup-classes.txt")
+    with open(dup, "w") as f:
+        f.write("a\nb\na\nc\nd\n")
+    two = os.path.join(tmp, "two")
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            os.makedirs(os.path.join(two, split, cls))
+            Image.new("RGB", (20, 20)).save(os.path.join(two, split, cls, "0.png"))
+    def mix(root):
+        path = os.path.join(tmp, f"mix-{os.path.basename(root)}.yaml")
+        with open(path, "w") as f:
+            f.write(f"""device: cpu
+model: {{name: mlp, hidden: [8]}}
+data: {{name: mix, batch_size: 4, mix: [
+  {{name: webdataset, shards: "{shards}", image_size: {SIZE}, resize_size: {RESIZE}}},
+  {{name: imagefolder, root: "{root}", image_size: {SIZE}, resize_size: {RESIZE}}}]}}
+""")
+        return ["--config", path]
+    config = ["--config", os.path.join(tmp, "wds.yaml")]
+    classes_txt = os.path.join(shards_dir, "classes.txt")
+    cases = [
+        (config + ["--set", "data.classes=7"], 2,
+         f"data.classes: 7 classes, but {classes_txt} names 5"),
+        (config + ["--set", f"data.classes_file={dup}"], 2, f"{dup}:3: 'a' again (line 1)"),
+        (config + ["--set", "data.shards=" + os.path.join(shards_dir, "t-{000000..999999999}.tar")],
+         2, "names more than 1000000 files"),
+        (mix(folder), 0, ""),
+        (mix(two), 2, "data.mix: data.mix[0] (webdataset) has 5 classes (class0, class1, class2, "
+         "class3, class4), data.mix[1] (imagefolder) 2 classes (a, b)"),
+    ]
+    for args, code, needle in cases:
+        r = subprocess.run([trainer, *args, "--run-dir", os.path.join(tmp, "x"), "--dry-run"],
+                           capture_output=True, text=True)
+        print(f"{' '.join(args[2:]) or 'mix'}: exit {r.returncode}: {r.stderr.strip()[-200:]}")
+        if r.returncode != code or needle not in r.stderr:
+            failures.append(f"{args}: exit {r.returncode} (want {code}): {r.stderr[-500:]}")
+
+
 def main():
     trainer, tool_path, source = sys.argv[1:4]
     failures = []
@@ -283,6 +365,7 @@ def main():
         check_order(tool, val_shards, failures)
         check_bad(tool, shards_dir, tmp, failures)
         check_training(trainer, shards, tmp, failures)
+        check_classes(trainer, shards, shards_dir, folder, tmp, failures)
         r = subprocess.run([trainer, "--config", os.path.join(tmp, "wds.yaml"), "--run-dir",
                             os.path.join(tmp, "e"), "--set", "data.shards="],
                            capture_output=True, text=True)

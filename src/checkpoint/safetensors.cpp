@@ -1,14 +1,19 @@
 #include "checkpoint/safetensors.h"
 
+#include <fcntl.h>
 #include <torch/torch.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "util/device.h"
 #include "util/fileio.h"
@@ -240,26 +245,133 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
   return out;
 }
 
+namespace {
+
+// The first bytes of the `size`-byte file `path`: the length and the header. A file whose size
+// its header does not account for is rejected before anything of its size is allocated.
+std::vector<uint8_t> read_head(const std::string& path, uint64_t size) {
+  std::vector<uint8_t> head = read_prefix(path, 8);
+  if (head.size() == 8) {
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | head[static_cast<size_t>(i)];
+    if (n > kMaxHeader || n > size - 8) {
+      throw failing_as(path)("header length " + std::to_string(n) + " does not fit in " +
+                             std::to_string(size) + " bytes (truncated?)");
+    }
+    head = read_prefix(path, 8 + n);
+  }
+  return head;
+}
+
+}  // namespace
+
 SafetensorsFile read_safetensors(const std::string& path) {
   try {
-    // The header first: a file whose size its header does not account for is rejected before
-    // anything of its size is allocated.
     const uint64_t size = file_size(path);
-    std::vector<uint8_t> head = read_prefix(path, 8);
-    if (head.size() == 8) {
-      uint64_t n = 0;
-      for (int i = 7; i >= 0; --i) n = (n << 8) | head[static_cast<size_t>(i)];
-      if (n > kMaxHeader || n > size - 8) {
-        throw failing_as(path)("header length " + std::to_string(n) + " does not fit in " +
-                               std::to_string(size) + " bytes (truncated?)");
-      }
-      head = read_prefix(path, 8 + n);
-    }
-    layout_of(head, size, failing_as(path));
+    layout_of(read_head(path, size), size, failing_as(path));
     return parse_safetensors(read_bytes(path), path);
   } catch (const IoError& e) {
     throw FormatError(e.what());
   }
+}
+
+SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
+  Layout layout;
+  try {
+    const uint64_t size = file_size(path_);
+    layout = layout_of(read_head(path_, size), size, failing_as(path_));
+  } catch (const IoError& e) {
+    throw FormatError(e.what());
+  }
+  metadata_ = std::move(layout.metadata);
+  for (const auto& t : layout.entries) {
+    index_.emplace(t.key, entries_.size());
+    entries_.push_back({t.key, t.dtype, t.shape, layout.data_start + t.begin, t.end - t.begin});
+  }
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw FormatError(path_ + ": cannot open: " + std::strerror(errno));
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      entries_(std::move(other.entries_)),
+      index_(std::move(other.index_)),
+      metadata_(std::move(other.metadata_)) {}
+
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    entries_ = std::move(other.entries_);
+    index_ = std::move(other.index_);
+    metadata_ = std::move(other.metadata_);
+  }
+  return *this;
+}
+
+const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
+}
+
+void SafetensorsReader::read_bytes_at(uint64_t offset, void* out, size_t n) const {
+  auto* bytes = static_cast<uint8_t*>(out);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd_, bytes + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      throw FormatError(path_ + ": read error at byte " + std::to_string(offset + done) + ": " +
+                        (got < 0 ? std::strerror(errno)
+                                 : "the file is shorter than its header "
+                                   "says (truncated while reading?)"));
+    }
+    done += static_cast<size_t>(got);
+  }
+}
+
+void SafetensorsReader::read_into(const SafetensorsEntry& entry, const torch::Tensor& dst,
+                                  size_t chunk_bytes) const {
+  const size_t element = c10::elementSize(entry.dtype);
+  const int64_t count = static_cast<int64_t>(entry.bytes / element);
+  if (dst.numel() != count || !dst.device().is_cpu()) {
+    throw std::invalid_argument("safetensors: " + entry.name + " read into a tensor of " +
+                                std::to_string(dst.numel()) + " elements on " + dst.device().str() +
+                                "; expected " + std::to_string(count) + " on the CPU");
+  }
+  torch::NoGradGuard no_grad;
+  if (dst.scalar_type() == entry.dtype && dst.is_contiguous()) {
+    read_bytes_at(entry.offset, dst.data_ptr(), entry.bytes);
+    return;
+  }
+  // A contiguous destination is filled chunk by chunk through a flat view; any other through a
+  // contiguous copy of the file's values.
+  if (!dst.is_contiguous()) {
+    dst.copy_(read(entry).view(dst.sizes()));
+    return;
+  }
+  const auto flat = dst.view({-1});
+  const int64_t per_chunk = std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes / element));
+  auto buffer = torch::empty({std::min(per_chunk, count)}, torch::TensorOptions(entry.dtype));
+  for (int64_t start = 0; start < count; start += per_chunk) {
+    const int64_t n = std::min(per_chunk, count - start);
+    auto part = buffer.narrow(0, 0, n);
+    read_bytes_at(entry.offset + static_cast<uint64_t>(start) * element, part.data_ptr(),
+                  static_cast<size_t>(n) * element);
+    flat.narrow(0, start, n).copy_(part);
+  }
+}
+
+torch::Tensor SafetensorsReader::read(const SafetensorsEntry& entry) const {
+  auto t = torch::empty(entry.shape, torch::TensorOptions(entry.dtype));
+  if (entry.bytes > 0) read_bytes_at(entry.offset, t.data_ptr(), entry.bytes);
+  return t;
 }
 
 }  // namespace trainer::checkpoint

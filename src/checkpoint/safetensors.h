@@ -45,4 +45,54 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
 // Reads and parses `path`; FormatError naming it when it cannot be read or parsed.
 SafetensorsFile read_safetensors(const std::string& path);
 
+// One tensor as a file's header describes it.
+struct SafetensorsEntry {
+  std::string name;
+  torch::ScalarType dtype = torch::kFloat;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // the tensor's first byte in the file
+  uint64_t bytes = 0;   // its size in the file
+};
+
+// A safetensors file read tensor by tensor: opening reads and checks its header (every tensor's
+// dtype, shape and byte range, the ranges back to back and ending at the end of the file, so a
+// truncated file fails here), and each read copies one tensor's bytes from the file into memory
+// the caller holds, never the whole file. The file stays open until the reader is destroyed.
+class SafetensorsReader {
+ public:
+  // Throws FormatError naming `path` when it cannot be opened or its header is malformed.
+  explicit SafetensorsReader(std::string path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&& other) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&& other) noexcept;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  // The tensors in file order.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  // The entry named `name`, or null.
+  const SafetensorsEntry* find(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // Reads `entry` (one of entries()) into `dst`, a tensor on the CPU with the entry's element
+  // count, of any dtype and strides: the file's values converted to dst's dtype as
+  // Tensor::copy_ converts, `chunk_bytes` of the file at a time (no copy at all for a contiguous
+  // dst of the file's dtype). Throws FormatError naming the file when a read fails (a file that
+  // shrank or an I/O error).
+  void read_into(const SafetensorsEntry& entry, const torch::Tensor& dst,
+                 size_t chunk_bytes = size_t{64} << 20) const;
+  // The tensor `entry` in the file's dtype, on the CPU.
+  torch::Tensor read(const SafetensorsEntry& entry) const;
+
+ private:
+  void read_bytes_at(uint64_t offset, void* out, size_t n) const;
+
+  std::string path_;
+  int fd_ = -1;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;  // name -> position in entries_
+  std::map<std::string, std::string> metadata_;
+};
+
 }  // namespace trainer::checkpoint

@@ -222,6 +222,11 @@ int bench_command(int argc, char** argv) {
   setup_logging(args["log-level"].as<std::string>(), job);
 
   const std::string config_path = args["config"].as<std::string>();
+  if (args.count("json")) {  // refused before the measurement, not after it
+    const std::string why =
+        output_problem(args["json"].as<std::string>(), OutputKind::file, {config_path});
+    if (!why.empty()) throw UsageError("--json " + why);
+  }
   const auto loaded = load_config(config_path, set_and_device(args), engine::config_environment());
 
   engine::Trainer trainer(loaded, job);

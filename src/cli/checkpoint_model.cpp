@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "util/log.h"
 
 namespace trainer::cli {
 
@@ -81,7 +82,7 @@ CheckpointModel pretrained_model(const cxxopts::ParseResult& args, const distrib
   CheckpointModel m{"",
                     load_config(args["config"].as<std::string>(), set_and_device(args),
                                 engine::config_environment()),
-                    nullptr, 0};
+                    nullptr, 0, "pretrained"};
   m.checkpoint = m.loaded.cfg.model.pretrained;
   if (m.checkpoint.empty()) {
     throw UsageError(command + ": --config " + args["config"].as<std::string>() +
@@ -90,6 +91,7 @@ CheckpointModel pretrained_model(const cxxopts::ParseResult& args, const distrib
   }
   for_use(m.loaded);
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
+  log::info("weights: pretrained, model.pretrained's " + m.checkpoint);
   return m;
 }
 
@@ -136,11 +138,17 @@ CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,
                             args.count("config") ? args["config"].as<std::string>() : "");
   CheckpointModel m{
       resolved.checkpoint,
-      load_config(resolved.config, set_and_device(args), engine::config_environment()), nullptr, 0};
+      load_config(resolved.config, set_and_device(args), engine::config_environment()), nullptr, 0,
+      ""};
   for_use(m.loaded);
   m.trainer = std::make_unique<engine::Trainer>(m.loaded, job);
   m.step = m.trainer->load_model(m.checkpoint, labels, resolved.state ? &*resolved.state : nullptr,
                                  weights_use(args));
+  m.weights = m.trainer->loaded_average() ? "ema" : "raw";
+  log::info(m.weights == "ema"
+                ? "weights: ema, the checkpoint's average of the weights (train.ema); --weights "
+                  "raw uses the trained ones"
+                : "weights: raw, the trained weights of the checkpoint");
   return m;
 }
 

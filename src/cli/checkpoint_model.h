@@ -32,13 +32,17 @@ struct CheckpointModel {
   config::LoadedConfig loaded;               // the config the model and data were built from
   std::unique_ptr<engine::Trainer> trainer;  // holding the checkpoint's model weights
   int64_t step = 0;                          // the step the checkpoint was written at
+  // Which weights the model holds: "ema" (the checkpoint's train.ema average), "raw" (the
+  // trained ones) or "pretrained" (--config's model.pretrained).
+  std::string weights;
 };
 
 // Sets up logging (--log-level) and loads the model of --checkpoint PATH|RUN_DIR (a run dir:
 // its newest checkpoint that verifies) into a Trainer built from the run dir's config.yaml, or
 // --config, with --set and --device; `labels` says whether the data's labels are used (eval), so
 // that they must mean the checkpoint's classes. Without --checkpoint: the model of --config with
-// its model.pretrained weights, at step 0. Throws UsageError, naming `command`, when neither is
+// its model.pretrained weights, at step 0. Logs which weights it holds (CheckpointModel::weights).
+// Throws UsageError, naming `command`, when neither is
 // given, when --config alone sets no model.pretrained, or when --checkpoint names neither a
 // checkpoint nor a run dir with a config. Every rank of `job` must call it.
 CheckpointModel load_checkpoint_model(const cxxopts::ParseResult& args,

@@ -18,9 +18,10 @@ namespace trainer::cli {
 namespace {
 
 nlohmann::json result_json(const engine::EvalResult& e, const std::string& checkpoint, int64_t step,
-                           const std::string& split) {
+                           const std::string& split, const std::string& weights) {
   nlohmann::json j = {{"checkpoint", checkpoint},
                       {"step", step},
+                      {"weights", weights},
                       {"split", split},
                       {"samples", e.samples},
                       {"loss", e.loss}};
@@ -65,16 +66,18 @@ int eval_command(int argc, char** argv) {
   const engine::EvalResult e = split == "val" ? trainer.evaluate() : trainer.evaluate_train_split();
   if (job.rank != 0) return 0;
   if (args.count("json")) {
-    std::cout << result_json(e, checkpoint, step, split).dump() << "\n";
+    std::cout << result_json(e, checkpoint, step, split, m.weights).dump() << "\n";
   } else if (e.sequence) {
-    std::cout << strprintf("eval %s (step %" PRId64 ", %s): loss %.4f, ppl %.3f (%" PRId64
+    std::cout << strprintf("eval %s (step %" PRId64 ", %s, %s weights): loss %.4f, ppl %.3f (%" PRId64
                            " tokens)\n",
-                           checkpoint.c_str(), step, split.c_str(), e.loss, e.ppl, e.samples);
+                           checkpoint.c_str(), step, split.c_str(), m.weights.c_str(), e.loss,
+                           e.ppl, e.samples);
   } else {
     std::cout << strprintf("eval %s (step %" PRId64
-                           ", %s): loss %.4f, top-1 %.2f%%, top-5 %.2f%% (%" PRId64 " samples)\n",
-                           checkpoint.c_str(), step, split.c_str(), e.loss, 100 * e.top1,
-                           100 * e.top5, e.samples);
+                           ", %s, %s weights): loss %.4f, top-1 %.2f%%, top-5 %.2f%% (%" PRId64
+                           " samples)\n",
+                           checkpoint.c_str(), step, split.c_str(), m.weights.c_str(), e.loss,
+                           100 * e.top1, 100 * e.top5, e.samples);
   }
   return 0;
 }

@@ -2,10 +2,14 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "cli/checkpoint_model.h"
 #include "cli/commands.h"
+#include "cli/export_hf.h"
+#include "cli/export_peft.h"
 #include "cli/options.h"
 #include "engine/loop/checkpointer.h"
 #include "engine/loop/weight_average.h"
@@ -18,32 +22,6 @@ namespace trainer::cli {
 namespace fs = std::filesystem;
 
 namespace {
-
-// --format hf: the model's Hugging Face layout, as `save_pretrained` writes it, into folder
-// `out`.
-int export_hf(const std::string& path, const std::string& out, const std::string& model,
-              const checkpoint::NamedTensors& weights, const nlohmann::json& config) {
-  const auto& hf = models::model_registry().get(model).hf;
-  if (!hf) {
-    throw UsageError("--format hf: " + path + " holds a " + model +
-                     ", which has no Hugging Face layout here (gpt has: GPT-2)");
-  }
-  std::map<std::string, std::string> flat;
-  for (const auto& [key, value] : config.items()) {
-    if (value.is_string()) flat[key] = value.get<std::string>();
-  }
-  const auto [tensors, hf_config] = hf->from_trainer(weights, flat);
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec) throw UsageError("--out " + out + ": cannot create the folder: " + ec.message());
-  write_atomically((fs::path(out) / "model.safetensors").string(), [&](const ByteSink& sink) {
-    checkpoint::write_safetensors(tensors, {{"format", "pt"}}, sink);
-  });
-  write_text_atomically((fs::path(out) / "config.json").string(), hf_config.dump(2) + "\n");
-  std::cout << "wrote " << out << ": " << hf->name << ", " << tensors.size()
-            << " tensors and config.json\n";
-  return 0;
-}
 
 // The pt export's metadata: format, model, step, the class names and the classifier's outputs.
 std::map<std::string, std::string> pt_metadata(const checkpoint::State& state,
@@ -80,11 +58,32 @@ checkpoint::NamedTensors chosen_weights(const checkpoint::State& state, engine::
   return engine::model_weights(state);
 }
 
-}  // namespace
+// UsageError unless --out may be written: for pt a file, for hf a folder and the files written
+// into it; none of them a device, a FIFO, a folder where a file goes, or the checkpoint itself.
+void check_out(const std::string& out, const std::string& format, const std::string& checkpoint) {
+  std::vector<std::string> files = {out};
+  std::string why;
+  if (format == "hf") {
+    why = output_problem(out, OutputKind::folder);
+    files = {(fs::path(out) / "model.safetensors").string(),
+             (fs::path(out) / "config.json").string()};
+  } else if (format == "peft") {
+    why = output_problem(out, OutputKind::folder);
+    files = {(fs::path(out) / "adapter_model.safetensors").string(),
+             (fs::path(out) / "adapter_config.json").string()};
+  }
+  for (size_t i = 0; i < files.size() && why.empty(); ++i) {
+    why = output_problem(files[i], OutputKind::file);
+    if (why.empty() && !output_problem(files[i], OutputKind::file, {checkpoint}).empty()) {
+      throw UsageError("--out " + files[i] +
+                       " is the checkpoint itself; writing the weights there would "
+                       "replace the training checkpoint; choose another --out");
+    }
+  }
+  if (!why.empty()) throw UsageError("--out " + why);
+}
 
-// trainer export: the model weights of a checkpoint as a plain safetensors file with PyTorch
-// state-dict names (torchvision's for the ResNets, nanoGPT's for gpt).
-int export_command(int argc, char** argv) {
+cxxopts::Options export_options() {
   cxxopts::Options options("trainer export",
                            "Writes the model weights of a checkpoint as safetensors.");
   // clang-format off
@@ -97,10 +96,30 @@ int export_command(int argc, char** argv) {
       ("weights", "ema: the checkpoint's average of the weights (train.ema), the default where it "
        "holds one; raw: the trained weights", cxxopts::value<std::string>(), "ema|raw")
       ("format", "pt: PyTorch state-dict names; hf: a Hugging Face folder (model.safetensors, "
-       "config.json) that transformers' from_pretrained loads (gpt: GPT2LMHeadModel)",
-       cxxopts::value<std::string>()->default_value("pt"), "pt|hf")
+       "config.json, generation_config.json, the tokenizer files of the run's pretrained folder) "
+       "that transformers' from_pretrained loads (gpt: GPT2LMHeadModel; llama: Llama, Qwen 2 "
+       "or Qwen 3)",
+       cxxopts::value<std::string>()->default_value("pt"), "pt|hf|peft")
+      ("merge", "--format hf of a LoRA run (model.lora): the run's base (model.pretrained) with "
+       "the adapters merged into its weights")
+      ("max-shard-size", "--format hf: the largest safetensors file, as save_pretrained's "
+       "max_shard_size (5GB, 500MB, bytes); larger models are split into "
+       "model-0000k-of-0000n.safetensors and model.safetensors.index.json",
+       cxxopts::value<std::string>()->default_value("5GB"), "SIZE")
+      ("dtype", "--format hf: the weights' dtype; auto: that of the run's model.pretrained "
+       "folder, else the checkpoint's", cxxopts::value<std::string>()->default_value("auto"),
+       "auto|float32|bfloat16|float16")
       ("h,help", "print this help");
   // clang-format on
+  return options;
+}
+
+}  // namespace
+
+// trainer export: the model weights of a checkpoint as a plain safetensors file with PyTorch
+// state-dict names (torchvision's for the ResNets, nanoGPT's for gpt).
+int export_command(int argc, char** argv) {
+  auto options = export_options();
   const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help();
@@ -112,12 +131,7 @@ int export_command(int argc, char** argv) {
   log::setup(log::Level::info, /*rank=*/0);
   const std::string path = checkpoint_file(args["checkpoint"].as<std::string>());
   const auto out = args["out"].as<std::string>();
-  std::error_code ec;
-  if (fs::equivalent(path, out, ec)) {
-    throw UsageError("--out " + out +
-                     " is the checkpoint itself; writing the weights there would "
-                     "replace the training checkpoint; choose another --out");
-  }
+  check_out(out, args["format"].as<std::string>(), path);
   const auto state = checkpoint::load(path);
   bool averaged = false;
   const auto weights = chosen_weights(state, weights_use(args), path, averaged);
@@ -133,8 +147,18 @@ int export_command(int argc, char** argv) {
   }
   const std::string model = config["model.name"].get<std::string>();
   const std::string format = args["format"].as<std::string>();
-  if (format == "hf") return export_hf(path, out, model, weights, config);
-  if (format != "pt") throw UsageError("--format: expected pt or hf, got '" + format + "'");
+  if (format == "peft") return export_peft(path, out, state.meta, weights);  // a LoRA run's
+  if (format == "hf") {
+    const HfExport e{path,
+                     out,
+                     model,
+                     config,
+                     parse_shard_size(args["max-shard-size"].as<std::string>()),
+                     args["dtype"].as<std::string>()};
+    return export_hf(e, hf_weights(path, state.meta, weights, args.count("merge") > 0));
+  }
+  if (format != "pt") throw UsageError("--format: expected pt, hf or peft, got '" + format + "'");
+  if (args.count("merge")) throw UsageError("--merge goes with --format hf");
   const auto metadata = pt_metadata(state, model, step);
   write_atomically(
       out, [&](const ByteSink& sink) { checkpoint::write_safetensors(weights, metadata, sink); });

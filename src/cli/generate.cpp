@@ -1,5 +1,6 @@
 // trainer generate: text sampled from a language model checkpoint, streamed as it is produced;
-// bytes, or GPT-2's BPE tokens with --tokenizer.
+// bytes, or a byte-level BPE tokenizer's tokens with --tokenizer (tokenizer.json, a Hugging Face
+// model folder, or GPT-2's encoder.json and vocab.bpe).
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,13 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_folder.h"
 #include "cli/checkpoint_model.h"
 #include "cli/commands.h"
 #include "cli/options.h"
-#include "data/gpt2_bpe.h"
+#include "cli/tokenizer_option.h"
 #include "distributed/env.h"
-#include "engine/use/generator.h"
 #include "engine/loop/trainer.h"
+#include "engine/use/generator.h"
 #include "util/format.h"
 
 namespace trainer::cli {
@@ -69,8 +71,10 @@ cxxopts::Options generate_options() {
   // clang-format off
   add_checkpoint_options(options);
   options.add_options()
-      ("tokenizer", "a folder with GPT-2's encoder.json and vocab.bpe: text as GPT-2 BPE tokens "
-       "(a model with GPT-2's vocabulary); default: bytes", cxxopts::value<std::string>(), "DIR")
+      ("tokenizer", "a tokenizer.json file, a folder holding one (a Hugging Face model folder), "
+       "or a folder with GPT-2's encoder.json and vocab.bpe: text as that tokenizer's tokens; "
+       "default: the tokenizer.json of the model's model.pretrained folder, else bytes",
+       cxxopts::value<std::string>(), "PATH")
       ("prompt", "the text to continue", cxxopts::value<std::string>()->default_value(""), "TEXT")
       ("prompt-file", "the text to continue, from a file", cxxopts::value<std::string>(), "FILE")
       ("max-new-tokens", "tokens to generate", cxxopts::value<int64_t>()->default_value("256"), "N")
@@ -85,34 +89,84 @@ cxxopts::Options generate_options() {
       ("num-samples", "samples, one after another", cxxopts::value<int64_t>()->default_value("1"),
        "N")
       ("no-cache", "recompute the whole sequence for every token (no key/value cache)")
+      ("ignore-eos", "generate --max-new-tokens tokens even past an end-of-sequence token (by "
+       "default the text ends at any eos_token_id of the model's Hugging Face folder)")
       ("h,help", "print this help");
   // clang-format on
   return options;
 }
 
-// The prompt's tokens: GPT-2's BPE with --tokenizer (its tokenizer into `bpe`), else bytes; the
-// model's `vocabulary` must hold them.
-std::vector<int64_t> prompt_ids(const cxxopts::ParseResult& args, const std::string& text,
-                                int64_t vocabulary, std::unique_ptr<data::Gpt2Tokenizer>& bpe) {
-  std::vector<int64_t> ids;
-  if (args.count("tokenizer")) {
-    bpe = std::make_unique<data::Gpt2Tokenizer>(args["tokenizer"].as<std::string>());
-    if (vocabulary < bpe->size()) {
-      throw UsageError("--tokenizer: the model's vocabulary has " +
-                       std::to_string(vocabulary) + " tokens, fewer than GPT-2's " +
-                       std::to_string(bpe->size()));
+// The tokens of `text` as tokenizers' encode(text) gives them: special tokens written in it
+// matched, and the post-processor's bos (Llama 3's) before them. An empty text is the bos, else
+// the end-of-text token (GPT-2's <|endoftext|>, as GPT-2 starts).
+std::vector<int64_t> tokenizer_ids(const data::BpeTokenizer& bpe, const std::string& text) {
+  if (text.empty()) {
+    const int64_t start = bpe.bos_id() >= 0 ? bpe.bos_id() : bpe.end_of_text();
+    if (start < 0) {
+      throw UsageError("--tokenizer: " + bpe.source() +
+                       " names no bos or end-of-text token to start from; give a --prompt");
     }
-    ids = text.empty() ? std::vector<int64_t>{bpe->size() - 1}  // <|endoftext|>, as GPT-2 starts
-                       : bpe->encode(text);
+    return {start};
+  }
+  std::vector<int64_t> ids = bpe.encode(text, /*allow_special=*/true);
+  if (bpe.added_bos_id() >= 0 && ids.front() != bpe.added_bos_id()) {
+    ids.insert(ids.begin(), bpe.added_bos_id());
+  }
+  return ids;
+}
+
+// The tokenizer: --tokenizer, else the tokenizer.json of the model's Hugging Face folder
+// (model.pretrained: DIR); "" for none.
+std::string tokenizer_path(const cxxopts::ParseResult& args, const config::LoadedConfig& loaded) {
+  if (args.count("tokenizer")) return args["tokenizer"].as<std::string>();
+  const std::string& dir = loaded.cfg.model.pretrained;
+  std::error_code ec;
+  const bool has =
+      checkpoint::is_directory(dir) &&
+      std::filesystem::is_regular_file(std::filesystem::path(dir) / "tokenizer.json", ec);
+  return has ? dir : "";
+}
+
+// The prompt's tokens: the `tokenizer`'s (its tokenizer into `bpe`), else bytes; the model's
+// `vocabulary` must hold them.
+std::vector<int64_t> prompt_ids(const std::string& tokenizer, const std::string& text,
+                                int64_t vocabulary, std::unique_ptr<data::BpeTokenizer>& bpe) {
+  std::vector<int64_t> ids;
+  if (!tokenizer.empty()) {
+    bpe = std::make_unique<data::BpeTokenizer>(load_tokenizer_or_usage(tokenizer));
+    if (vocabulary < bpe->vocab_size()) {
+      throw UsageError("--tokenizer: the model's vocabulary has " + std::to_string(vocabulary) +
+                       " tokens, fewer than the tokenizer's " + std::to_string(bpe->vocab_size()));
+    }
+    ids = tokenizer_ids(*bpe, text);
   } else if (vocabulary != kByteVocabulary) {
-    throw UsageError("generate: the model's vocabulary has " +
-                     std::to_string(vocabulary) +
-                     " tokens; give --tokenizer DIR for GPT-2's BPE, or use a byte-level model "
+    throw UsageError("generate: the model's vocabulary has " + std::to_string(vocabulary) +
+                     " tokens; give --tokenizer PATH (tokenizer.json, a model folder, or GPT-2's "
+                     "encoder.json and vocab.bpe), or use a byte-level model "
                      "(256: data.token_format bytes)");
   } else {
     for (const unsigned char c : text) ids.push_back(c);
   }
   return ids;
+}
+
+// The tokens that end the text: eos_token_id of generation_config.json or config.json (one id or
+// a list) in the run's model.pretrained folder, else in the --tokenizer folder; none with
+// --ignore-eos.
+std::vector<int64_t> stop_ids(const cxxopts::ParseResult& args,
+                              const config::LoadedConfig& loaded) {
+  if (args.count("ignore-eos")) return {};
+  for (const std::string& dir :
+       {loaded.cfg.model.pretrained,
+        args.count("tokenizer") ? args["tokenizer"].as<std::string>() : std::string()}) {
+    if (!checkpoint::is_directory(dir)) continue;
+    try {
+      return checkpoint::hf_eos_token_ids(dir);
+    } catch (const checkpoint::FormatError& e) {
+      throw UsageError(std::string("generate: ") + e.what());
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -124,7 +178,7 @@ int generate_command(int argc, char** argv) {
     std::cout << options.help();
     return 0;
   }
-  const auto sampling = sampling_options(args);
+  auto sampling = sampling_options(args);
   if (distributed::read_process_env().launched()) {
     throw UsageError("generate runs in one process: run it without trainer launch");
   }
@@ -132,23 +186,25 @@ int generate_command(int argc, char** argv) {
   auto& trainer = *m.trainer;
   const std::string& checkpoint = m.checkpoint;
   const auto& loaded = m.loaded;
+  sampling.stop_ids = stop_ids(args, loaded);
   auto decoder = trainer.decoder(/*use_cache=*/args.count("no-cache") == 0);
   if (!decoder) {
     throw UsageError("generate: " + checkpoint + " holds a " + loaded.cfg.model.name +
                      ", which is not a language model (gpt is)");
   }
   const std::string given = prompt_text(args);
-  // Without a prompt, a start as nanoGPT's sample.py has: a newline byte, or GPT-2's
-  // <|endoftext|>.
-  const std::string text = given.empty() && !args.count("tokenizer") ? "\n" : given;
-  // The text's tokens and each token's bytes: GPT-2's BPE, or the bytes themselves.
-  std::unique_ptr<data::Gpt2Tokenizer> bpe;
-  const std::vector<int64_t> ids = prompt_ids(args, text, decoder->vocabulary(), bpe);
+  // Without a prompt, a start as nanoGPT's sample.py has: a newline byte, or the tokenizer's bos
+  // (GPT-2's <|endoftext|>).
+  const std::string tokenizer = tokenizer_path(args, loaded);
+  const std::string text = given.empty() && tokenizer.empty() ? "\n" : given;
+  // The text's tokens and each token's bytes: the tokenizer's, or the bytes themselves.
+  std::unique_ptr<data::BpeTokenizer> bpe;
+  const std::vector<int64_t> ids = prompt_ids(tokenizer, text, decoder->vocabulary(), bpe);
   const auto prompt =
       torch::tensor(ids, torch::kLong).view({1, -1}).to(trainer.device());  // [1, T]
   const auto bytes_of = [&](int64_t id) {
     if (!bpe) return std::string(1, static_cast<char>(id));
-    return id < bpe->size() ? bpe->decode(id) : std::string();
+    return id < bpe->vocab_size() ? bpe->token_bytes(id) : std::string();
   };
   auto generator = at::detail::createCPUGenerator(sampling.seed);
   int64_t tokens = 0;

@@ -153,6 +153,7 @@ int predict_command(int argc, char** argv) {
   }
   if (args.count("json")) {
     std::cout << nlohmann::json{{"checkpoint", m.checkpoint},
+                                {"weights", m.weights},
                                 {"predictions", all},
                                 {"skipped", skipped}}
                      .dump()

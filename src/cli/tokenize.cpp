@@ -1,13 +1,17 @@
-// trainer tokenize: text files to a token file of the `tokens` data set, with GPT-2's BPE.
+// trainer tokenize: text files to a token file of the `tokens` data set, with a byte-level BPE
+// tokenizer (tokenizer.json, a Hugging Face model folder, or GPT-2's encoder.json and vocab.bpe).
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/tokenizer_option.h"
 #include "data/tokenize.h"
+#include "util/fileio.h"
 #include "util/format.h"
 
 namespace trainer::cli {
@@ -27,16 +31,32 @@ int token_width(const std::string& format, int64_t tokens) {
   return format == "uint32" || (format == "auto" && !fits16) ? 4 : 2;
 }
 
+// UsageError unless --out may be written: not a device, FIFO or folder, and neither one of the
+// text files nor a file of the tokenizer's folder.
+void check_out(const std::string& out, const std::vector<std::string>& files,
+               const std::string& tokenizer) {
+  std::vector<std::string> inputs = files;
+  inputs.push_back(tokenizer);  // a tokenizer.json named itself
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(tokenizer, ec)) {
+    inputs.push_back(entry.path().string());
+  }
+  const std::string why = output_problem(out, OutputKind::file, inputs);
+  if (!why.empty()) throw UsageError("--out " + why);
+}
+
 }  // namespace
 
 int tokenize_command(int argc, char** argv) {
   cxxopts::Options options("trainer tokenize",
-                           "Encodes text files with GPT-2's BPE into a token file (data.name: "
-                           "tokens), <|endoftext|> between the files.");
+                           "Encodes text files with a byte-level BPE tokenizer into a token file "
+                           "(data.name: tokens), the end-of-text token between the files.");
   // clang-format off
   options.add_options()
-      ("tokenizer", "a folder with GPT-2's encoder.json and vocab.bpe",
-       cxxopts::value<std::string>(), "DIR")
+      ("tokenizer", "a tokenizer.json file, a folder holding one (a Hugging Face model folder), or "
+       "a folder with GPT-2's encoder.json and vocab.bpe", cxxopts::value<std::string>(), "PATH")
+      ("allow-special", "match special tokens written in the text (as tokenizers' encode does); "
+       "default: encode them as text")
       ("out", "the token file to write (written atomically), e.g. train.bin",
        cxxopts::value<std::string>(), "FILE")
       ("threads", "encoding threads (0: one per core)",
@@ -55,17 +75,19 @@ int tokenize_command(int argc, char** argv) {
     return 0;
   }
   if (!args.count("tokenizer") || !args.count("out") || !args.count("files")) {
-    throw UsageError("tokenize needs --tokenizer DIR, --out FILE and one or more text files");
+    throw UsageError("tokenize needs --tokenizer PATH, --out FILE and one or more text files");
   }
-  const data::Gpt2Tokenizer tokenizer(args["tokenizer"].as<std::string>());
-  const int width = token_width(args["format"].as<std::string>(), tokenizer.size());
+  const auto out = args["out"].as<std::string>();
+  const auto files = args["files"].as<std::vector<std::string>>();
+  check_out(out, files, args["tokenizer"].as<std::string>());
+  const data::BpeTokenizer tokenizer = load_tokenizer_or_usage(args["tokenizer"].as<std::string>());
+  const int width = token_width(args["format"].as<std::string>(), tokenizer.vocab_size());
   int threads = args["threads"].as<int>();
   if (threads < 0) throw UsageError("--threads: expected 0 (one per core) or more");
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const auto out = args["out"].as<std::string>();
   const auto start = std::chrono::steady_clock::now();
-  const auto r = data::tokenize_files(tokenizer, args["files"].as<std::vector<std::string>>(), out,
-                                      width, threads);
+  const auto r =
+      data::tokenize_files(tokenizer, files, out, width, threads, args.count("allow-special") > 0);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double rate = seconds > 0 ? static_cast<double>(r.tokens) / seconds : 0.0;
@@ -79,9 +101,9 @@ int tokenize_command(int argc, char** argv) {
         << "\n";
   } else {
     std::cout << strprintf("wrote %s: %" PRId64 " tokens (%s) of %" PRId64
-                           " documents, %.1f MB of text, in %.2f s: %.0f tokens/s on %d threads\n",
-                           out.c_str(), r.tokens, type, r.documents, r.bytes / 1e6, seconds, rate,
-                           threads);
+                           " document%s, %.1f MB of text, in %.2f s: %.0f tokens/s on %d threads\n",
+                           out.c_str(), r.tokens, type, r.documents, r.documents == 1 ? "" : "s",
+                           r.bytes / 1e6, seconds, rate, threads);
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "config/loader.h"
 #include "distributed/env.h"
 #include "engine/loop/components.h"
+#include "engine/loop/mlflow_run.h"
 #include "engine/loop/run_dir.h"
 #include "engine/loop/trainer.h"
 #include "util/fileio.h"
@@ -170,6 +171,7 @@ int train_command(int argc, char** argv) {
     std::cout << resolved;
     return 0;
   }
+  engine::check_mlflow_setup(loaded);
   // launch.nproc_per_node above 1: this process becomes the launcher of a local job.
   const int nproc = local_processes(loaded.cfg.launch.nproc_per_node, loaded.cfg.device);
   if (!job.launched() && nproc > 1 && !args.count("dry-run")) {

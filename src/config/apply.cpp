@@ -95,6 +95,7 @@ const char* type_name() {
   if constexpr (std::is_same_v<T, std::string>) return "a string";
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "a list of integers";
   if constexpr (std::is_same_v<T, std::vector<double>>) return "a list of numbers";
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) return "a list of names";
   return "a value";
 }
 

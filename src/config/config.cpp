@@ -38,6 +38,7 @@ std::optional<int64_t> checkpoint_period(const std::string& spec) {
 void RunConfig::validate(Checks& c) const {
   c.at_least("log_every", log_every, 1);
   c.at_least("eval_every", eval_every, 0);
+  c.at_least("eval_batches", eval_batches, 0);
   c.at_least("checkpoint_every", checkpoint_every, 0);
   c.at_least("keep_last", keep_last, 1);
   if (!keep_best.empty()) c.one_of("keep_best", keep_best, {"top1", "top5", "loss", "ppl"});
@@ -51,6 +52,23 @@ void ModelConfig::validate(Checks& c) const {
     c.add("checkpointing",
           "must be none, blocks or every:N with N >= 1, got '" + checkpointing + "'");
   }
+}
+
+void LoraConfig::validate(Checks& c) const {
+  c.at_least("rank", rank, 0);
+  if (!(alpha > 0.0 && alpha < 1e300)) {
+    c.add("alpha", "must be a positive number (PEFT's lora_alpha), got " + format_number(alpha));
+  }
+  if (!(dropout >= 0.0 && dropout < 1.0)) {
+    c.add("dropout", "must be in [0, 1), got " + format_number(dropout));
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i].empty() || targets[i].find('.') != std::string::npos) {
+      c.add("targets", "every entry must be a module name's last part (q_proj, c_attn), got '" +
+                           targets[i] + "' at item " + std::to_string(i + 1));
+    }
+  }
+  c.one_of("base_dtype", base_dtype, {"float32", "bfloat16", "float16"});
 }
 
 void DataSetKeys::validate(Checks& c) const {
@@ -95,6 +113,7 @@ void TrainConfig::validate(Checks& c) const {
   c.at_least("grad_accum_steps", grad_accum_steps, 1);
   c.at_least("clip_grad_norm", clip_grad_norm, 0.0);
   c.at_least("max_bad_steps", max_bad_steps, 0);
+  c.at_least("max_rollbacks", max_rollbacks, 1);
   c.fraction("label_smoothing", label_smoothing);
   if (rollback_on_nan && max_bad_steps == 0) {
     c.add("rollback_on_nan",
@@ -173,38 +192,6 @@ void DistConfig::validate(Checks& c) const {
 }
 
 void TrackingConfig::validate(Checks& /*c*/) const {}
-
-std::vector<std::pair<std::string, std::string>> MlflowConfig::tag_list(
-    std::optional<std::string>* malformed) const {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& item : split(tags, ',')) {
-    const auto eq = item.find('=');
-    const std::string key = eq == std::string::npos ? "" : trim(item.substr(0, eq));
-    if (key.empty()) {
-      if (malformed && !*malformed) *malformed = item;
-      continue;
-    }
-    out.emplace_back(key, trim(item.substr(eq + 1)));
-  }
-  return out;
-}
-
-void MlflowConfig::validate(Checks& c) const {
-  if (!uri.empty() && uri.rfind("http://", 0) != 0 && uri.rfind("https://", 0) != 0) {
-    c.add("uri",
-          "must be the http:// or https:// address of an MLflow tracking server (start "
-          "one with `mlflow server --host 127.0.0.1 --port 5000`), got '" +
-              uri + "'");
-  }
-  if (!uri.empty() && experiment.empty()) c.add("experiment", "must name an experiment");
-  std::optional<std::string> malformed;
-  tag_list(&malformed);
-  if (malformed) {
-    c.add("tags",
-          "expected key=value pairs separated by commas (e.g. team=vision,owner=ana), got '" +
-              *malformed + "'");
-  }
-}
 
 void ProfileConfig::validate(Checks& c) const {
   c.at_least("start_step", start_step, 0);

@@ -20,6 +20,7 @@ struct RunConfig {
   std::string dir;               // run directory; empty = runs/<config file stem>
   int64_t log_every = 10;        // optimizer steps between train metric lines
   int64_t eval_every = 0;        // optimizer steps between evaluations; 0 = end of each epoch
+  int64_t eval_batches = 0;      // batches per rank an evaluation in training reads; 0 = all
   int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = end of each epoch
   int64_t keep_last = 3;         // training checkpoints kept
   std::string keep_best;  // also keep the best checkpoint by this val metric: top1|top5|loss|ppl
@@ -39,6 +40,7 @@ struct RunConfig {
     v("dir", dir);
     v("log_every", log_every);
     v("eval_every", eval_every);
+    v("eval_batches", eval_batches);
     v("checkpoint_every", checkpoint_every);
     v("keep_last", keep_last);
     v("keep_best", keep_best);
@@ -52,6 +54,35 @@ struct RunConfig {
   }
 };
 
+// LoRA adapters on a frozen base (nn/lora.h), with PEFT's semantics: y = base(x) +
+// B(A(dropout(x))) * scaling, A [rank, in] kaiming-uniform, B [out, rank] zeros, scaling
+// alpha / rank (alpha / sqrt(rank) with rslora). Only the adapters train.
+struct LoraConfig {
+  int64_t rank = 0;                    // the adapters' rank r; 0 = no LoRA (the whole model trains)
+  double alpha = 8.0;                  // scaling numerator (PEFT's lora_alpha)
+  double dropout = 0.0;                // dropout on the adapters' input while training
+  std::vector<std::string> targets;    // linear layers adapted, by their module name's last part
+                                       // (q_proj, v_proj, c_attn, ...); empty = PEFT's default for
+                                       // the model (q_proj and v_proj; gpt: c_attn)
+  bool rslora = false;                 // rank-stabilised scaling alpha / sqrt(rank)
+  std::string base_dtype = "float32";  // the frozen base's dtype: float32|bfloat16|float16
+
+  bool enabled() const { return rank > 0; }
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("rank", rank);
+    v("alpha", alpha);
+    v("dropout", dropout);
+    v("targets", targets);
+    v("rslora", rslora);
+    v("base_dtype", base_dtype);
+  }
+};
+
 struct ModelConfig {
   std::string name = "mlp";            // model registry name
   int64_t num_classes = 0;             // output classes; 0 = the dataset's class count
@@ -59,6 +90,7 @@ struct ModelConfig {
   std::string pretrained;              // safetensors file to initialise from; empty = none
   bool pretrained_skip_head =
       false;        // re-initialise a classifier whose shape differs (fine-tuning)
+  LoraConfig lora;  // low-rank adapters on a frozen base; off unless lora.rank > 0
   Entries options;  // each model's own keys (model.hidden, model.n_layer, ...), in its file
 
   // The options of the selected model, as that model's struct.
@@ -77,6 +109,7 @@ struct ModelConfig {
     v("checkpointing", checkpointing);
     v("pretrained", pretrained);
     v("pretrained_skip_head", pretrained_skip_head);
+    v("lora", lora);
     v("", options);
   }
 };
@@ -232,6 +265,8 @@ struct TrainConfig {
   ZScoreConfig skip_update_zscore;  // skip the updates of loss or gradient-norm spikes
   bool rollback_on_nan = false;     // an inf/NaN loss reloads the last checkpoint and goes on
                                     // after the bad step's data
+  int64_t max_rollbacks = 5;        // rollback_on_nan: the rollbacks a run may make; one more
+                                    // ends it (exit 1)
 
   // Range checks of this section's own keys (config.cpp).
   void validate(Checks& checks) const;
@@ -252,6 +287,7 @@ struct TrainConfig {
     v("ema", ema);
     v("skip_update_zscore", skip_update_zscore);
     v("rollback_on_nan", rollback_on_nan);
+    v("max_rollbacks", max_rollbacks);
   }
 };
 

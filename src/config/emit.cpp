@@ -1,5 +1,6 @@
 // Printing the configuration: to_yaml() writes every key as YAML that loads back to an equal
-// Config; flatten() and lookup() give each leaf as (key path, value) text.
+// Config (a URL's credentials masked); flatten() and lookup() give each leaf as (key path, value)
+// text.
 
 #include <cctype>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "config/loader.h"
 #include "config/loader_internal.h"
 #include "util/format.h"
+#include "util/url.h"
 
 namespace trainer::config {
 namespace detail {
@@ -80,7 +82,8 @@ std::string format_leaf(int64_t v) {
 std::string format_leaf(double v) {
   return format_number(v);
 }
-std::string format_leaf(const std::string& v) {
+std::string format_leaf(const std::string& text) {
+  const std::string v = mask_url_credentials(text);  // nothing printed or stored holds a secret
   return is_plain_safe(v) ? v : quote(v);
 }
 template <class E>
@@ -171,7 +174,7 @@ struct Flattener {
     } else if constexpr (is_section_list_v<T>) {
       out->emplace_back(prefix + name, flow_list(field));
     } else if constexpr (std::is_same_v<T, std::string>) {
-      out->emplace_back(prefix + name, field);
+      out->emplace_back(prefix + name, mask_url_credentials(field));
     } else {
       out->emplace_back(prefix + name, format_leaf(field));
     }

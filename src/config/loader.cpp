@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/loader_internal.h"
+#include "util/url.h"
 
 namespace trainer::config {
 
@@ -117,7 +118,7 @@ struct Loader {
   }
 
   void apply_override(const std::string& arg) {
-    const Location loc{"--set " + arg, 0, 0};
+    const Location loc{"--set " + mask_url_credentials(arg), 0, 0};  // shown: no secret
     const Ctx ctx{loc.file, true, loc, &issues, &origins, &paths};
     const auto eq = arg.find('=');
     if (eq == std::string::npos) {

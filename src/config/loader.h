@@ -52,15 +52,16 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env);
 void check(const LoadedConfig& loaded, const Environment& env);
 
 // The full configuration as YAML: every key, in declaration order. Loading it back gives an
-// equal Config.
+// equal Config, except that the credentials of a URL (tracking.mlflow.uri's
+// http://user:password@host) are masked (util/url.h): what is printed or stored holds no secret.
 std::string to_yaml(const Config& cfg);
 
 // Every valid leaf key path of `cfg` ("seed", "optim.lr", ...), in declaration order, the entries'
 // own keys after their section's, each once.
 std::vector<std::string> key_paths(const Config& cfg = Config{});
 
-// Every leaf as (key path, value): strings as they are, the rest as to_yaml writes them; in
-// declaration order.
+// Every leaf as (key path, value): strings as they are (a URL's credentials masked, as to_yaml
+// does), the rest as to_yaml writes them; in declaration order.
 std::vector<std::pair<std::string, std::string>> flatten(const Config& cfg);
 
 // The value of leaf `key` as flatten() gives it; nullopt when `cfg` has no such key.

@@ -21,13 +21,27 @@
 
 namespace trainer::data {
 
+// A target the loss leaves out (a token that does not train, padding): PyTorch's ignore_index,
+// as losses::kIgnoreIndex.
+constexpr int64_t kIgnoreTarget = -100;
+
 // A batch on the host: inputs [B, ...sample_shape] (float32 images or int64 tokens), targets
-// [B] int64 class indices or [B, T] int64 next tokens.
+// [B] int64 class indices or [B, T] int64 next tokens (kIgnoreTarget where none trains).
 struct Batch {
   torch::Tensor inputs;
   torch::Tensor targets;
   int64_t bad_samples = 0;            // unreadable samples replaced by others in this batch
   std::vector<int64_t> indices = {};  // the data set's samples the loader asked for, in order
+  // Packed token sequences (data.pack: several documents in a row): [B, T] int64, each token's
+  // position within its document, 0 at a document's first token (padding after the documents is
+  // one more document). Undefined when each row is one document at positions 0..T-1. A model
+  // given positions must (1) rotate queries and keys by these positions (RoPE) instead of
+  // 0..T-1, and (2) keep attention inside each document: with doc(t) the number of zeros in
+  // positions[b, 0..t], token t attends to token u only if u <= t and doc(u) == doc(t) (a
+  // block-diagonal causal mask, e.g. a [B, 1, T, T] boolean SDPA attn_mask, or FlashAttention's
+  // varlen form with cu_seqlens at the zeros). Then a packed row computes what its documents
+  // compute each in a row of its own.
+  torch::Tensor positions = {};
 };
 
 // Which epoch a batch belongs to: per-sample randomness (augmentation, window offsets) is drawn
@@ -118,9 +132,11 @@ class DataConfigError : public std::invalid_argument {
 
 // What a data set is built for, beyond its config section.
 struct DataContext {
-  int64_t seed = 0;            // the run's seed
-  int64_t context_length = 0;  // tokens per sample the model reads (0: not a language model), the
-                               // length token data cuts samples to when data.seq_len is 0
+  int64_t seed = 0;             // the run's seed
+  int64_t context_length = 0;   // tokens per sample the model reads (0: not a language model), the
+                                // length token data cuts samples to when data.seq_len is 0
+  std::string pretrained = {};  // model.pretrained: a Hugging Face model folder, or a safetensors
+                                // file in one, whose tokenizer chat data reads; "" for none
 };
 
 // Builds the splits from the data section (each data set reads its own keys with cfg.own<T>()).
@@ -128,7 +144,7 @@ using DatasetFactory = std::function<Splits(const config::DataConfig& cfg, const
 using DatasetRegistry = Registry<DatasetFactory>;
 
 // The built-in datasets (synthetic, synthetic_tokens, fashion_mnist, cifar10, imagefolder, tokens,
-// webdataset, mix).
+// webdataset, mix, chat).
 const DatasetRegistry& dataset_registry();
 
 // The data section with every data set's default options and name `name`.

@@ -16,7 +16,8 @@
 namespace trainer::data {
 namespace {
 
-// The largest side accepted; larger headers are treated as corrupt.
+// The longest side decoded: a header with a longer one (within data.max_image_pixels) is refused
+// with its own message.
 constexpr int64_t kMaxSide = 1 << 15;
 
 bool is_jpeg(const std::vector<uint8_t>& b) {
@@ -33,21 +34,48 @@ bool is_png(const std::vector<uint8_t>& b) {
 }
 
 // One decompressor per thread: libjpeg-turbo handles are not thread-safe, and making one per
-// image costs an allocation of some kilobytes.
+// image costs an allocation of some kilobytes. A handle that has failed is never used again:
+// libjpeg-turbo 2.1 leaves it in a state that misreads the next image (a header cut before its
+// SOS marker makes the next valid one read as 0x0), so jpeg_failed() drops it and the next call
+// makes a fresh one.
+using TjHandle = std::unique_ptr<void, int (*)(tjhandle)>;
+
+TjHandle& thread_decoder() {
+  thread_local TjHandle handle(nullptr, &tjDestroy);
+  return handle;
+}
+
 tjhandle jpeg_decoder() {
-  thread_local std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), &tjDestroy);
+  TjHandle& handle = thread_decoder();
+  if (!handle) handle.reset(tjInitDecompress());
   if (!handle) throw DataError(std::string("libjpeg-turbo: ") + tjGetErrorStr2(nullptr));
   return handle.get();
 }
 
-// A header's size against the pixel limit, as Pillow's DecompressionBombError does.
-void check_pixels(const std::string& path, int64_t width, int64_t height, int64_t max_pixels) {
-  if (width * height <= max_pixels) return;
-  throw DataError(path + ": " + std::to_string(width) + "x" + std::to_string(height) + " = " +
-                  std::to_string(width * height) + " pixels is more than data.max_image_pixels (" +
-                  std::to_string(max_pixels) +
-                  "): a decompression bomb or a corrupt header; raise data.max_image_pixels if "
-                  "the image is genuine");
+// Drops this thread's decompressor (see jpeg_decoder) and throws DataError(message).
+[[noreturn]] void jpeg_failed(const std::string& message) {
+  thread_decoder().reset();
+  throw DataError(message);
+}
+
+// A header's size: more pixels than `max_pixels` is refused as Pillow's DecompressionBombError
+// refuses it, then a side longer than kMaxSide, then an empty image.
+void check_size(const std::string& path, const char* format, int64_t width, int64_t height,
+                int64_t max_pixels) {
+  const std::string size = std::to_string(width) + "x" + std::to_string(height);
+  if (width * height > max_pixels) {
+    throw DataError(path + ": " + size + " = " + std::to_string(width * height) +
+                    " pixels is more than data.max_image_pixels (" + std::to_string(max_pixels) +
+                    "): a decompression bomb or a corrupt header; raise data.max_image_pixels if "
+                    "the image is genuine");
+  }
+  if (width > kMaxSide || height > kMaxSide) {
+    throw DataError(path + ": " + size + ": a side longer than " + std::to_string(kMaxSide) +
+                    " pixels, the most the image decoder takes; resize the image");
+  }
+  if (width <= 0 || height <= 0) {
+    throw DataError(path + ": corrupt " + format + ": size " + size + " in the header");
+  }
 }
 
 struct JpegHeader {
@@ -61,13 +89,13 @@ JpegHeader jpeg_header(const std::vector<uint8_t>& bytes, const std::string& pat
   tjhandle tj = jpeg_decoder();
   if (tjDecompressHeader3(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), &h.width,
                           &h.height, &subsamp, &h.colorspace) != 0) {
-    throw DataError(path + ": corrupt JPEG header: " + tjGetErrorStr2(tj));
+    jpeg_failed(path + ": corrupt JPEG header: " + tjGetErrorStr2(tj));
   }
-  if (h.width <= 0 || h.height <= 0 || h.width > kMaxSide || h.height > kMaxSide) {
-    throw DataError(path + ": corrupt JPEG: size " + std::to_string(h.width) + "x" +
-                    std::to_string(h.height) + " in the header is out of range");
+  try {
+    check_size(path, "JPEG", h.width, h.height, max_pixels);
+  } catch (const DataError& e) {
+    jpeg_failed(e.what());
   }
-  check_pixels(path, h.width, h.height, max_pixels);
   return h;
 }
 
@@ -146,9 +174,10 @@ Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, Re
     // Warnings leave a usable image (e.g. extraneous bytes before a marker), except data that
     // ends before the header's size is filled ("Premature end of JPEG file", "... premature end
     // of data segment"), whose missing rows come out grey.
-    if (tjGetErrorCode(tj) != TJERR_WARNING || why.find("remature end") != std::string::npos) {
-      throw DataError(path + ": corrupt JPEG: " + why);
-    }
+    const bool usable =
+        tjGetErrorCode(tj) == TJERR_WARNING && why.find("remature end") == std::string::npos;
+    thread_decoder().reset();  // after a warning too: no handle that has failed decodes again
+    if (!usable) throw DataError(path + ": corrupt JPEG: " + why);
   }
   return rgb_image(std::move(pixels), h.width, h.height, cmyk);
 }
@@ -162,11 +191,10 @@ SpngContext png_context(const std::vector<uint8_t>& bytes, const std::string& pa
                         int64_t max_pixels) {
   SpngContext ctx(spng_ctx_new(0));
   if (!ctx) throw DataError(path + ": out of memory for the PNG decoder");
-  spng_set_image_limits(ctx.get(), kMaxSide, kMaxSide);
   int rc = spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size());
   if (rc == 0) rc = spng_get_ihdr(ctx.get(), &ihdr);
   if (rc != 0) throw DataError(path + ": corrupt PNG: " + spng_strerror(rc));
-  check_pixels(path, ihdr.width, ihdr.height, max_pixels);
+  check_size(path, "PNG", ihdr.width, ihdr.height, max_pixels);
   return ctx;
 }
 

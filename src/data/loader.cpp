@@ -169,6 +169,7 @@ struct Loader::State {
     if (pin) {
       b.inputs = b.inputs.pin_memory();
       b.targets = b.targets.pin_memory();
+      if (b.positions.defined()) b.positions = b.positions.pin_memory();
     }
     return b;
   }

@@ -163,24 +163,58 @@ DataConfigError in_part(const DataConfigError& e, const std::string& prefix) {
   return DataConfigError(key, e.message());
 }
 
-// The spec of the mix: the parts' samples must have one shape and kind; classes agree by name
-// where the parts name them.
+// A part's label space for messages: "2 classes (a, b)" or "4 classes, unnamed (labels 0..3)".
+std::string classes_text(const DataSpec& spec) {
+  std::string out = std::to_string(spec.num_classes) + " classes";
+  if (spec.class_names.empty()) {
+    return out + ", unnamed (labels 0.." + std::to_string(spec.num_classes - 1) + ")";
+  }
+  std::string names;
+  for (size_t i = 0; i < spec.class_names.size() && i < 6; ++i) {
+    names += (i ? ", " : "") + spec.class_names[i];
+  }
+  return out + " (" + names + (spec.class_names.size() > 6 ? ", ..." : "") + ")";
+}
+
+// Class labels mean the same in `part` as in `named` (the first part that names its classes, or
+// the first part): the same number of classes, and the same names in the same order where both
+// name them. A part without names takes the other's, and a warning says so.
+void check_label_space(const DataSpec& named, const DataSpec& part, const std::string& named_name,
+                       const std::string& part_name) {
+  if (named.num_classes != part.num_classes ||
+      (!part.class_names.empty() && part.class_names != named.class_names)) {
+    throw DataConfigError(
+        "data.mix", named_name + " has " + classes_text(named) + ", " + part_name + " " +
+                        classes_text(part) +
+                        ": a label would mean another class in each; mix data sets with the same "
+                        "classes in the same order (webdataset: data.classes_file names them, "
+                        "data.classes sets their number)");
+  }
+  if (part.class_names.empty() && !named.class_names.empty()) {
+    log::warn("data.mix: " + part_name +
+              " does not name its classes; its labels are taken to mean " + named_name + "'s " +
+              classes_text(named));
+  }
+}
+
+// The spec of the mix: the parts' samples must have one shape and kind; class labels one meaning
+// (check_label_space); token sets the largest vocabulary.
 DataSpec combined_spec(const std::vector<Splits>& parts, const std::vector<std::string>& names) {
-  DataSpec spec = parts.front().spec;
-  for (size_t j = 1; j < parts.size(); ++j) {
+  size_t named = 0;  // the first part that names its classes, else the first
+  while (named + 1 < parts.size() && parts[named].spec.class_names.empty()) ++named;
+  if (parts[named].spec.class_names.empty()) named = 0;
+  DataSpec spec = parts[named].spec;
+  for (size_t j = 0; j < parts.size(); ++j) {
     const DataSpec& s = parts[j].spec;
     if (s.sample_shape != spec.sample_shape || s.sequence != spec.sequence) {
-      throw DataConfigError(
-          "data.mix", names[j] + "'s samples are " + shape_text(s.sample_shape) + ", " + names[0] +
-                          "'s " + shape_text(spec.sample_shape) +
-                          "; mix data sets whose samples have one shape (e.g. one "
-                          "data.image_size, one data.seq_len)");
+      throw DataConfigError("data.mix",
+                            names[j] + "'s samples are " + shape_text(s.sample_shape) + ", " +
+                                names[named] + "'s " + shape_text(spec.sample_shape) +
+                                "; mix data sets whose samples have one shape (e.g. one "
+                                "data.image_size, one data.seq_len)");
     }
-    if (!s.class_names.empty() && !spec.class_names.empty() && s.class_names != spec.class_names) {
-      throw DataConfigError("data.mix", names[j] + " names its classes otherwise than " + names[0] +
-                                            "; mix data sets whose labels mean the same classes");
-    }
-    if (spec.class_names.empty()) spec.class_names = s.class_names;
+    if (j == named) continue;
+    if (!s.sequence) check_label_space(spec, s, names[named], names[j]);
     spec.num_classes = std::max(spec.num_classes, s.num_classes);
   }
   return spec;

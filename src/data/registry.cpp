@@ -13,6 +13,7 @@ namespace trainer::data {
   X(tokens)                         \
   X(webdataset)                     \
   X(mix)                            \
+  X(chat)                           \
   /* end of the list */
 
 using R = DatasetRegistry;

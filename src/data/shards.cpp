@@ -16,12 +16,40 @@ namespace {
 
 constexpr int64_t kBlock = 512;
 
+// The most names a brace pattern may expand to: far more shards than a data set has, and few
+// enough to list (a range such as {000000..999999999} is a mistake, not 17 GB of names).
+constexpr uint64_t kMaxNames = 1000000;
+
 bool all_digits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// The alternatives of one brace's body: "a,b" or "000..146".
-std::vector<std::string> brace_items(const std::string& body, const std::string& pattern) {
+// One brace of a pattern: a range of numbers ("000..146", "5..1") or a list of alternatives.
+struct Brace {
+  std::vector<std::string> items;  // a list's alternatives
+  bool range = false;
+  int64_t first = 0, last = 0;  // a range's ends, counted up or (first > last) down
+  size_t width = 0;             // zero-padded to this many digits
+  std::string text;             // as written, for messages
+
+  uint64_t count() const {
+    if (!range) return items.size();
+    return static_cast<uint64_t>(first <= last ? last - first : first - last) + 1;
+  }
+  std::string at(uint64_t i) const {
+    if (!range) return items[static_cast<size_t>(i)];
+    const auto step = static_cast<int64_t>(i);
+    std::string n = std::to_string(first <= last ? first + step : first - step);
+    if (n.size() < width) n.insert(0, width - n.size(), '0');
+    return n;
+  }
+};
+
+// A brace's body: "a,b" or "000..146". A range is padded as bash and braceexpand pad it: when
+// either end starts with a zero, to the longer end's width.
+Brace parse_brace(const std::string& body, const std::string& pattern) {
+  Brace brace;
+  brace.text = "{" + body + "}";
   const auto dots = body.find("..");
   if (dots != std::string::npos && body.find(',') == std::string::npos) {
     const std::string lo = body.substr(0, dots), hi = body.substr(dots + 2);
@@ -29,22 +57,19 @@ std::vector<std::string> brace_items(const std::string& body, const std::string&
       throw std::invalid_argument(pattern + ": {" + body +
                                   "} is not a range of numbers such as {000..146}");
     }
-    const int64_t a = std::stoll(lo), b = std::stoll(hi);
-    std::vector<std::string> out;
-    for (int64_t i = a; i <= b; ++i) {
-      std::string n = std::to_string(i);
-      if (n.size() < lo.size()) n.insert(0, lo.size() - n.size(), '0');
-      out.push_back(n);
-    }
-    return out;
+    brace.range = true;
+    brace.first = std::stoll(lo);
+    brace.last = std::stoll(hi);
+    const bool padded = (lo.size() > 1 && lo[0] == '0') || (hi.size() > 1 && hi[0] == '0');
+    brace.width = padded ? std::max(lo.size(), hi.size()) : 0;
+    return brace;
   }
-  std::vector<std::string> out;
   size_t start = 0;
   for (size_t comma; (comma = body.find(',', start)) != std::string::npos; start = comma + 1) {
-    out.push_back(body.substr(start, comma - start));
+    brace.items.push_back(body.substr(start, comma - start));
   }
-  out.push_back(body.substr(start));
-  return out;
+  brace.items.push_back(body.substr(start));
+  return brace;
 }
 
 // An octal header field, or GNU's base-256 for large sizes; -1 when malformed.
@@ -93,20 +118,43 @@ std::string pax_path(const std::vector<uint8_t>& data) {
 }  // namespace
 
 std::vector<std::string> expand_braces(const std::string& pattern) {
-  const auto open = pattern.find('{');
-  if (open == std::string::npos) {
-    if (pattern.find('}') != std::string::npos) {
-      throw std::invalid_argument(pattern + ": a '}' without its '{'");
+  std::vector<std::string> literals;  // the text around the braces: one more than braces
+  std::vector<Brace> braces;
+  for (size_t at = 0;;) {
+    const auto open = pattern.find('{', at);
+    const auto stray = pattern.find('}', at);
+    if (stray < open) throw std::invalid_argument(pattern + ": a '}' without its '{'");
+    literals.push_back(pattern.substr(at, open == std::string::npos ? open : open - at));
+    if (open == std::string::npos) break;
+    const auto close = pattern.find('}', open);
+    if (close == std::string::npos) {
+      throw std::invalid_argument(pattern + ": a '{' without its '}'");
     }
-    return {pattern};
+    braces.push_back(parse_brace(pattern.substr(open + 1, close - open - 1), pattern));
+    at = close + 1;
   }
-  const auto close = pattern.find('}', open);
-  if (close == std::string::npos) throw std::invalid_argument(pattern + ": a '{' without its '}'");
-  const std::string head = pattern.substr(0, open);
+  uint64_t total = 1;  // counted before anything is expanded
+  for (const auto& brace : braces) {
+    const uint64_t n = brace.count();
+    if (n > 0 && total > kMaxNames / n) {
+      throw std::invalid_argument(
+          pattern + ": names more than " + std::to_string(kMaxNames) + " files" +
+          (n > kMaxNames ? " (" + brace.text + " alone " + std::to_string(n) + ")" : "") +
+          ", more shards than a data set has; check the ranges' ends (e.g. {000000..000146} for "
+          "147 shards)");
+    }
+    total *= n;
+  }
   std::vector<std::string> out;
-  const auto tails = expand_braces(pattern.substr(close + 1));
-  for (const auto& item : brace_items(pattern.substr(open + 1, close - open - 1), pattern)) {
-    for (const auto& tail : tails) out.push_back(head + item + tail);
+  out.reserve(static_cast<size_t>(total));
+  for (uint64_t k = 0; k < total; ++k) {  // the last brace varies fastest
+    std::string name = literals.back();
+    for (uint64_t rest = k, i = braces.size(); i-- > 0;) {
+      const uint64_t n = braces[i].count();
+      name = literals[i] + braces[i].at(rest % n) + name;
+      rest /= n;
+    }
+    out.push_back(std::move(name));
   }
   return out;
 }

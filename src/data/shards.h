@@ -8,9 +8,11 @@
 
 namespace trainer::data {
 
-// The names of a brace pattern, as webdataset's braceexpand: "{000..146}" counts (zero-padded to
-// the width of its first number), "{a,b}" lists; several braces multiply, left to right. Throws
-// std::invalid_argument naming the pattern for an unclosed brace or a range of non-numbers.
+// The names of a brace pattern, as webdataset's braceexpand and bash: "{000..146}" counts up and
+// "{146..000}" down (zero-padded to the longer end's width when either end starts with a zero),
+// "{a,b}" lists; several braces multiply, left to right. Throws std::invalid_argument naming the
+// pattern for an unclosed brace, a range of non-numbers, or more than a million names (counted
+// before any is made).
 std::vector<std::string> expand_braces(const std::string& pattern);
 
 // A regular file in a tar archive: its name and where its bytes are.

@@ -52,8 +52,11 @@ std::vector<size_t> chunk_ends(const std::string& text, size_t chunk) {
   return ends;
 }
 
-ParallelEncoder::ParallelEncoder(const Gpt2Tokenizer& tokenizer, int threads)
-    : tokenizer_(tokenizer), threads_(std::max(threads, 1)), caches_(threads_) {}
+ParallelEncoder::ParallelEncoder(const BpeTokenizer& tokenizer, int threads, bool allow_special)
+    : tokenizer_(tokenizer),
+      threads_(std::max(threads, 1)),
+      allow_special_(allow_special),
+      caches_(static_cast<size_t>(threads_)) {}
 
 std::vector<std::vector<int32_t>> ParallelEncoder::encode(const std::vector<std::string>& texts) {
   struct Chunk {
@@ -62,18 +65,22 @@ std::vector<std::vector<int32_t>> ParallelEncoder::encode(const std::vector<std:
   std::vector<Chunk> chunks;
   for (size_t t = 0; t < texts.size(); ++t) {
     size_t begin = 0;
-    for (size_t end : chunk_ends(texts[t], kChunkBytes)) {
+    const auto ends = tokenizer_.cuts_at_newlines() ? chunk_ends(texts[t], kChunkBytes)
+                                                    : std::vector<size_t>{texts[t].size()};
+    for (size_t end : ends) {
       chunks.push_back({t, begin, end});
       begin = end;
     }
   }
   std::vector<std::vector<int32_t>> parts(chunks.size());
   std::atomic<size_t> next{0};
-  const auto work = [&](Gpt2Tokenizer::PieceCache& cache) {
+  const auto work = [&](BpeTokenizer::PieceCache& cache) {
     for (size_t c = next++; c < chunks.size(); c = next++) {
       const auto& k = chunks[c];
       if (cache.size() > kMaxCachedPieces) cache.clear();
-      tokenizer_.encode_into(texts[k.text].substr(k.begin, k.end - k.begin), cache, parts[c]);
+      const std::string_view text =
+          std::string_view(texts[k.text]).substr(k.begin, k.end - k.begin);
+      tokenizer_.encode_into(text, allow_special_, &cache, parts[c]);
     }
   };
   const int helpers = static_cast<int>(std::min<size_t>(threads_, chunks.size())) - 1;
@@ -89,14 +96,17 @@ std::vector<std::vector<int32_t>> ParallelEncoder::encode(const std::vector<std:
   return out;
 }
 
-TokenizeResult tokenize_files(const Gpt2Tokenizer& tokenizer, const std::vector<std::string>& files,
-                              const std::string& out, int width, int threads) {
-  if (files.size() > 1 && tokenizer.end_of_text() < 0) {
-    throw DataError("the tokenizer has no <|endoftext|> token to put between documents");
+TokenizeResult tokenize_files(const BpeTokenizer& tokenizer, const std::vector<std::string>& files,
+                              const std::string& out, int width, int threads, bool allow_special) {
+  const int64_t separator = tokenizer.end_of_text();
+  if (files.size() > 1 && separator < 0) {
+    throw DataError(tokenizer.source() +
+                    ": the tokenizer has no <|endoftext|>, <|end_of_text|> or eos token to put "
+                    "between documents");
   }
   TokenizeResult result;
   result.width = width;
-  ParallelEncoder encoder(tokenizer, threads);
+  ParallelEncoder encoder(tokenizer, threads, allow_special);
   write_atomically(out, [&](const ByteSink& sink) {
     std::vector<uint8_t> bytes;
     for (size_t f = 0; f < files.size();) {
@@ -109,8 +119,7 @@ TokenizeResult tokenize_files(const Gpt2Tokenizer& tokenizer, const std::vector<
       }
       const auto encoded = encoder.encode(batch);
       for (size_t d = 0; d < batch.size(); ++d) {
-        if (result.documents > 0)
-          write_ids({static_cast<int32_t>(tokenizer.end_of_text())}, width, bytes, sink);
+        if (result.documents > 0) write_ids({static_cast<int32_t>(separator)}, width, bytes, sink);
         write_ids(encoded[d], width, bytes, sink);
         result.tokens += static_cast<int64_t>(encoded[d].size()) + (result.documents > 0 ? 1 : 0);
         result.bytes += static_cast<int64_t>(batch[d].size());

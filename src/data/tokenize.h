@@ -1,12 +1,12 @@
-// Text files to a token file of the `tokens` data set (trainer tokenize): GPT-2's BPE over many
-// threads. Torch-free.
+// Text files to a token file of the `tokens` data set (trainer tokenize): a byte-level BPE
+// tokenizer (hf_tokenizer.h) over many threads. Torch-free.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "data/gpt2_bpe.h"
+#include "data/hf_tokenizer.h"
 
 namespace trainer::data {
 
@@ -19,16 +19,19 @@ std::vector<size_t> chunk_ends(const std::string& text, size_t chunk);
 // to the next.
 class ParallelEncoder {
  public:
-  ParallelEncoder(const Gpt2Tokenizer& tokenizer, int threads);
+  // allow_special: special tokens written in the text are matched (else encoded as text).
+  ParallelEncoder(const BpeTokenizer& tokenizer, int threads, bool allow_special);
 
-  // The token ids of each of `texts`: the same as tokenizer.encode(text). The texts' chunks
-  // (chunk_ends) are shared out over the threads.
+  // The token ids of each of `texts`: the same as tokenizer.encode(text, allow_special). The
+  // texts' chunks (chunk_ends, when the tokenizer cuts at newlines) are shared out over the
+  // threads.
   std::vector<std::vector<int32_t>> encode(const std::vector<std::string>& texts);
 
  private:
-  const Gpt2Tokenizer& tokenizer_;
+  const BpeTokenizer& tokenizer_;
   int threads_;
-  std::vector<Gpt2Tokenizer::PieceCache> caches_;  // one per thread
+  bool allow_special_;
+  std::vector<BpeTokenizer::PieceCache> caches_;  // one per thread
 };
 
 // What tokenize_files wrote.
@@ -40,12 +43,12 @@ struct TokenizeResult {
 };
 
 // Writes the tokens of `files` (each one document, read whole, up to 64 MB of them at a time) to
-// `out` (atomically) as
-// little-endian integers of `width` bytes (2: uint16, nanoGPT's .bin; 4: uint32), the
-// tokenizer's <|endoftext|> between documents. Throws DataError naming a file that cannot be
-// read, or a tokenizer without <|endoftext|> when there are several documents; IoError when
-// `out` cannot be written.
-TokenizeResult tokenize_files(const Gpt2Tokenizer& tokenizer, const std::vector<std::string>& files,
-                              const std::string& out, int width, int threads);
+// `out` (atomically) as little-endian integers of `width` bytes (2: uint16, nanoGPT's .bin; 4:
+// uint32), the tokenizer's end_of_text() between documents. Throws DataError naming a file that
+// cannot be read, or a tokenizer without an end-of-text token when there are several documents;
+// IoError when `out` cannot be written.
+TokenizeResult tokenize_files(const BpeTokenizer& tokenizer, const std::vector<std::string>& files,
+                              const std::string& out, int width, int threads,
+                              bool allow_special = false);
 
 }  // namespace trainer::data

@@ -5,7 +5,9 @@
 //
 // A sample is a window of seq_len + 1 tokens: inputs the first seq_len, targets the last seq_len.
 // An epoch has (tokens - 1) / seq_len samples. Training windows start at random offsets drawn
-// from (seed, epoch, index); validation windows tile the split in order.
+// from (seed, epoch, index); validation windows tile the split in order. A mask file beside a token
+// file (train.mask beside train.bin: one byte a token, 0 where it does not train, as
+// scripts/render_chat.py writes) makes those targets kIgnoreTarget.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
@@ -22,6 +24,7 @@
 #include "data/dataset.h"
 #include "data/files.h"
 #include "util/format.h"
+#include "util/log.h"
 #include "util/random.h"
 
 namespace trainer::data {
@@ -74,6 +77,9 @@ struct TokenRange {
   std::shared_ptr<const TokenFile> file;
   int64_t width = 1;  // bytes per token
   int64_t begin = 0, end = 0;
+  // One byte a token, nonzero where it trains as a target (a .mask file beside the token file,
+  // as scripts/render_chat.py writes); null: every token trains.
+  std::shared_ptr<const TokenFile> mask;
 
   int64_t size() const { return end - begin; }
   // Tokens [first, first + n) of the range into `out`.
@@ -86,6 +92,23 @@ struct TokenRange {
       for (int64_t b = 0; b < width; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
       out[i] = static_cast<int64_t>(v);
     }
+  }
+  // Mask bytes [first, first + n) of the range into `out`.
+  void read_mask(int64_t first, int64_t n, uint8_t* out) const {
+    mask->read(static_cast<size_t>(begin + first), static_cast<size_t>(n), out);
+  }
+  // The tokens that train (all without a mask).
+  int64_t trained() const {
+    if (!mask) return size();
+    constexpr int64_t kChunk = int64_t{1} << 20;
+    std::vector<uint8_t> chunk(kChunk);
+    int64_t n = 0;
+    for (int64_t i = 0; i < size(); i += kChunk) {
+      const int64_t m = std::min(kChunk, size() - i);
+      read_mask(i, m, chunk.data());
+      n += m - std::count(chunk.begin(), chunk.begin() + m, 0);
+    }
+    return n;
   }
   int64_t max_token() const {
     constexpr int64_t kChunk = int64_t{1} << 20;  // tokens per read
@@ -118,6 +141,7 @@ class Tokens final : public Dataset {
     auto* out = targets.data_ptr<int64_t>();
     const int64_t last_start = tokens_.size() - t - 1;
     std::vector<int64_t> window(static_cast<size_t>(t + 1));
+    std::vector<uint8_t> mask(tokens_.mask ? static_cast<size_t>(t + 1) : 0);
     for (int64_t i = 0; i < b; ++i) {
       const int64_t n = indices[static_cast<size_t>(i)];
       int64_t start = n * t;
@@ -128,6 +152,12 @@ class Tokens final : public Dataset {
       tokens_.read(start, t + 1, window.data());  // [T + 1]
       std::copy(window.begin(), window.end() - 1, in + i * t);
       std::copy(window.begin() + 1, window.end(), out + i * t);
+      if (tokens_.mask) {  // targets that do not train
+        tokens_.read_mask(start, t + 1, mask.data());
+        for (int64_t k = 0; k < t; ++k) {
+          if (mask[k + 1] == 0) out[i * t + k] = kIgnoreTarget;
+        }
+      }
     }
     return Batch{inputs, targets};
   }
@@ -137,6 +167,14 @@ class Tokens final : public Dataset {
   int64_t seq_len_;
   bool random_;
 };
+
+// The mask file of token file `path`: its name with the extension .mask (train.bin: train.mask).
+std::string mask_path(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.rfind('.');
+  const bool suffix = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
+  return (suffix ? path.substr(0, dot) : path) + ".mask";
+}
 
 TokenRange open_tokens(const std::string& path, const std::string& format) {
   const bool uint16 = format == "uint16" || (format == "auto" && path.size() >= 4 &&
@@ -151,6 +189,16 @@ TokenRange open_tokens(const std::string& path, const std::string& format) {
                     "bytes for text)");
   }
   r.end = static_cast<int64_t>(r.file->size()) / r.width;
+  const std::string mask = mask_path(path);
+  if (is_file(mask)) {
+    r.mask = std::make_shared<const TokenFile>(mask);
+    if (static_cast<int64_t>(r.mask->size()) != r.end) {
+      throw DataError(mask + ": " + std::to_string(r.mask->size()) + " bytes for the " +
+                      std::to_string(r.end) + " tokens of " + path +
+                      "; a mask file holds one byte a token (1: it trains, 0: it does not), as "
+                      "scripts/render_chat.py writes it");
+    }
+  }
   return r;
 }
 
@@ -212,6 +260,12 @@ Splits make_tokens(const config::DataConfig& cfg, const DataContext& ctx) {
     check_length(val, seq_len, "the validation part (data.val_fraction)");
   } else {
     throw DataConfigError("data.root", root + ": no such file or directory");
+  }
+  if (train.mask) {
+    log::info(strprintf("tokens: %s: %.1f%% of the training tokens train",
+                        train.mask->path().c_str(),
+                        100.0 * static_cast<double>(train.trained()) /
+                            static_cast<double>(std::max<int64_t>(1, train.size()))));
   }
   Splits splits;
   splits.spec.sample_shape = {seq_len};

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,7 +45,9 @@ struct WebDatasetOptions {
   int64_t shuffle_buffer = 1000;  // samples in each stream's shuffle buffer
   int64_t streams = 0;  // streams of shards interleaved in each epoch's order; 0 = one per shard
   int64_t classes = 0;  // labels are in [0, classes); 0 = the largest training
-                        // label + 1
+                        // label + 1, or the classes_file's names
+  std::string classes_file;  // the class names, one a line (label 0 first); empty: classes.txt
+                             // beside the training shards, where there is one
   std::string on_bad_sample = "skip";  // a sample without an image or label, with a label out of
                                        // range, an unreadable image or a truncated shard: skip
                                        // (warn, count) or fail
@@ -60,6 +63,7 @@ struct WebDatasetOptions {
     v("shuffle_buffer", shuffle_buffer);
     v("streams", streams);
     v("classes", classes);
+    v("classes_file", classes_file);
     v("on_bad_sample", on_bad_sample);
   }
   void validate(config::Checks& c) const {
@@ -158,7 +162,10 @@ std::vector<Sample> group_samples(const TarListing& listing, int32_t shard,
     const TarMember* image = nullptr;
     std::optional<int64_t> label;
     bool labelled = false;
+    std::set<std::string> exts;
+    std::string twice;  // an extension of two members: which one is meant is unknown
     for (std::string k = key; i < m.size() && split_name(m[i].name, k, ext) && k == key; ++i) {
+      if (!exts.insert(ext).second && twice.empty()) twice = ext;
       if (!image && (ext == "jpg" || ext == "jpeg" || ext == "png")) image = &m[i];
       if (!labelled && (ext == "cls" || ext == "json" || ext == "txt")) {
         label = parse_label(ext, file.read(m[i].offset, m[i].size));
@@ -167,7 +174,12 @@ std::vector<Sample> group_samples(const TarListing& listing, int32_t shard,
     }
     const std::string where = file.path() + ": '" + key + "'";
     if (key == cut_key) continue;  // the shard was cut inside this sample: counted as truncated
-    if (!image) {
+    if (!twice.empty()) {
+      bad.add("with two members of one name", where,
+              "two members '" + key + "." + twice +
+                  "' in one sample (webdataset: duplicate file name); which one is meant is "
+                  "unknown");
+    } else if (!image) {
       bad.add("without an image (.jpg, .jpeg or .png)", where);
     } else if (!label) {
       bad.add("without a label (an integer in .cls, .json or .txt)", where);
@@ -360,6 +372,64 @@ std::vector<Sample> hold_out(std::vector<Sample>& train, double fraction, int64_
   return val;
 }
 
+// The class names in `path`, one a line (label 0 first), stripped of surrounding blanks as
+// timm's --class-map reads them. Throws DataConfigError(data.classes_file) for a file without
+// names, an empty line among them, or a name given twice.
+std::vector<std::string> read_class_names(const std::string& path) {
+  const auto bytes = read_file(path);
+  std::string text(bytes.begin(), bytes.end());
+  text.erase(text.find_last_not_of(" \t\r\n") + 1);  // blank lines at the end
+  std::vector<std::string> names;
+  std::map<std::string, size_t> line_of;
+  const std::string hint = "; one class name a line, label 0's first (make_shards.py writes them)";
+  for (size_t at = 0; !text.empty() && at <= text.size();) {
+    auto end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string name = text.substr(at, end - at);
+    const auto b = name.find_first_not_of(" \t\r"), e = name.find_last_not_of(" \t\r");
+    name = b == std::string::npos ? "" : name.substr(b, e - b + 1);
+    const std::string where = path + ":" + std::to_string(names.size() + 1) + ": ";
+    if (name.empty()) throw DataConfigError("data.classes_file", where + "an empty line" + hint);
+    if (line_of.count(name)) {
+      throw DataConfigError("data.classes_file", where + "'" + name + "' again (line " +
+                                                     std::to_string(line_of[name]) + ")" + hint);
+    }
+    line_of[name] = names.size() + 1;
+    names.push_back(name);
+    at = end + 1;
+  }
+  if (names.empty()) throw DataConfigError("data.classes_file", path + ": no class names" + hint);
+  return names;
+}
+
+// The class names of data.classes_file (relative to data.root), else of classes.txt beside the
+// first training shard where there is one; empty without either. Their number must be
+// data.classes where that is set.
+std::vector<std::string> class_names(const WebDatasetOptions& cfg, const std::string& root,
+                                     const std::string& first_shard) {
+  std::string path = cfg.classes_file;
+  if (path.empty()) {
+    const auto slash = first_shard.rfind('/');
+    path = (slash == std::string::npos ? "" : first_shard.substr(0, slash + 1)) + "classes.txt";
+    if (!is_file(path)) return {};
+  } else {
+    if (!root.empty() && path.front() != '/') path = root + "/" + path;
+    if (!is_file(path)) throw DataConfigError("data.classes_file", path + ": no such file");
+  }
+  auto names = read_class_names(path);
+  if (cfg.classes != 0 && cfg.classes != static_cast<int64_t>(names.size())) {
+    throw DataConfigError(
+        "data.classes",
+        std::to_string(cfg.classes) + " classes, but " + path + " names " +
+            std::to_string(names.size()) +
+            (cfg.classes_file.empty() ? " (read as it lies beside the shards)" : "") +
+            "; make them agree, or set data.classes_file to the file of the "
+            "shards' class names");
+  }
+  log::info("webdataset: " + std::to_string(names.size()) + " class names from " + path);
+  return names;
+}
+
 Splits make_webdataset(const config::DataConfig& data, const DataContext& ctx) {
   const auto& cfg = data.own<WebDatasetOptions>();
   if (cfg.shards.empty()) {
@@ -376,9 +446,10 @@ Splits make_webdataset(const config::DataConfig& data, const DataContext& ctx) {
                                               std::to_string(train.files->size()) + "), got " +
                                               std::to_string(cfg.streams));
   }
-  int64_t classes = cfg.classes;
-  for (const auto& s : train.samples) {
-    if (cfg.classes == 0) classes = std::max(classes, s.label + 1);
+  const auto names = class_names(cfg, root, train.files->front());
+  int64_t classes = names.empty() ? cfg.classes : static_cast<int64_t>(names.size());
+  if (classes == 0) {  // neither data.classes nor names: the largest training label + 1
+    for (const auto& s : train.samples) classes = std::max(classes, s.label + 1);
   }
   check_labels(train.samples, classes, *train.files, bad);
   ShardSet val;
@@ -403,6 +474,7 @@ Splits make_webdataset(const config::DataConfig& data, const DataContext& ctx) {
   Splits splits;
   splits.spec.sample_shape = {3, cfg.image.image_size, cfg.image.image_size};
   splits.spec.num_classes = classes;
+  splits.spec.class_names = names;
   splits.train = std::make_shared<WebDataset>(
       train.files, std::move(train.samples), cfg.streams, cfg.shuffle_buffer,
       transform_options(cfg.image, data, /*train=*/true), bad.fail);

@@ -75,7 +75,8 @@ std::string first_slurm_host(const std::string& nodelist) {
 DistEnv read_env(const GetEnv& getenv) {
   DistEnv e;
   if (getenv("RANK") != nullptr || getenv("WORLD_SIZE") != nullptr) {
-    e.source = "torchrun";
+    // trainer launch sets torchrun's variables and names itself.
+    e.source = getenv("TRAINER_LAUNCHER") != nullptr ? "trainer launch" : "torchrun";
     e.rank = int_var(getenv, "RANK", 0);
     e.world_size = int_var(getenv, "WORLD_SIZE", 1);
     e.local_rank = int_var(getenv, "LOCAL_RANK", e.rank);
@@ -112,7 +113,7 @@ DistEnv read_env(const GetEnv& getenv) {
   e.master_port = int_var(getenv, "MASTER_PORT", e.master_port);
   e.restart_count = int_var(getenv, "TORCHELASTIC_RESTART_COUNT", 0);
   const std::string vars =
-      e.source == "torchrun" ? "RANK/WORLD_SIZE"
+      e.source == "torchrun" || e.source == "trainer launch" ? "RANK/WORLD_SIZE"
                              : (e.source == "slurm" ? "SLURM_PROCID/SLURM_NTASKS"
                                                     : "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE");
   if (e.world_size < 1) throw EnvError("environment: the world size (" + vars + ") is 0");

@@ -16,7 +16,7 @@ class EnvError : public std::runtime_error {
 };
 
 struct DistEnv {
-  std::string source;                     // "torchrun", "slurm", "mpi"; "" = not launched
+  std::string source;  // "torchrun", "trainer launch", "slurm", "mpi"; "" = not launched
   int rank = 0;                           // global rank, 0..world_size-1
   int world_size = 1;                     // processes in the job
   int local_rank = 0;                     // rank among the processes of this node

@@ -43,11 +43,12 @@ struct Slot {
 
 struct FullyShardedDataParallel::Unit {
   enum class State { resharded, gathering, gathered };
+  bool frozen = false;      // parameters that get no gradient: gathered, never reduced or updated
   std::vector<Slot> slots;  // the decay ones first
   int64_t numel = 0;        // the parameters' elements
   int64_t padded = 0;       // numel rounded up to a multiple of the world size
   int64_t shard_numel = 0;  // padded / world size
-  torch::Tensor shard;      // float32 [shard_numel]: this rank's elements, what persists
+  torch::Tensor shard;      // float32 (frozen: their dtype) [shard_numel]: this rank's elements
   torch::Tensor full;       // param_dtype [padded]: the gathered buffer, freed when resharded
   State state = State::resharded;
   std::optional<Pending> gathering;
@@ -77,18 +78,33 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     torch::NoGradGuard no_grad;
     group->broadcast(buffers, /*root=*/0);
   }
-  for (size_t i = 0; i < units.size(); ++i) build_unit(i, std::move(units[i]), decay);
+  for (size_t i = 0; i < units.size(); ++i) {
+    NamedParams trainable, frozen;  // a unit's frozen parameters in a flat buffer of their own
+    for (auto& named : units[i]) {
+      (named.second.requires_grad() ? trainable : frozen).push_back(std::move(named));
+    }
+    units_.push_back(build_unit(i, std::move(trainable), decay, /*frozen=*/false));
+    frozen_.push_back(frozen.empty() ? nullptr : build_unit(i, std::move(frozen), decay, true));
+  }
   for (size_t i = 0; i < units_.size(); ++i) register_grad_hooks(i);
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() = default;
 
-void FullyShardedDataParallel::build_unit(size_t index, NamedParams params,
-                                          const std::function<bool(const std::string&)>& decay) {
+std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::build_unit(
+    size_t index, NamedParams params, const std::function<bool(const std::string&)>& decay,
+    bool frozen) {
   auto u = std::make_unique<Unit>();
+  u->frozen = frozen;
+  // Frozen parameters keep their dtype (a LoRA base in bfloat16) in the shard and when gathered,
+  // unless float32: gathered in param_dtype as the others.
+  c10::ScalarType dtype =
+      frozen && !params.empty() ? params.front().second.scalar_type() : torch::kFloat;
   for (auto& [name, p] : params) {
-    u->slots.push_back(Slot{name, p, p.sizes().vec(), 0, p.numel(), decay(name)});
+    u->slots.push_back(Slot{name, p, p.sizes().vec(), 0, p.numel(), !frozen && decay(name)});
+    if (p.scalar_type() != dtype) dtype = torch::kFloat;
   }
+  const c10::ScalarType gathered = dtype == torch::kFloat ? options_.param_dtype : dtype;
   std::stable_sort(u->slots.begin(), u->slots.end(),
                    [](const Slot& a, const Slot& b) { return a.decay && !b.decay; });
   int64_t decay_numel = 0;
@@ -106,12 +122,13 @@ void FullyShardedDataParallel::build_unit(size_t index, NamedParams params,
   for (const auto& s : u->slots) {
     flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
   }
-  if (group_ && world_ > 1) group_->broadcast({flat}, /*root=*/0);            // rank 0's weights
-  u->shard = flat.narrow(0, rank_ * u->shard_numel, u->shard_numel).clone();  // [S]
+  if (group_ && world_ > 1) group_->broadcast({flat}, /*root=*/0);  // rank 0's weights
+  u->shard = flat.narrow(0, rank_ * u->shard_numel, u->shard_numel).to(dtype, false, true);  // [S]
   flat = torch::Tensor();
-  u->full = torch::empty({u->padded}, on.dtype(options_.param_dtype));
+  u->full = torch::empty({u->padded}, on.dtype(gathered));
   for (auto& s : u->slots) s.param.set_data(u->full.narrow(0, s.offset, s.numel).view(s.shape));
   free_storage(u->full);
+  if (frozen) return u;
   // The optimizer's views: this rank's part of the decay range, then of the no-decay range.
   const int64_t begin = rank_ * u->shard_numel, end = begin + u->shard_numel;
   const std::pair<int64_t, int64_t> ranges[] = {{0, decay_numel}, {decay_numel, u->numel}};
@@ -121,7 +138,7 @@ void FullyShardedDataParallel::build_unit(size_t index, NamedParams params,
     views_.push_back(ShardView{"fsdp." + std::to_string(index) + (k == 0 ? ".decay" : ".no_decay"),
                                u->shard.narrow(0, a - begin, b - a), k == 0, index, a});
   }
-  units_.push_back(std::move(u));
+  return u;
 }
 
 void FullyShardedDataParallel::register_grad_hooks(size_t index) {
@@ -140,11 +157,15 @@ void FullyShardedDataParallel::register_grad_hooks(size_t index) {
 }
 
 void FullyShardedDataParallel::start_gather(size_t index) {
-  Unit& u = *units_[index];
+  start_gather(*units_[index]);
+  if (frozen_[index]) start_gather(*frozen_[index]);
+}
+
+void FullyShardedDataParallel::start_gather(Unit& u) {
   if (u.state != Unit::State::resharded) return;
   allocate_storage(u.full, u.padded * static_cast<int64_t>(u.full.element_size()));
   torch::NoGradGuard no_grad;
-  const torch::Tensor input = u.shard.to(options_.param_dtype);  // [S]
+  const torch::Tensor input = u.shard.to(u.full.scalar_type());  // [S]
   if (world_ == 1) {
     u.full.copy_(input);
     u.state = Unit::State::gathered;
@@ -156,7 +177,11 @@ void FullyShardedDataParallel::start_gather(size_t index) {
 
 void FullyShardedDataParallel::wait_gather(size_t index) {
   start_gather(index);
-  Unit& u = *units_[index];
+  wait_gather(*units_[index]);
+  if (frozen_[index]) wait_gather(*frozen_[index]);
+}
+
+void FullyShardedDataParallel::wait_gather(Unit& u) {
   if (u.state != Unit::State::gathering) return;
   u.gathering->wait();
   u.gathering.reset();
@@ -164,9 +189,15 @@ void FullyShardedDataParallel::wait_gather(size_t index) {
 }
 
 void FullyShardedDataParallel::reshard(size_t index) {
-  Unit& u = *units_[index];
-  if (u.state == Unit::State::resharded || (index == 0 && root_held_)) return;
-  if (u.state == Unit::State::gathering) wait_gather(index);
+  if (index == 0 && root_held_) return;
+  for (Unit* u : {units_[index].get(), frozen_[index].get()}) {
+    if (u) reshard(*u);
+  }
+}
+
+void FullyShardedDataParallel::reshard(Unit& u) {
+  if (u.state == Unit::State::resharded) return;
+  if (u.state == Unit::State::gathering) wait_gather(u);
   free_storage(u.full);
   u.state = Unit::State::resharded;
 }
@@ -204,6 +235,9 @@ void FullyShardedDataParallel::after_block(int64_t index, const torch::Tensor& o
     const_cast<torch::Tensor&>(output).register_hook([this, unit](const torch::Tensor& /*grad*/) {
       wait_gather(unit);
       if (options_.prefetch && unit > 1) start_gather(unit - 1);
+      // The gradient reached the next block's input: its backward, which reads its frozen
+      // parameters to the end, is done.
+      if (unit + 1 < frozen_.size() && frozen_[unit + 1]) reshard(*frozen_[unit + 1]);
     });
   }
   if (!training || options_.reshard_after_forward) reshard(unit);
@@ -213,7 +247,9 @@ void FullyShardedDataParallel::on_gradient(size_t index) {
   Unit& u = *units_[index];
   if (++u.arrived < u.expected) return;
   if (sync_) start_reduce(index);
-  reshard(index);
+  // Its frozen parameters may still be read by the rest of its backward (the gradient of its
+  // input): they are released when that reaches the block before, or after the backward.
+  if (index != 0 || !root_held_) reshard(u);
 }
 
 void FullyShardedDataParallel::start_reduce(size_t index) {
@@ -363,7 +399,11 @@ torch::Tensor FullyShardedDataParallel::view_from_full(
 
 int64_t FullyShardedDataParallel::padded_parameter_bytes() const {
   int64_t bytes = 0;
-  for (const auto& u : units_) bytes += u->padded * static_cast<int64_t>(u->full.element_size());
+  for (const auto* all : {&units_, &frozen_}) {
+    for (const auto& u : *all) {
+      if (u) bytes += u->padded * static_cast<int64_t>(u->full.element_size());
+    }
+  }
   return bytes;
 }
 

@@ -16,6 +16,13 @@
 //
 // Parameters are gathered in `param_dtype` (bfloat16 under autocast) and gradients reduced in
 // `reduce_dtype`, while shards and optimizer state stay float32, as FSDP2's MixedPrecisionPolicy.
+//
+// Frozen parameters (requires_grad false: a LoRA run's base) lie in a second flat buffer of their
+// unit, sharded and gathered with it but never reduced, updated or saved: they are in no view,
+// piece or load_parameters(), and keep their own dtype in the shard and when gathered (float32
+// ones are gathered in param_dtype). In backward a block's frozen buffer is freed when the
+// gradient reaches the block before it (the block's backward, which reads them to its end, is
+// then done), the first block's and the root's after the backward.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -132,11 +139,15 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
   struct Unit;
 
  private:
-  void build_unit(size_t index, NamedParams params,
-                  const std::function<bool(const std::string&)>& decay);
+  std::unique_ptr<Unit> build_unit(size_t index, NamedParams params,
+                                   const std::function<bool(const std::string&)>& decay,
+                                   bool frozen);
   void register_grad_hooks(size_t unit);
-  void start_gather(size_t unit);
+  void start_gather(size_t unit);  // the unit's trainable and frozen buffers
   void wait_gather(size_t unit);
+  void start_gather(Unit& u);
+  void wait_gather(Unit& u);
+  void reshard(Unit& u);
   void reshard(size_t unit);
   void on_gradient(size_t unit);
   void start_reduce(size_t unit);
@@ -148,6 +159,7 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
   torch::Device device_{torch::kCPU};
   FsdpOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<std::unique_ptr<Unit>> frozen_;  // each unit's frozen parameters; null: none
   std::vector<ShardView> views_;
   bool sync_ = true;  // this micro-batch's backward reduces its gradients
   bool root_held_ = false;

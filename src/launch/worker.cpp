@@ -103,6 +103,7 @@ std::vector<std::string> Spawner::worker_env(const Worker& w) const {
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts)},
       {"TORCHELASTIC_RUN_ID", options_.run_id},
+      {"TRAINER_LAUNCHER", "trainer launch"},  // how the worker's log names what started it
   };
   std::map<std::string, std::string> merged(env_.begin(), env_.end());
   for (const auto& [key, value] : vars) merged[key] = value;

@@ -38,7 +38,8 @@ void launch_on_current_stream(const XentArgs& /*a*/, torch::Device /*device*/) {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Mean softmax cross-entropy with label smoothing over logits [N, K] and int64 targets [N]. In
+// Mean softmax cross-entropy with label smoothing over logits [N, K] and int64 targets [N]
+// (kIgnoreIndex rows left out of the mean, their gradients zero). In
 // training its forward computes each row's gradient along with its loss and writes it over the
 // logits (their own memory: nothing reads logits after the loss), so backward only scales it by
 // the incoming gradient: the one [N, K] tensor alive in backward is the logits', in their dtype,
@@ -53,22 +54,29 @@ class SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntropy
     // Written in place: the logits' own memory (rows may lie further apart than K: a padded
     // buffer, nn/aligned_linear.h), unless they are the caller's: a tensor that requires its own
     // gradient (a leaf), or a view of one.
-    const auto caller_owns = [](const at::TensorBase& t) { return t.is_leaf() && t.requires_grad(); };
+    const auto caller_owns = [](const at::TensorBase& t) {
+      return t.is_leaf() && t.requires_grad();
+    };
     const bool own = !caller_owns(logits) && !(logits.is_view() && caller_owns(logits._base()));
     const bool rows = logits.stride(1) == 1 && logits.stride(0) >= logits.size(1);
     auto x = own && rows ? logits : logits.contiguous().clone();  // [N, K]
-    const auto t = targets.to(x.device(), torch::kLong).contiguous();  // [N]
+    auto t = targets.to(x.device(), torch::kLong);                // [N]
+    const auto kept = t.ne(kIgnoreIndex);                         // [N] bool
+    t = t.masked_fill(~kept, 0).contiguous();                     // [N] in [0, K)
     auto row_loss = x.is_cuda() && gpu_kernel_built()
                         ? rows_on_gpu(x, t, smoothing, training)
                         : rows_on_cpu(x, t, smoothing, training);  // [N] float32
-    if (training) ctx->save_for_backward({x});
-    return row_loss.mean();
+    // Each row's share of the mean: 1 / (rows kept), 0 for a row left out.
+    const auto share = kept.to(row_loss.scalar_type()) /
+                       kept.sum().clamp_min(1).to(row_loss.scalar_type());  // [N]
+    if (training) ctx->save_for_backward({x, share});
+    return (row_loss * share).sum();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto grad = ctx->get_saved_variables()[0];  // the rows' gradients, scaled once: backward runs once
-    const auto n = static_cast<double>(grad.size(0));
-    grad.mul_(grad_outputs[0] / n);
+    const auto saved = ctx->get_saved_variables();
+    auto grad = saved[0];  // the rows' gradients, scaled once: backward runs once
+    grad.mul_((saved[1] * grad_outputs[0]).unsqueeze(1));  // [N, 1]
     return {grad, torch::Tensor(), torch::Tensor()};
   }
 
@@ -82,11 +90,11 @@ class SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntropy
         {n}, x.options().dtype(x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat));
     for (int64_t r = 0; r < n; r += block) {
       const int64_t e = std::min(n, r + block);
-      auto rows = x.slice(/*dim=*/0, r, e);                           // [b, K]
-      const auto tt = t.slice(/*dim=*/0, r, e).unsqueeze(1);           // [b, 1]
+      auto rows = x.slice(/*dim=*/0, r, e);                   // [b, K]
+      const auto tt = t.slice(/*dim=*/0, r, e).unsqueeze(1);  // [b, 1]
       const auto f = rows.scalar_type() == torch::kDouble ? rows : rows.to(torch::kFloat);
-      const auto lse = f.logsumexp(/*dim=*/1, /*keepdim=*/true);      // [b, 1]
-      auto loss = lse - f.gather(/*dim=*/1, tt);                      // [b, 1]
+      const auto lse = f.logsumexp(/*dim=*/1, /*keepdim=*/true);  // [b, 1]
+      auto loss = lse - f.gather(/*dim=*/1, tt);                  // [b, 1]
       if (smoothing > 0.0) loss = (1.0 - smoothing) * loss + smoothing * (lse - f.mean(1, true));
       row_loss.slice(/*dim=*/0, r, e).copy_(loss.squeeze(1));
       if (!training) continue;
@@ -160,8 +168,14 @@ const LossRegistry& loss_registry() {
         if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kDouble) {
           x = x.to(torch::kFloat);
         }
-        return torch::nn::functional::cross_entropy(
-            x, t, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(smoothing));
+        // The sum over the targets kept (ATen's ignore_index) over their count, at least 1: no
+        // host read.
+        namespace F = torch::nn::functional;
+        const auto kept = t.ne(kIgnoreIndex).sum().clamp_min(1).to(x.scalar_type());
+        return F::cross_entropy(
+                   x, t,
+                   F::CrossEntropyFuncOptions().label_smoothing(smoothing).reduction(torch::kSum)) /
+               kept;
       };
     });
     return r;

@@ -62,7 +62,8 @@ class AlignedLinear : public torch::autograd::Function<AlignedLinear> {
     const auto& go = grad_outputs[0];  // [..., V]
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    torch::Tensor dx, dw;
+    torch::Tensor dx, dw;  // undefined where not needed (a frozen weight: LoRA's base)
+    const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
     const auto result = ctx->saved_data["result"].toInt();
     if (reinterpret_cast<int64_t>(go.data_ptr()) == result && go.dim() >= 2 &&
         go.stride(-1) == 1 && go.stride(-2) == vp && go.scalar_type() == xc.scalar_type() &&
@@ -70,17 +71,17 @@ class AlignedLinear : public torch::autograd::Function<AlignedLinear> {
       // The loss wrote the gradient over the forward's result: its padding columns are still
       // the product's zeros, so the whole padded rows take part, every size aligned.
       const auto g = over_storage_of(go, {n, vp}, {vp, 1});  // [N, Vp]
-      dx = g.mm(wp);
-      dw = g.t().mm(xc).narrow(/*dim=*/0, /*start=*/0, /*length=*/v);
+      if (need_dx) dx = g.mm(wp);
+      if (need_dw) dw = g.t().mm(xc).narrow(/*dim=*/0, /*start=*/0, /*length=*/v);
     } else {
       const auto g = go.reshape({n, v}).to(xc.scalar_type());  // [N, V]
       const auto w = wp.narrow(/*dim=*/0, /*start=*/0, /*length=*/v);
-      dx = g.mm(w);
-      dw = g.t().mm(xc);
+      if (need_dx) dx = g.mm(w);
+      if (need_dw) dw = g.t().mm(xc);
     }
     std::vector<int64_t> shape(go.sizes().begin(), go.sizes().end() - 1);
     shape.push_back(xc.size(1));
-    return {dx.to(x_dtype).view(shape), dw.to(w_dtype)};
+    return {need_dx ? dx.to(x_dtype).view(shape) : dx, need_dw ? dw.to(w_dtype) : dw};
   }
 };
 

@@ -4,8 +4,12 @@
 #include <cmath>
 
 #include "util/fileio.h"
+#include "util/format.h"
 #include "util/http.h"
 #include "util/log.h"
+#include "util/net.h"
+#include "util/strings.h"
+#include "util/url.h"
 
 namespace trainer::tracking {
 namespace {
@@ -33,8 +37,13 @@ json key_values(const KeyValues& kv, size_t value_max = std::string::npos) {
 }  // namespace
 
 MlflowTracker::MlflowTracker(MlflowRunSpec spec, size_t max_queued)
-    : spec_(std::move(spec)), max_queued_(max_queued) {
-  while (!spec_.uri.empty() && spec_.uri.back() == '/') spec_.uri.pop_back();
+    : spec_(std::move(spec)), server_(mlflow_server(spec_.uri)), max_queued_(max_queued) {
+  const auto parts = parse_url(server_.url);
+  if (!server_.credentials_from.empty() && parts && parts->scheme == "http" &&
+      !is_loopback(parts->host == "[::1]" ? "::1" : parts->host)) {
+    log::warn("MLflow at " + server_.shown + ": the credentials from " + server_.credentials_from +
+              " go unencrypted over http://; use https://");
+  }
   resumed_ = !spec_.run_id.empty();
   thread_ = std::thread([this] { work(); });
 }
@@ -71,9 +80,14 @@ void MlflowTracker::finish(const std::string& status, double wait_s) {
     // The background thread sends what is queued, then the status.
     wake_.wait_for(lock, std::chrono::duration<double>(wait_s), [this] { return status_sent_; });
     stopping_ = true;
+    cancel_ = true;  // a request still waiting for the server ends now
     if (!status_sent_) {
-      log::warn("MLflow at " + spec_.uri + ": not reachable at the end of the run; " +
-                std::to_string(metrics_.size()) +
+      const std::string why =
+          rejected_ ? "the server rejected the run's requests (" + problem_ + ")"
+          : problem_.empty()
+              ? "no answer within " + format_number(wait_s) + " s at the end of the run"
+              : "not reachable at the end of the run (" + problem_ + ")";
+      log::warn("MLflow at " + server_.shown + ": " + why + "; " + std::to_string(metrics_.size()) +
                 " metrics and the run's status were not sent (metrics.jsonl has them)");
     }
     wake_.notify_one();
@@ -106,9 +120,16 @@ void MlflowTracker::work() {
     try {
       ok = ensure_run() && send_batch() && send_status();
     } catch (const json::exception& e) {  // a reply that is not MLflow's
-      failed(std::string("an unexpected reply: ") + e.what());
+      failed(std::string("an unexpected reply: ") + e.what(), /*answered=*/true);
     }
     if (ok) {
+      if (failing_) {
+        log::info("MLflow at " + server_.shown + " answers again; sending what was queued");
+        failing_ = false;
+        std::lock_guard<std::mutex> lock(mu_);
+        problem_.clear();
+        rejected_ = false;
+      }
       backoff_s = 0.25;
       continue;
     }
@@ -119,23 +140,46 @@ void MlflowTracker::work() {
 }
 
 bool MlflowTracker::ensure_run() {
-  if (resumed_ && run_id().empty()) {
-    json body = {{"run_id", spec_.run_id}, {"status", "RUNNING"}};
-    if (!call("POST", "runs/update", body.dump())) {
-      if (missing_) {  // the server no longer has it (another database)
-        log::info("MLflow: the run " + spec_.run_id + " to continue is not on " + spec_.uri +
-                  "; starting a new one");
-        resumed_ = false;
-      }
-      return false;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    run_id_ = spec_.run_id;
-    spec_.params.clear();  // logged by the run this one continues
-    spec_.artifacts.clear();
-    return true;
-  }
+  if (resumed_ && run_id().empty() && !continue_run()) return false;
+  if (resumed_) return read_logged_steps();
   return ensure_experiment() && create_run() && send_params() && send_artifacts();
+}
+
+bool MlflowTracker::continue_run() {
+  json body = {{"run_id", spec_.run_id}, {"status", "RUNNING"}};
+  if (!call("POST", "runs/update", body.dump())) {
+    if (missing_) {  // the server no longer has it (another database)
+      log::info("MLflow: the run " + spec_.run_id + " to continue is not on " + server_.shown +
+                "; starting a new one");
+      resumed_ = false;
+    }
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  run_id_ = spec_.run_id;
+  spec_.params.clear();  // logged by the run this one continues
+  spec_.artifacts.clear();
+  return true;
+}
+
+bool MlflowTracker::read_logged_steps() {
+  if (steps_read_) return true;
+  const auto got = call("GET", "runs/get?run_id=" + url_encode(spec_.run_id), "");
+  if (!got) return false;
+  int64_t newest = -1;
+  const json data = json::parse(*got).at("run").value("data", json::object());
+  for (const auto& m : data.value("metrics", json::array())) {
+    const int64_t step = m.value("step", int64_t{0});
+    logged_steps_[m.at("key").get<std::string>()] = step;
+    newest = std::max(newest, step);
+  }
+  steps_read_ = true;
+  if (newest >= 0) {
+    log::info("MLflow: run " + spec_.run_id + " holds metrics up to step " +
+              std::to_string(newest) +
+              "; steps redone since the checkpoint are not logged to it again");
+  }
+  return true;
 }
 
 bool MlflowTracker::ensure_experiment() {
@@ -169,7 +213,7 @@ bool MlflowTracker::create_run() {
     run_id_ = id;
   }
   if (spec_.on_run_id) spec_.on_run_id(id);
-  log::info("MLflow: run " + id + " in experiment '" + spec_.experiment + "' at " + spec_.uri);
+  log::info("MLflow: run " + id + " in experiment '" + spec_.experiment + "' at " + server_.shown);
   return true;
 }
 
@@ -226,11 +270,15 @@ bool MlflowTracker::send_batch() {
     if (metrics.empty() && tags.empty()) return true;
     json m = json::array();
     for (const auto& x : metrics) {
+      const auto logged = logged_steps_.find(x.key);  // a resumed run's redone steps: once only
+      if (logged != logged_steps_.end() && x.step <= logged->second) continue;
       m.push_back(
           {{"key", x.key}, {"value", x.value}, {"timestamp", x.timestamp_ms}, {"step", x.step}});
     }
     json body = {{"run_id", run_id()}, {"metrics", m}, {"tags", key_values(tags)}};
-    if (!call("POST", "runs/log-batch", body.dump())) return false;
+    if ((!m.empty() || !tags.empty()) && !call("POST", "runs/log-batch", body.dump())) {
+      return false;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     // What was sent leaves the queue, less what a full queue dropped meanwhile.
     const int64_t end = first + static_cast<int64_t>(metrics.size());
@@ -260,34 +308,61 @@ bool MlflowTracker::send_status() {
 std::optional<std::string> MlflowTracker::call(const std::string& method, const std::string& path,
                                                const std::string& body,
                                                const std::string& content_type) {
-  const std::string url = spec_.uri + (path.front() == '/' ? path : "/api/2.0/mlflow/" + path);
+  const std::string url = server_.url + (path.front() == '/' ? path : "/api/2.0/mlflow/" + path);
   std::string error;
-  const auto reply = http_request(method, url, body, content_type, kRequestTimeoutS, error);
+  const auto reply = http_request(method, url, body, content_type, kRequestTimeoutS, error,
+                                  server_.auth, &cancel_);
   if (!reply) {
-    failed(error);
+    failed(error, /*answered=*/false);
     return std::nullopt;
   }
   missing_ =
       reply->status != 200 && reply->body.find("RESOURCE_DOES_NOT_EXIST") != std::string::npos;
   if (reply->status != 200) {
     if (missing_) return std::nullopt;  // an answer (a missing experiment), not a failure
-    failed("HTTP " + std::to_string(reply->status) + " from " + path + ": " +
-           reply->body.substr(0, 300));
+    failed(rejection(reply->status, path, reply->body), /*answered=*/true);
     return std::nullopt;
   }
-  if (failing_) {
-    log::info("MLflow at " + spec_.uri + " answers again; sending what was queued");
-    failing_ = false;
+  if (!reply->body.empty() && !json::accept(reply->body)) {  // a proxy's page, not MLflow's API
+    failed("HTTP 200 from " + path + " is not MLflow's JSON reply (" +
+               first_line(reply->body.substr(0, 100)) + "); is the URI the tracking server's?",
+           /*answered=*/true);
+    return std::nullopt;
   }
   return reply->body;
 }
 
-void MlflowTracker::failed(const std::string& what) {
+std::string MlflowTracker::rejection(long status, const std::string& path,
+                                     const std::string& body) const {
+  std::string what = "HTTP " + std::to_string(status) + " from " + path;
+  if (status == 401 || status == 403) {
+    if (!server_.credentials_from.empty()) {
+      return what + ": the server refused the credentials from " + server_.credentials_from;
+    }
+    return what + ": the server wants credentials" +
+           (server_.masked_uri ? " (the URI's password is masked, as a run dir's config.yaml "
+                                 "stores it)"
+                               : "") +
+           "; set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN";
+  }
+  const auto reply = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (reply.is_object() && reply.contains("message")) {  // MLflow's error: {error_code, message}
+    return what + ": " + reply.value("error_code", "") + ": " +
+           reply["message"].dump().substr(0, 500);
+  }
+  return what + ": " + first_line(body.substr(0, 300));
+}
+
+void MlflowTracker::failed(const std::string& what, bool answered) {
+  const std::string shown = mask_url_credentials(what);
   if (!failing_) {
-    log::warn("MLflow at " + spec_.uri + ": " + what +
+    log::warn("MLflow at " + server_.shown + ": " + shown +
               "; retrying in the background (training goes on; metrics.jsonl has every record)");
   }
   failing_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  problem_ = shown;
+  rejected_ = answered;
 }
 
 std::vector<Metric> record_metrics(const nlohmann::json& record, int64_t timestamp_ms) {

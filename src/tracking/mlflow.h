@@ -9,10 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -20,13 +22,18 @@
 #include <utility>
 #include <vector>
 
+#include "tracking/mlflow_auth.h"
+
 namespace trainer::tracking {
 
 using KeyValues = std::vector<std::pair<std::string, std::string>>;
 
 // What a run tells MLflow about itself.
 struct MlflowRunSpec {
-  std::string uri;         // the tracking server: http(s)://host:port
+  // The tracking server: http(s)://[user:password@]host:port. Its credentials (or those of
+  // MLflow's environment variables, tracking/mlflow_auth.h) go to the server only; every message
+  // shows it masked.
+  std::string uri;
   std::string experiment;  // its name; created when missing
   std::string run_name;
   std::string run_id;   // not empty: continue this run (set back to RUNNING), logging no params
@@ -47,6 +54,7 @@ struct Metric {
 class MlflowTracker {
  public:
   // Starts the background thread, which creates (or continues) the run; returns at once.
+  // Throws MlflowSetupError when MLflow's environment variables cannot be used.
   explicit MlflowTracker(MlflowRunSpec spec, size_t max_queued = 100000);
   // Ends the run as FAILED unless finish() was called, waiting as finish() does.
   ~MlflowTracker();
@@ -72,6 +80,10 @@ class MlflowTracker {
   // RUNNING), its parameters, its artifacts (spec_'s params and artifacts are emptied as they go
   // out). False while the server fails.
   bool ensure_run();
+  bool continue_run();  // spec_.run_id back to RUNNING
+  // The newest step of each metric the continued run holds (logged before a restart): the steps
+  // redone since the checkpoint are not logged again, so that its history matches metrics.jsonl.
+  bool read_logged_steps();
   bool ensure_experiment();
   bool create_run();
   bool send_params();
@@ -80,14 +92,20 @@ class MlflowTracker {
   bool send_batch();
   bool send_status();
   // POSTs (or GETs, PUTs) `body` to `path` of the REST API; the reply's JSON when the server
-  // answered 200, else nullopt (the first failure of a stretch logged as a warning; an answer
-  // that the resource does not exist sets missing_ instead).
+  // answered 200 with JSON, else nullopt (the first failure of a stretch logged as a warning; an
+  // answer that the resource does not exist sets missing_ instead).
   std::optional<std::string> call(const std::string& method, const std::string& path,
                                   const std::string& body,
                                   const std::string& content_type = "application/json");
-  void failed(const std::string& what);
+  // What an answer other than 200 says: the status, the path and MLflow's error (or what to do
+  // about credentials). Never a secret.
+  std::string rejection(long status, const std::string& path, const std::string& body) const;
+  // Records a failed request (`answered`: the server answered, refusing it), warning once a
+  // stretch.
+  void failed(const std::string& what, bool answered);
 
   MlflowRunSpec spec_;
+  MlflowServer server_;  // where requests go, as whom; how the server is shown
   size_t max_queued_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
@@ -99,11 +117,16 @@ class MlflowTracker {
   int64_t dropped_ = 0;                // guarded by mu_
   int64_t front_seq_ = 0;              // guarded by mu_: the sequence number of metrics_.front()
   std::string run_id_;                 // guarded by mu_
+  std::string problem_;                // guarded by mu_: the last failure, as logged
+  bool rejected_ = false;              // guarded by mu_: ... was the server's refusal
   // The background thread's own.
   std::string experiment_id_, artifact_uri_;
-  bool resumed_ = false;  // continuing spec_.run_id (until the server says it has no such run)
-  bool failing_ = false;  // the last request failed (warned once per stretch)
-  bool missing_ = false;  // the last request's answer: the resource does not exist
+  bool resumed_ = false;     // continuing spec_.run_id (until the server says it has no such run)
+  bool steps_read_ = false;  // read_logged_steps() done
+  std::map<std::string, int64_t> logged_steps_;  // metric key -> the newest step the run holds
+  bool failing_ = false;             // the last request failed (warned once per stretch)
+  bool missing_ = false;             // the last request's answer: the resource does not exist
+  std::atomic<bool> cancel_{false};  // set when finish() stops waiting: ends a request in flight
   std::thread thread_;
 };
 

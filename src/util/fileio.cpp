@@ -22,7 +22,43 @@ std::string parent_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// What kind of file `st` describes, for messages: "a character device", "a FIFO", ...
+std::string file_type(const struct stat& st) {
+  if (S_ISDIR(st.st_mode)) return "a folder";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  if (S_ISREG(st.st_mode)) return "a regular file";
+  return "not a regular file";
+}
+
 }  // namespace
+
+std::string output_problem(const std::string& path, OutputKind kind,
+                           const std::vector<std::string>& inputs) {
+  struct stat out {};
+  if (::stat(path.c_str(), &out) != 0) return "";  // nothing there (or unreachable: the write says)
+  const bool folder = kind == OutputKind::folder;
+  if (folder && !S_ISDIR(out.st_mode)) {
+    return path + " is " + file_type(out) +
+           ", not a folder; name a folder for the output (it is created if missing)";
+  }
+  if (!folder && !S_ISREG(out.st_mode)) {
+    return path + " is " + file_type(out) +
+           ", not a regular file: the output would replace it with one; name a regular file (an "
+           "old one is replaced atomically) or a new path";
+  }
+  for (const auto& input : inputs) {
+    struct stat in {};
+    if (::stat(input.c_str(), &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+      return path + " is the input " + input +
+             (input == path ? "" : " (the same file under another name)") +
+             ": writing the output there would destroy the input; choose another output";
+    }
+  }
+  return "";
+}
 
 namespace {
 
@@ -115,6 +151,11 @@ void write_atomically(const std::string& path, const std::function<void(const By
     const std::string why = reason();
     ::unlink(tmp.c_str());
     throw IoError(tmp + ": close failed: " + why);
+  }
+  struct stat there {};
+  if (::stat(path.c_str(), &there) == 0 && !S_ISREG(there.st_mode)) {
+    ::unlink(tmp.c_str());
+    throw IoError(path + ": is " + file_type(there) + ", not a regular file; not replaced");
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = reason();

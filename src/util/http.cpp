@@ -18,11 +18,37 @@ void global_init() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
+// libcurl's progress callback (at least once a second): non-zero aborts the transfer.
+int check_cancel(void* cancel, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<const std::atomic<bool>*>(cancel)->load() ? 1 : 0;
+}
+
+void set_auth(CURL* c, const HttpAuth& auth) {
+  if (!auth.username.empty()) {
+    curl_easy_setopt(c, CURLOPT_HTTPAUTH, static_cast<long>(CURLAUTH_BASIC));
+    curl_easy_setopt(c, CURLOPT_USERNAME, auth.username.c_str());
+    curl_easy_setopt(c, CURLOPT_PASSWORD, auth.password.c_str());
+  } else if (!auth.bearer_token.empty()) {
+    curl_easy_setopt(c, CURLOPT_HTTPAUTH, static_cast<long>(CURLAUTH_BEARER));
+    curl_easy_setopt(c, CURLOPT_XOAUTH2_BEARER, auth.bearer_token.c_str());
+  }
+  if (auth.insecure_tls) {
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+  }
+  if (!auth.ca_bundle.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, auth.ca_bundle.c_str());
+  if (!auth.client_cert.empty()) {
+    curl_easy_setopt(c, CURLOPT_SSLCERT, auth.client_cert.c_str());
+    curl_easy_setopt(c, CURLOPT_SSLKEY, auth.client_cert.c_str());
+  }
+}
+
 }  // namespace
 
 std::optional<HttpResponse> http_request(const std::string& method, const std::string& url,
                                          const std::string& body, const std::string& content_type,
-                                         double timeout_s, std::string& error) {
+                                         double timeout_s, std::string& error, const HttpAuth& auth,
+                                         const std::atomic<bool>* cancel) {
   global_init();
   std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), curl_easy_cleanup);
   if (!curl) {
@@ -49,7 +75,17 @@ std::optional<HttpResponse> http_request(const std::string& method, const std::s
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_s * 1000.0));
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM from the resolver's timeout
+  set_auth(c, auth);
+  if (cancel) {
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, check_cancel);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, cancel);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  }
   const CURLcode rc = curl_easy_perform(c);
+  if (rc == CURLE_ABORTED_BY_CALLBACK) {
+    error = "the request was cancelled";
+    return std::nullopt;
+  }
   if (rc != CURLE_OK) {
     error = message[0] != '\0' ? message : curl_easy_strerror(rc);
     return std::nullopt;

@@ -5,10 +5,12 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <map>
 
+#include "engine/loop/adapter_state.h"
 #include "engine/loop/sharded_state.h"
 #include "engine/loop/tensor_parallel_state.h"
 #include "engine/loop/weight_average.h"
@@ -16,6 +18,7 @@
 #include "util/device.h"
 #include "util/format.h"
 #include "util/log.h"
+#include "util/url.h"
 
 namespace trainer::engine {
 namespace {
@@ -58,7 +61,18 @@ struct FromJson {
   }
 };
 
+// The schedule's length and the learning rate of the next update, which a resume with another
+// schedule compares (Checkpointer::warn_schedule_change).
+nlohmann::json schedule_meta(const Components& parts, const TrainingState& state) {
+  return {{"total_steps", parts.total_steps}, {"next_lr", parts.schedule->lr(state.updates())}};
+}
+
 }  // namespace
+
+int64_t kept_checkpoints(const config::Config& cfg) {
+  const int64_t keep = cfg.run.keep_last;
+  return cfg.train.rollback_on_nan ? std::max(keep, cfg.train.max_rollbacks + 1) : keep;
+}
 
 checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt) {
   return checkpoint::with_prefix(ckpt.tensors, kModelPrefix);
@@ -73,7 +87,7 @@ Checkpointer::Checkpointer(const config::LoadedConfig& loaded, Components& parts
       job_(job),
       extras_(std::move(extras)),
       dir_(std::make_unique<checkpoint::Directory>(loaded.cfg.run.dir + "/checkpoints",
-                                                   loaded.cfg.run.keep_last,
+                                                   kept_checkpoints(loaded.cfg),
                                                    loaded.cfg.run.keep_best)) {}
 
 bool Checkpointer::resume(const std::string& spec) {
@@ -108,40 +122,21 @@ bool Checkpointer::resume(const std::string& spec) {
       log::warn(std::string(e.what()) + "; the manifest still lacks a checkpoint file beside it");
     }
   }
-  restore(latest ? std::move(latest->second) : checkpoint::load(path), path);
+  checkpoint::State ckpt = latest ? std::move(latest->second) : checkpoint::load(path);
+  const nlohmann::json schedule = ckpt.meta.value("schedule", nlohmann::json::object());
+  restore(ckpt, path);
   log::info(strprintf("resumed from %s at step %" PRId64 " (epoch %" PRId64
                       ", after its step %" PRId64 ")",
                       last_.c_str(), state_.step, state_.epoch, state_.step_in_epoch));
+  warn_schedule_change(schedule);
   return true;
-}
-
-int64_t Checkpointer::rollback() {
-  wait();
-  std::string path = last_;
-  if (parts_.group) path = parts_.group->broadcast_text(path, /*root=*/0);
-  const TrainingState now = state_;
-  const int64_t resumed = resumed_step_;
-  restore(checkpoint::load(path), path);
-  resumed_step_ = resumed;
-  const int64_t back_to = state_.step;
-  const int64_t undone = now.step - back_to;
-  const int64_t skipped_then = state_.skipped_steps;
-  state_ = now;  // the position, the counters of the run's history
-  state_.skipped_steps = skipped_then + undone;
-  state_.rollbacks = now.rollbacks + 1;
-  state_.rolled_back_steps = now.rolled_back_steps + undone;
-  state_.bad_steps_in_row = 0;
-  state_.window_steps = state_.window_samples = 0;
-  state_.window_loss.zero_();
-  if (state_.window_grad_norm.defined()) state_.window_grad_norm.zero_();
-  return back_to;
 }
 
 checkpoint::State Checkpointer::snapshot() const {
   checkpoint::State out;
   // Sharded: the parameters and the optimizer's state are in the ranks' shard files.
   const auto sharded = parts_.fsdp ? parameter_entries(*parts_.model) : std::set<std::string>{};
-  for (const auto& [name, tensor] : models::state_dict(*parts_.model)) {
+  for (const auto& [name, tensor] : saved_model_state(parts_)) {  // LoRA: the adapters alone
     if (!sharded.count(name)) out.tensors.emplace_back(kModelPrefix + name, tensor);
   }
   if (!parts_.fsdp) {
@@ -177,6 +172,7 @@ checkpoint::State Checkpointer::snapshot() const {
                {{"trainer", TRAINER_VERSION},
                 {"libtorch", TORCH_VERSION},
                 {"cuda_devices", cuda_device_count()}}}};
+  add_adapter_meta(parts_, out.meta);  // LoRA: the base's identity
   // The classifier's outputs (export's metadata: the torchvision model to build).
   if (!parts_.splits.spec.sequence) out.meta["num_classes"] = parts_.input.num_classes;
   // Tensor parallelism: each split tensor whole, joined over the group (fsdp: its parts are in the
@@ -193,6 +189,7 @@ checkpoint::State Checkpointer::snapshot() const {
                                {"world_size", here.world_size},
                                {"batch_size", here.batch_size},
                                {"grad_accum_steps", here.grad_accum_steps}};
+  out.meta["schedule"] = schedule_meta(parts_, state_);
   return out;
 }
 
@@ -218,6 +215,7 @@ void Checkpointer::restore(const checkpoint::State& whole, const std::string& pa
 int64_t Checkpointer::load_model(const std::string& path, LabelUse labels,
                                  const checkpoint::State* loaded, WeightsUse weights) {
   const checkpoint::State ckpt = for_this_rank(loaded ? *loaded : checkpoint::load(path));
+  using_only_ = true;  // the run's other settings do not matter: no "resuming with" lines
   restore_model(ckpt, path, labels, weights);
   if (!ckpt.meta.contains("step") || !ckpt.meta["step"].is_number_integer()) {
     throw checkpoint::CorruptCheckpoint(path + ": no integer 'step' in its metadata");
@@ -242,11 +240,12 @@ void Checkpointer::restore_model(const checkpoint::State& ckpt, const std::strin
             " holds no average of the weights (it was trained without train.ema); use "
             "--weights raw"}});
   }
-  if (!chosen.empty()) log::info("using the checkpoint's average of the weights (train.ema)");
+  used_average_ = !chosen.empty();
   if (chosen.empty()) chosen = model_weights(ckpt);
   const std::string problems =
-      parts_.fsdp ? load_sharded_weights(parts_, chosen)
-                  : models::load_weights(*parts_.model, chosen, /*skip_head=*/false);
+      !parts_.lora_base.empty() ? load_adapters(parts_, loaded_, meta, chosen, path)
+      : parts_.fsdp             ? load_sharded_weights(parts_, chosen)
+                                : models::load_weights(*parts_.model, chosen, /*skip_head=*/false);
   if (!problems.empty()) {
     throw config::ConfigError({config::Issue{loaded_.where("model.name"), "model.name",
                                              "the checkpoint " + path + " does not fit model " +
@@ -321,18 +320,31 @@ void Checkpointer::match_classes(const std::vector<std::string>& saved, const st
 }
 
 // The config: what must match, and what changed harmlessly.
+void Checkpointer::warn_schedule_change(const nlohmann::json& saved) const {
+  if (!saved.contains("next_lr") || !saved["next_lr"].is_number()) return;  // older checkpoints
+  const double then = saved["next_lr"].get<double>();
+  const double now = parts_.schedule->lr(state_.updates());
+  if (std::abs(now - then) <= 1e-12 * std::max(std::abs(then), 1e-30)) return;
+  log::warn(strprintf(
+      "resuming at step %" PRId64 " with another learning-rate schedule (over %" PRId64
+      " steps, the checkpoint's run over %" PRId64 "): the next step's learning rate is %.6g, "
+      "%.6g in the checkpoint's run; the schedule from here on is the new one",
+      state_.step, parts_.total_steps, saved.value("total_steps", int64_t{0}), now, then));
+}
+
 void Checkpointer::check_config(const nlohmann::json& saved, const std::string& path) const {
   std::vector<config::Issue> conflicts;
   for (const auto& [key, value] : config::flatten(loaded_.cfg)) {
     if (!saved.contains(key)) continue;
-    const std::string before = saved[key].get<std::string>();
+    // Masked as flatten() masks: a checkpoint's URL credentials are never compared or shown.
+    const std::string before = mask_url_credentials(saved[key].get<std::string>());
     if (before == value) continue;
     if (must_match(key)) {
       conflicts.push_back(config::Issue{loaded_.where(key), key,
                                         "is " + value + " but the checkpoint " + path +
                                             " was written with " + before +
                                             "; resume with the same value or start a new run"});
-    } else {
+    } else if (!using_only_) {
       log::info("resuming with " + key + " changed: " + before + " -> " + value);
     }
   }

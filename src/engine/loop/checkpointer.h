@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@
 #include "engine/loop/state.h"
 
 namespace trainer::engine {
+
+// The checkpoints a run keeps besides the best: run.keep_last, and with train.rollback_on_nan at
+// least train.max_rollbacks + 1, so that every checkpoint a rollback may go back to is kept.
+int64_t kept_checkpoints(const config::Config& cfg);
 
 // The model weights in a checkpoint the trainer wrote, under their state-dict names.
 checkpoint::NamedTensors model_weights(const checkpoint::State& ckpt);
@@ -69,12 +74,20 @@ class Checkpointer {
                      const checkpoint::State* loaded = nullptr,
                      WeightsUse weights = WeightsUse::trained);
 
-  // train.rollback_on_nan: goes back to the newest checkpoint (last()) after a bad step, keeping
-  // the data's position. The model, optimizer, scaler, RNGs and saved parts become the
-  // checkpoint's; the step count stays, the steps since the checkpoint counted as skipped (so
-  // the schedule's clock is the checkpoint's again) and as rolled back; the metrics window
-  // starts afresh. Returns the checkpoint's step. Every rank must call this, in the same order.
+  // train.rollback_on_nan: goes back, after a bad step, to the newest checkpoint of the run
+  // directory that no rollback of this run went back to yet (one that led to a failure again is
+  // passed over for the one before it), keeping the data's position. The model, optimizer,
+  // scaler, RNGs and saved parts become the checkpoint's; the step count stays, the steps of
+  // the model's history since the checkpoint counted as skipped (so the schedule's clock is the
+  // checkpoint's again) and, each once, as rolled back and as lost (lost_steps()); the metrics
+  // window starts afresh. Returns the checkpoint's step, or -1 (nothing changed) when every kept
+  // checkpoint was gone back to already. Every rank must call this, in the same order (rank 0
+  // picks the checkpoint).
   int64_t rollback();
+
+  // The steps rollbacks undid since the last checkpoint written (train.max_bad_steps counts
+  // them with the inf/NaN steps in a row); 0 after each save.
+  int64_t lost_steps() const { return lost_steps_; }
 
   // Saves the state of the current step unless it is saved already, with `eval`'s metrics when
   // it was evaluated at this step. A failed save stops the run (throws) unless
@@ -88,6 +101,10 @@ class Checkpointer {
   // run.continue_on_save_error); nothing when no write is in flight. save(), rollback() and the
   // end of a run call it. Every rank must call this, in the same order.
   void wait();
+
+  // Whether the last checkpoint whose model was loaded gave train.ema's average of the weights
+  // (else the trained ones).
+  bool used_average() const { return used_average_; }
 
   // The newest checkpoint written or resumed from; "" when none.
   const std::string& last() const { return last_; }
@@ -123,6 +140,9 @@ class Checkpointer {
   checkpoint::State for_this_rank(const checkpoint::State& ckpt) const;
   void restore(const checkpoint::State& whole, const std::string& path);
   void check_config(const nlohmann::json& saved, const std::string& path) const;
+  // Warns when the learning rate of the next update differs from the one the checkpoint's run
+  // would have used (`saved`: its meta["schedule"]), e.g. after train.max_steps changed.
+  void warn_schedule_change(const nlohmann::json& saved) const;
   void restore_model(const checkpoint::State& ckpt, const std::string& path, LabelUse labels,
                      WeightsUse weights = WeightsUse::trained);
   // The class names in a checkpoint's metadata (none in older ones); CorruptCheckpoint when they
@@ -137,8 +157,16 @@ class Checkpointer {
   enum SaveStatus : int64_t { kSaved, kFailedGoOn, kFailedStop };
   // One save, from the state's snapshot to its outcome (checkpointer_save.cpp).
   struct Save;
-  // Rank 0 writes; every rank learns whether it could.
-  void write(const EvalResult& eval);
+  // Rank 0 writes; every rank learns whether it could. False, with a warning and nothing
+  // written, when the state is not one to go back to (not_finite()).
+  bool write(const EvalResult& eval);
+  // What of the state to save is inf/NaN on some rank: "a parameter of the model", "the training
+  // loss since the last log", or "" when nothing. Every rank must call this, in the same order;
+  // reads the device.
+  std::string not_finite() const;
+  // train.rollback_on_nan: the path of the checkpoint rollback() goes back to ("" for none),
+  // picked by rank 0 and known to every rank.
+  std::string rollback_target();
   // run.checkpoint_async: the host copy, then the write on the background thread.
   void write_async(std::map<std::string, double> metrics);
   // The pieces of this rank's shard file: the parameters', the optimizer's and the saved parts'
@@ -165,6 +193,10 @@ class Checkpointer {
   std::string last_;
   int64_t resumed_step_ = -1;
   int64_t saved_step_ = -1;        // the step of the newest checkpoint written or resumed from
+  std::set<int64_t> rolled_back_to_;  // the checkpoints (steps) rollbacks went back to
+  int64_t lost_steps_ = 0;            // see lost_steps()
+  bool used_average_ = false;         // see used_average()
+  bool using_only_ = false;           // load_model(): the model is used, not trained on
   std::shared_ptr<Save> pending_;  // the background write in flight
   AsyncWriter writer_;             // last: its thread ends before the members it uses
 };

@@ -46,21 +46,33 @@ struct Checkpointer::Save {
 
 void Checkpointer::save(const EvalResult& eval) {
   if (saved_step_ == state_.step) return;
-  write(eval);
+  if (!write(eval)) return;
   saved_step_ = state_.step;
+  lost_steps_ = 0;
 }
 
-void Checkpointer::write(const EvalResult& eval) {
+bool Checkpointer::write(const EvalResult& eval) {
   std::map<std::string, double> metrics;
   if (state_.last_eval_step == state_.step && eval.samples > 0) {
-    metrics = {{"loss", eval.loss}, {"top1", eval.top1}, {"top5", eval.top5}, {"ppl", eval.ppl}};
+    // A language model's predictions are tokens: loss and perplexity, no top-k accuracy.
+    metrics = {{"loss", eval.loss}, {"ppl", eval.ppl}};
+    if (!eval.sequence) metrics.insert({{"top1", eval.top1}, {"top5", eval.top5}});
   }
   // The metrics window's losses averaged over the ranks, so that a resumed run logs what an
   // uninterrupted one does.
   if (parts_.group) parts_.group->all_reduce({state_.window_loss}, distributed::Reduce::avg);
+  if (const std::string bad = not_finite(); !bad.empty()) {
+    if (job_.rank == 0) {
+      log::warn(strprintf("checkpoint at step %" PRId64 " not saved: %s is inf/NaN%s", state_.step,
+                          bad.c_str(),
+                          last_.empty() ? "" : ("; the previous checkpoint " + last_ + " is kept")
+                                                   .c_str()));
+    }
+    return false;
+  }
   if (loaded_.cfg.run.checkpoint_async) {
     write_async(std::move(metrics));
-    return;
+    return true;
   }
   // Rank 0 writes (every rank holds the same state; sharded, each rank its shard file first); the
   // others learn how it went.
@@ -77,7 +89,24 @@ void Checkpointer::write(const EvalResult& eval) {
     commit(save, shards, shard_error);
     if (save.status == kSaved) last_ = save.path;
   }
-  agree(save.status, save.msg, save.step);
+  agree(save.status, save.msg, save.step);  // a failure throws, or is logged and training goes on
+  return true;
+}
+
+std::string Checkpointer::not_finite() const {
+  // [2]: the window's loss, the parameters (this rank's shards or parts); non-zero when not finite.
+  auto bad = torch::zeros({2}, torch::TensorOptions(torch::kFloat).device(parts_.device));
+  if (state_.window_loss.defined()) {
+    bad[0].add_(state_.window_loss.isfinite().logical_not().to(torch::kFloat));
+  }
+  for (const auto& p : parts_.params) {
+    bad[1].add_(p.isfinite().all().logical_not().to(torch::kFloat));
+  }
+  if (parts_.group) parts_.group->all_reduce({bad}, distributed::Reduce::max);
+  const auto host = read_to_host(bad);
+  if (host[1].item<float>() > 0) return "a parameter of the model";
+  if (host[0].item<float>() > 0) return "the training loss since the last log";
+  return "";
 }
 
 void Checkpointer::write_async(std::map<std::string, double> metrics) {

@@ -10,7 +10,10 @@
 #include <map>
 #include <set>
 
+#include "checkpoint/hf_folder.h"
 #include "checkpoint/safetensors.h"
+#include "engine/loop/adapter_state.h"
+#include "engine/loop/hf_pretrained.h"
 #include "nn/batch_norm.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -178,6 +181,7 @@ std::string kinds_note(const models::ModelKind& kind, const models::NamedWeights
 // Copies model.pretrained's weights into the model.
 void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
   const auto& m = loaded.cfg.model;
+  if (checkpoint::is_directory(m.pretrained)) return load_hf_folder(*c.model, loaded);
   checkpoint::SafetensorsFile weights;
   try {
     weights = checkpoint::read_safetensors(m.pretrained);
@@ -226,9 +230,11 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
     config_error(loaded, e.key(), e.what());
   }
   if (!cfg.model.pretrained.empty()) load_pretrained(c, loaded);
+  if (cfg.model.lora.enabled()) add_lora(c, loaded);  // the base frozen, adapters attached
   if (c.tp) {
     try {
       c.tp_plan = c.model->split_over(c.tp);
+      split_adapters(c);  // model.lora: each adapter as its layer splits
     } catch (const models::ModelError& e) {
       config_error(loaded, e.key(), e.what());
     }
@@ -241,7 +247,10 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
     torch::NoGradGuard no_grad;
     for (auto& b : c.model->buffers(/*recurse=*/true)) b.set_data(b.to(c.device));
   }
-  c.params = models::unique_parameters(*c.model);
+  c.params.clear();
+  for (auto& p : models::unique_parameters(*c.model)) {
+    if (p.requires_grad()) c.params.push_back(p);
+  }
 }
 
 // The model's parameters by unit: the root's (those in no block), then each block's.
@@ -396,7 +405,7 @@ Components build_components(const config::LoadedConfig& loaded, const distribute
 
 data::DataContext data_context(const config::Config& cfg) {
   const auto& kind = models::model_registry().get(cfg.model.name);
-  return {cfg.seed, kind.context_length ? kind.context_length(cfg.model) : 0};
+  return {cfg.seed, kind.context_length ? kind.context_length(cfg.model) : 0, cfg.model.pretrained};
 }
 
 config::Config config_defaults() {
@@ -410,7 +419,9 @@ config::Config config_defaults() {
 
 config::LoadedConfig load_config(const std::string& path,
                                  const std::vector<std::string>& overrides) {
-  return config::load(path, overrides, config_defaults());
+  auto loaded = config::load(path, overrides, config_defaults());
+  apply_hf_folder_config(loaded);  // model.pretrained: DIR sets the model's keys
+  return loaded;
 }
 
 config::Environment config_environment() {

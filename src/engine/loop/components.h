@@ -48,8 +48,10 @@ struct Components {
   models::InputSpec input;                     // what the model was built for
   models::Net model;
   nn::SplitPlan tp_plan;  // how the model's parameters split over tp_group (empty without)
-  std::vector<torch::Tensor> params;  // what the optimizer updates: the model's parameters (tied
-                                      // ones once), or with fsdp this rank's shards of them
+  std::string lora_base;  // model.lora: the frozen base's identity (adapter_state.h); "" without
+  std::vector<torch::Tensor> params;  // what the optimizer updates: the model's trainable
+                                      // parameters (tied ones once; with model.lora the
+                                      // adapters), or with fsdp this rank's shards of them
   std::unique_ptr<distributed::DataParallel> ddp;  // gradient averaging; null when alone or fsdp
   std::unique_ptr<distributed::FullyShardedDataParallel> fsdp;  // dist.strategy fsdp, else null
   std::unique_ptr<optim::Optimizer> optimizer;

@@ -10,18 +10,17 @@
 
 namespace trainer::engine {
 
-EvalResult evaluate(Components& parts, int64_t& bad_samples) {
-  return evaluate(parts, *parts.val_loader, bad_samples);
+EvalResult evaluate(Components& parts, int64_t& bad_samples, int64_t max_batches) {
+  return evaluate(parts, *parts.val_loader, bad_samples, max_batches);
 }
 
 namespace {
 
 // With fsdp every forward gathers blocks from every rank: the batches this rank lacks against the
 // rank with the most, run on a placeholder and discarded.
-int64_t missing_forwards(Components& parts, data::Loader& loader) {
+int64_t missing_forwards(Components& parts, int64_t mine) {
   distributed::Group* data = parts.data_group();
   if (!parts.fsdp || !data) return 0;
-  const int64_t mine = loader.batches_per_epoch();
   auto most = torch::full({1}, mine, torch::dtype(torch::kLong).device(data->device()));
   data->all_reduce({most}, distributed::Reduce::max);
   return host_int(most) - mine;
@@ -44,10 +43,13 @@ void placeholder_forwards(Components& parts, int64_t count) {
 
 }  // namespace
 
-EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples) {
+EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples,
+                    int64_t max_batches) {
   torch::NoGradGuard no_grad;
   if (parts.fsdp) parts.fsdp->gather_root();
-  const int64_t extra = missing_forwards(parts, loader);
+  const int64_t all = loader.batches_per_epoch();
+  const int64_t batches = max_batches > 0 ? std::min(max_batches, all) : all;  // this rank's
+  const int64_t extra = missing_forwards(parts, batches);
   auto& model = *parts.model;
   model.eval();
   const auto& device = parts.device;
@@ -55,10 +57,11 @@ EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_sample
     return torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
   };
   // Sums over predictions: one per sample, or one per token for sequences.
-  torch::Tensor loss_sum = zero(), top1 = zero(), top5 = zero();
-  int64_t predictions = 0;
+  torch::Tensor loss_sum = zero(), top1 = zero(), top5 = zero(), predictions = zero();
   loader.start_epoch(0);  // this rank's shard
-  while (auto batch = loader.next()) {
+  for (int64_t read = 0; read < batches; ++read) {
+    auto batch = loader.next();
+    if (!batch) break;
     bad_samples += batch->bad_samples;
     auto inputs = batch->inputs.to(device, /*non_blocking=*/true);  // [B, ...]
     // [N] with N = B, or B * T for sequences
@@ -74,15 +77,15 @@ EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_sample
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     const int64_t k = std::min<int64_t>(5, logits.size(1));
     auto topk = std::get<1>(logits.topk(k, /*dim=*/1));  // [N, k]
-    auto hit = topk.eq(targets.unsqueeze(1));            // [N, k]
+    auto hit = topk.eq(targets.unsqueeze(1));            // [N, k]; an ignored target (-100) hits none
     top1 += hit.select(/*dim=*/1, /*index=*/0).sum();
     top5 += hit.any(/*dim=*/1).sum();
-    predictions += targets.size(0);
+    predictions += targets.ne(data::kIgnoreTarget).sum();  // cross_entropy leaves the ignored out too
   }
   placeholder_forwards(parts, extra);
   if (parts.fsdp) parts.fsdp->release_root();
   model.train();
-  auto sums = torch::stack({loss_sum, top1, top5, torch::full_like(loss_sum, predictions)});
+  auto sums = torch::stack({loss_sum, top1, top5, predictions});
   // Sums over every rank's shard (once per tensor-parallel group).
   if (auto* data = parts.data_group()) data->all_reduce({sums}, distributed::Reduce::sum);
   const auto host = read_to_host(sums);

@@ -21,9 +21,11 @@ struct EvalResult {
 // on its shard of the validation split with the sums all-reduced, then returns the model to
 // training mode. Adds the unreadable samples it met to `bad_samples`. Every rank of a group must
 // call this, in the same order (an all-reduce); synchronises the device (reads the sums).
-EvalResult evaluate(Components& parts, int64_t& bad_samples);
+// `max_batches` > 0: each rank reads at most that many of its batches (run.eval_batches).
+EvalResult evaluate(Components& parts, int64_t& bad_samples, int64_t max_batches = 0);
 
 // The same over `loader` (e.g. one over the training split) instead of the validation split's.
-EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples);
+EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples,
+                    int64_t max_batches = 0);
 
 }  // namespace trainer::engine

@@ -94,7 +94,8 @@ MetricsWriter::~MetricsWriter() = default;
 void MetricsWriter::finish(const std::string& status, const std::string& last_checkpoint) {
   if (!mlflow_) return;
   if (!last_checkpoint.empty()) mlflow_->set_tag("trainer.last_checkpoint", last_checkpoint);
-  mlflow_->finish(status);
+  // Stopped early (a signal under a launcher's grace period, or train.stop_at_step): a short wait.
+  mlflow_->finish(status, status == "KILLED" ? 2.0 : 10.0);
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
@@ -273,17 +274,20 @@ void MetricsLog::train(int64_t epoch) {
   if (state_.window_grad_norm.defined() && state_.window_steps > 0) {
     record["grad_norm"] = grad_norm_sum / static_cast<double>(state_.window_steps);
   }
-  std::string line = strprintf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
-                               " loss %.4f lr %.3g %.0f samples/s ETA %s",
-                               state_.step, parts_.total_steps, epoch, last_loss_, lr, last_sps_,
-                               format_duration(eta()).c_str());
+  std::string line =
+      strprintf("step %" PRId64 "/%" PRId64 " epoch %" PRId64 " loss %.4f lr %.3g %.0f samples/s",
+                state_.step, parts_.total_steps, epoch, last_loss_, lr, last_sps_);
+  const auto& spec = parts_.splits.spec;
+  if (spec.sequence && !spec.sample_shape.empty()) {  // a language model: T tokens per sample
+    const double tokens_per_sec = last_sps_ * static_cast<double>(spec.sample_shape[0]);
+    record["tokens_per_sec"] = tokens_per_sec;
+    line += strprintf(" %.0f tokens/s", tokens_per_sec);
+  }
+  line += " ETA " + format_duration(eta());
   add_gpu_readings(record, line);
   if (writer_) writer_->write(record);
-  if (progress_.active()) {
-    log::file_only(log::Level::info, line);
-  } else {
-    log::info(line);
-  }
+  clear();  // the line above the bar, which the next step redraws
+  log::info(line);
   state_.window_steps = state_.window_samples = 0;
   state_.window_loss.zero_();
   if (state_.window_grad_norm.defined()) state_.window_grad_norm.zero_();
@@ -327,7 +331,16 @@ void MetricsLog::eval(const EvalResult& e, int64_t epoch, const std::string& spl
 }
 
 void MetricsLog::progress(int64_t epoch) {
-  progress_.update(state_.step, parts_.total_steps, epoch, last_loss_, last_sps_, eta());
+  if (!progress_.active()) return;
+  // Before the first train record: this process's samples since the start, times the
+  // data-parallel ranks (a tensor-parallel group's ranks share their samples).
+  double sps = last_sps_;
+  const double seconds = seconds_since(window_start_);
+  if (window_start_ == start_ && state_.step > first_step_ && seconds > 0) {
+    const double ranks = parts_.group ? parts_.group->world_size() / parts_.tp_size() : 1;
+    sps = static_cast<double>(state_.window_samples) * static_cast<double>(ranks) / seconds;
+  }
+  progress_.update(state_.step, parts_.total_steps, epoch, last_loss_, sps, eta());
 }
 
 }  // namespace trainer::engine

@@ -1,6 +1,8 @@
 #include "engine/loop/mlflow_run.h"
 
+#include <pwd.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -45,21 +47,51 @@ std::string git_commit() {
   return "";
 }
 
+// The user as MLflow's client names it (Python's getpass.getuser()): the first of LOGNAME, USER,
+// LNAME and USERNAME that is set, else the password database's name for the real user id.
+std::string user_name() {
+  for (const char* name : {"LOGNAME", "USER", "LNAME", "USERNAME"}) {
+    const char* value = std::getenv(name);
+    if (value && *value) return value;
+  }
+  const struct passwd* entry = ::getpwuid(::getuid());
+  return entry && entry->pw_name ? entry->pw_name : "";
+}
+
 tracking::KeyValues system_tags(const config::Config& cfg) {
   const std::string run_dir = fs::absolute(cfg.run.dir).string();
-  const char* user = std::getenv("USER");
-  tracking::KeyValues tags = {
-      {"mlflow.source.name", "trainer"},    {"mlflow.source.type", "LOCAL"},
-      {"mlflow.user", user ? user : ""},    {"trainer.host", host_name("")},
-      {"trainer.version", TRAINER_VERSION}, {"trainer.libtorch", TORCH_VERSION},
-      {"trainer.run_dir", run_dir},         {"trainer.config", run_dir + "/config.yaml"}};
+  const std::string user = user_name();
+  tracking::KeyValues tags = {{"mlflow.source.name", "trainer"},
+                              {"mlflow.source.type", "LOCAL"},
+                              {"mlflow.user", user},
+                              {"trainer.host", host_name("")},
+                              {"trainer.version", TRAINER_VERSION},
+                              {"trainer.libtorch", TORCH_VERSION},
+                              {"trainer.run_dir", run_dir},
+                              {"trainer.config", run_dir + "/config.yaml"}};
   const std::string commit = git_commit();
   if (!commit.empty()) tags.emplace_back("mlflow.source.git.commit", commit);
   for (auto& tag : cfg.tracking.mlflow.tag_list()) tags.push_back(std::move(tag));
   return tags;
 }
 
+config::ConfigError setup_error(const config::Location& where,
+                                const tracking::MlflowSetupError& e) {
+  return config::ConfigError({config::Issue{where, "tracking.mlflow.uri",
+                                            std::string("MLflow's environment: ") + e.what()}});
+}
+
 }  // namespace
+
+void check_mlflow_setup(const config::LoadedConfig& loaded) {
+  const std::string& uri = loaded.cfg.tracking.mlflow.uri;
+  if (uri.empty()) return;
+  try {
+    tracking::mlflow_server(uri);
+  } catch (const tracking::MlflowSetupError& e) {
+    throw setup_error(loaded.where("tracking.mlflow.uri"), e);
+  }
+}
 
 std::unique_ptr<tracking::MlflowTracker> start_mlflow(const config::Config& cfg, bool resumed) {
   const auto& m = cfg.tracking.mlflow;
@@ -80,7 +112,11 @@ std::unique_ptr<tracking::MlflowTracker> start_mlflow(const config::Config& cfg,
       // The run goes on; a resumed training then starts another MLflow run.
     }
   };
-  return std::make_unique<tracking::MlflowTracker>(std::move(spec));
+  try {
+    return std::make_unique<tracking::MlflowTracker>(std::move(spec));
+  } catch (const tracking::MlflowSetupError& e) {  // the environment changed since the check
+    throw setup_error(config::Location{"environment"}, e);
+  }
 }
 
 }  // namespace trainer::engine

@@ -7,9 +7,15 @@
 #include <memory>
 
 #include "config/config.h"
+#include "config/loader.h"
 #include "tracking/mlflow.h"
 
 namespace trainer::engine {
+
+// With tracking.mlflow.uri set: throws ConfigError (at the key) when MLflow's environment
+// variables for the server's credentials and TLS cannot be used (tracking/mlflow_auth.h), so that
+// the run stops before it starts.
+void check_mlflow_setup(const config::LoadedConfig& loaded);
 
 // The client for rank 0 of a run with tracking.mlflow.uri set; nullptr without it. `resumed`:
 // the run continues from a checkpoint (the MLflow run it started, when the run dir names one).

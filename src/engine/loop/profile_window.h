@@ -14,13 +14,18 @@
 namespace trainer::engine {
 
 // From step profile.start_step (1-based), profile.steps steps (or to the run's end) under the
-// profiler, with the trainer's phases as named ranges. Then every rank writes its Chrome trace to
-// <run.dir>/profile/rank_<N>.trace.json, and rank 0 logs the table of the operators by self time.
-// A run resumed past the window records nothing.
+// profiler, with each step (`ProfilerStep#<step>`) and the trainer's phases as named ranges. Then
+// every rank writes its Chrome trace to <run.dir>/profile/rank_<N>.trace.json, and rank 0 logs
+// the table of the operators by self time. A run that stops inside the window (train.stop_at_step,
+// a signal, an error) writes what was recorded when the window is destroyed; a run resumed inside
+// the window records the rest of it, into rank_<N>.from_step_<S>.trace.json (S its first step).
+// A run resumed past the window records nothing; a window after the run's last step is warned
+// about after the first step.
 class ProfileWindow {
  public:
   ProfileWindow(const config::ProfileConfig& cfg, torch::Device device, std::string run_dir,
                 int rank);
+  // Writes the trace of a window still recording (the run stopped inside it).
   ~ProfileWindow();
   ProfileWindow(const ProfileWindow&) = delete;
   ProfileWindow& operator=(const ProfileWindow&) = delete;
@@ -39,7 +44,9 @@ class ProfileWindow {
   torch::Device device_;
   std::string run_dir_;
   int rank_;
-  int64_t first_ = 0;  // the first step recorded
+  int64_t first_ = 0;       // the first step recorded
+  int64_t last_ended_ = 0;  // the last step recorded to its end
+  bool checked_ = false;    // the window checked against the run's last step
   std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<PhaseRanges> ranges_;
 };

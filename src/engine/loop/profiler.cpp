@@ -3,13 +3,17 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <stdexcept>
-#include <unistd.h>
 
+#include "engine/loop/profile_trace.h"
 #include "util/format.h"
 
 namespace trainer::engine {
@@ -57,6 +61,7 @@ void split_events(const std::vector<prof::KinetoEvent>& events, ProfileSummary& 
                   std::map<uint64_t, Thread>& threads, std::map<std::string, double>& kernels,
                   std::map<uint64_t, double>& device_us) {
   for (const auto& e : events) {
+    if (e.name().rfind("ProfilerStep#", 0) == 0) continue;  // the step's range, not an operator
     if (on_device(e)) {
       const double us = static_cast<double>(e.durationNs()) / 1e3;
       kernels[e.name()] += us;
@@ -136,16 +141,18 @@ ProfileSummary summarise(const std::vector<prof::KinetoEvent>& events, int64_t s
 }  // namespace
 
 std::string ProfileSummary::table(size_t rows) const {
-  std::string out = strprintf("per step over %" PRId64 " profiled steps: %.0f ATen operators "
+  std::string out = strprintf("per step over %" PRId64
+                              " profiled steps: %.0f ATen operators "
                               "(top level), %.3f ms of device time\n",
                               steps, top_level_ops, cuda_us / 1e3);
   out += strprintf("%-56s %9s %12s %12s %13s\n", "name", "calls", "self CPU us", "CPU us",
                    "self CUDA us");
   for (size_t i = 0; i < ops.size() && i < rows; ++i) {
     const auto& o = ops[i];
-    out += strprintf("%-56.56s %9.1f %12.1f %12.1f %13.1f\n", o.name.c_str(),
-                     static_cast<double>(o.calls) / static_cast<double>(std::max<int64_t>(steps, 1)),
-                     o.self_cpu_us, o.cpu_us, o.self_cuda_us);
+    out +=
+        strprintf("%-56.56s %9.1f %12.1f %12.1f %13.1f\n", o.name.c_str(),
+                  static_cast<double>(o.calls) / static_cast<double>(std::max<int64_t>(steps, 1)),
+                  o.self_cpu_us, o.cpu_us, o.self_cuda_us);
   }
   if (!kernels.empty()) {
     out += strprintf("%-100s %12s\n", "kernel", "device us");
@@ -169,6 +176,10 @@ StepProfiler::~StepProfiler() {
 }
 
 void StepProfiler::start() {
+  // Without a CUDA device, Kineto's GPU probe (in a CUDA build) logs "gpuGetDeviceCount failed"
+  // as an error on every trace, to stderr and into the trace. Its log level is read once, when
+  // Kineto starts (the first profile of the process); a level the user set is kept.
+  if (!at::globalContext().hasCUDA()) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   const auto config = config_of(options_);
   const auto activities = activities_of(device_);
   // Kineto must be prepared before it is enabled.
@@ -185,6 +196,14 @@ ProfileSummary StepProfiler::stop(const std::string& trace_path, int64_t steps) 
   const std::string tmp = trace_path + ".tmp." + std::to_string(::getpid());
   try {
     result->save(tmp);
+    std::ifstream in(tmp, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    in.close();
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << fix_trace_metadata(text.str(), trace_path);
+    out.close();
+    if (!out) throw std::runtime_error("writing " + tmp + " failed");
   } catch (const std::exception& e) {
     std::remove(tmp.c_str());
     throw std::runtime_error(trace_path + ": cannot write the trace: " + e.what());
@@ -200,11 +219,17 @@ struct PhaseRanges::Range {
   at::RecordFunction fn{at::RecordScope::USER_SCOPE};
 };
 
-PhaseRanges::PhaseRanges(StepObserver* inner) : inner_(inner) {}
+PhaseRanges::PhaseRanges(StepObserver* inner, int64_t first_step)
+    : inner_(inner), next_step_(first_step) {}
 PhaseRanges::~PhaseRanges() = default;
 
 void PhaseRanges::begin_step() {
   if (inner_) inner_->begin_step();
+  range_.reset();
+  step_range_.reset();
+  step_name_ = "ProfilerStep#" + std::to_string(next_step_++);
+  step_range_ = std::make_unique<Range>();
+  if (step_range_->fn.isActive()) step_range_->fn.before(step_name_);
   begin(Phase::data);
 }
 
@@ -221,6 +246,7 @@ void PhaseRanges::begin(Phase phase) {
 
 void PhaseRanges::end_step(const torch::Tensor& loss) {
   range_.reset();
+  step_range_.reset();
   if (inner_) inner_->end_step(loss);
 }
 

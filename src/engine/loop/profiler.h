@@ -1,7 +1,7 @@
-// Kineto traces of training steps (the `profile:` section, `trainer bench --profile DIR`): LibTorch's
-// profiler, the C++ side of torch.profiler, recording ATen operators (with their shapes when
-// asked), on a GPU also CUDA kernels and copies, and the trainer's phases as named ranges; written
-// as Chrome-trace JSON that Perfetto and chrome://tracing open, with a summary table of the
+// Kineto traces of training steps (the `profile:` section, `trainer bench --profile DIR`):
+// LibTorch's profiler, the C++ side of torch.profiler, recording ATen operators (with their shapes
+// when asked), on a GPU also CUDA kernels and copies, and the trainer's phases as named ranges;
+// written as Chrome-trace JSON that Perfetto and chrome://tracing open, with a summary table of the
 // operators by self time.
 #pragma once
 
@@ -34,7 +34,7 @@ struct ProfiledOp {
 // What a profile recorded, per step.
 struct ProfileSummary {
   int64_t steps = 0;
-  std::vector<ProfiledOp> ops;  // by self CPU time, largest first
+  std::vector<ProfiledOp> ops;                          // by self CPU time, largest first
   std::vector<std::pair<std::string, double>> kernels;  // device microseconds per kernel name,
                                                         // largest first (a GPU)
   double top_level_ops = 0;  // ATen operators per step entered from no other operator (what
@@ -56,8 +56,9 @@ class StepProfiler {
   StepProfiler& operator=(const StepProfiler&) = delete;
 
   void start();
-  // Stops recording, writes the Chrome trace to `trace_path` (atomically; the folder must exist)
-  // and summarises `steps` recorded steps. Throws std::runtime_error when the trace cannot be
+  // Stops recording, writes the Chrome trace to `trace_path` (atomically; the folder must exist;
+  // its `traceName` the path, without the GPU probe's error of a machine without a GPU) and
+  // summarises `steps` recorded steps. Throws std::runtime_error when the trace cannot be
   // written.
   ProfileSummary stop(const std::string& trace_path, int64_t steps);
 
@@ -69,11 +70,13 @@ class StepProfiler {
   bool recording_ = false;
 };
 
-// Names each phase of a step in the trace (a range per phase: data, forward, backward,
-// grad_sync, optimizer), passing every call on to `inner` (may be null).
+// Names each step in the trace as torch.profiler's schedule does (a range `ProfilerStep#<step>`
+// per step, numbered from `first_step`, which HTA and TensorBoard's profiler view read) and each
+// phase within it (a range per phase: data, forward, backward, grad_sync, optimizer), passing every
+// call on to `inner` (may be null).
 class PhaseRanges final : public StepObserver {
  public:
-  explicit PhaseRanges(StepObserver* inner = nullptr);
+  explicit PhaseRanges(StepObserver* inner = nullptr, int64_t first_step = 1);
   ~PhaseRanges() override;
   void begin_step() override;
   void begin(Phase phase) override;
@@ -82,6 +85,9 @@ class PhaseRanges final : public StepObserver {
  private:
   struct Range;
   StepObserver* inner_;
+  int64_t next_step_;
+  std::string step_name_;  // the open step range's name (the range refers to it)
+  std::unique_ptr<Range> step_range_;
   std::unique_ptr<Range> range_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <sstream>
 
 #include "engine/loop/batches.h"
@@ -138,7 +139,9 @@ class Run {
     log_.clear();
     result_.steps = st.step;
     result_.seconds = log_.seconds();
-    log_.finish(result_.stopped ? "KILLED" : "FINISHED", s_.checkpointer.last());
+    const std::string last = s_.checkpointer.last();  // a tag: absolute, as trainer.run_dir
+    log_.finish(result_.stopped ? "KILLED" : "FINISHED",
+                last.empty() ? last : std::filesystem::absolute(last).string());
     result_.host_reads_per_step = counts_.reads_per_step();
     result_.host_reads_outside_steps = counts_.reads_outside_steps();
     result_.ops_per_step = counts_.ops_per_step();
@@ -217,8 +220,11 @@ class Run {
                         o.step, o.z_loss, o.z_grad_norm, s_.state.spike_skips));
   }
 
-  // train.rollback_on_nan after the bad step `outcome`: back to the newest checkpoint, going on
-  // with the data after the steps queued so far. False when no checkpoint was written yet.
+  // train.rollback_on_nan after the bad step `outcome`: back to the newest checkpoint not gone
+  // back to yet, going on with the data after the steps queued so far. False when no checkpoint
+  // was written yet; ends the run (throws) when train.max_rollbacks are spent, when the steps lost
+  // since the last checkpoint written reach train.max_bad_steps, or when every kept checkpoint
+  // was gone back to already.
   bool roll_back(const StepOutcome& outcome) {
     log_.clear();
     if (s_.checkpointer.saved_step() < 0) {
@@ -228,15 +234,43 @@ class Run {
                           outcome.step));
       return false;
     }
+    const auto& train = cfg_.train;
+    if (s_.state.rollbacks >= train.max_rollbacks) {
+      give_up(outcome, strprintf("after %" PRId64 " rollbacks (train.max_rollbacks %" PRId64 ")",
+                                 s_.state.rollbacks, train.max_rollbacks));
+    }
     s_.step->settle();  // the steps queued after the bad one are undone with it
     undone_through_ = s_.state.step;
     const int64_t back_to = s_.checkpointer.rollback();
+    if (back_to < 0) {
+      give_up(outcome, "with every kept checkpoint gone back to already");
+    }
     log::warn(strprintf("step %" PRId64
                         ": the loss is inf/NaN; train.rollback_on_nan: back to the checkpoint of "
                         "step %" PRId64 ", the data of steps %" PRId64 " to %" PRId64
-                        " skipped (rollback %" PRId64 " of this run)",
-                        outcome.step, back_to, back_to + 1, undone_through_, s_.state.rollbacks));
+                        " skipped (rollback %" PRId64 " of this run; %" PRId64
+                        " steps lost since the last checkpoint written, train.max_bad_steps %" PRId64
+                        ")",
+                        outcome.step, back_to, back_to + 1, undone_through_, s_.state.rollbacks,
+                        s_.checkpointer.lost_steps(), train.max_bad_steps));
+    if (s_.checkpointer.lost_steps() >= train.max_bad_steps) {
+      give_up(outcome, strprintf("with %" PRId64
+                                 " steps lost since the last checkpoint written (train.max_bad_steps "
+                                 "%" PRId64 ")",
+                                 s_.checkpointer.lost_steps(), train.max_bad_steps));
+    }
     return true;
+  }
+
+  // Ends a run whose rollbacks do not get it past the inf/NaN losses (exit 1); the checkpoints
+  // stay as they are.
+  [[noreturn]] void give_up(const StepOutcome& outcome, const std::string& why) {
+    s_.checkpointer.wait();
+    throw std::runtime_error(strprintf(
+        "step %" PRId64 ": the training loss is inf/NaN again %s; train.rollback_on_nan gives up. "
+        "The checkpoints in %s are kept as they were; lower optim.lr, set train.clip_grad_norm, "
+        "or use amp.dtype bfloat16",
+        outcome.step, why.c_str(), (cfg_.run.dir + "/checkpoints").c_str()));
   }
 
   // Whether train.stop_at_step ends the run at this step.
@@ -261,13 +295,14 @@ class Run {
   void evaluate(int64_t epoch) {
     settle();
     log_.clear();
-    last_eval_ = result_.last_eval = engine::evaluate(s_.parts, s_.state.bad_samples);
+    const int64_t limit = cfg_.run.eval_batches;
+    last_eval_ = result_.last_eval = engine::evaluate(s_.parts, s_.state.bad_samples, limit);
     s_.state.last_eval_step = s_.state.step;
     log_.eval(last_eval_, epoch);
     if (s_.average) {  // train.ema's average, with the model's buffers
       WeightAverage::Swapped swapped(*s_.average);
       int64_t seen = 0;  // its unreadable samples are the evaluation's above, counted there
-      log_.eval(engine::evaluate(s_.parts, seen), epoch, "val_ema");
+      log_.eval(engine::evaluate(s_.parts, seen, limit), epoch, "val_ema");
     }
     const double target = cfg_.train.stop_at_top1;
     if (!last_eval_.sequence && target > 0.0 && last_eval_.top1 >= target) {
@@ -356,10 +391,14 @@ std::string Trainer::summary() const {
   out << "device: " << p.device.str() << "\n";
   if (p.group) {
     out << "distributed: rank " << s_->job.rank << " of " << s_->job.world_size << " ("
-        << p.group->backend() << ", started by " << s_->job.source << "), global batch "
-        << cfg.data.batch_size * cfg.train.grad_accum_steps * p.data_parallel_size()
-        << (p.tp ? strprintf(", tensor parallel over %d ranks", p.tp_size()) : std::string())
-        << "\n";
+        << p.group->backend() << ", started by " << s_->job.source << "), "
+        << (p.fsdp ? "fsdp (parameters, gradients and optimizer state sharded)"
+                   : "ddp (replicated weights)")
+        << (p.tp ? strprintf(" over %d data-parallel ranks, tensor parallel over %d",
+                             p.data_parallel_size(), p.tp_size())
+                 : std::string())
+        << ", global batch "
+        << cfg.data.batch_size * cfg.train.grad_accum_steps * p.data_parallel_size() << "\n";
   }
   out << "data: " << cfg.data.name << ", " << p.splits.train->size() << " train / "
       << p.splits.val->size() << " val samples, " << p.splits.spec.num_classes << " classes\n";
@@ -371,6 +410,15 @@ std::string Trainer::summary() const {
     out << "activation checkpointing: " << cfg.model.checkpointing << "\n";
   }
   out << models::summary(*p.model, cfg.model.name);
+  if (p.tp) {  // the summary counted this rank's parts
+    int64_t whole = 0;
+    for (const auto& [name, param] : models::unique_named_parameters(*p.model)) {
+      whole += p.tp_plan.count(name) ? param.numel() * p.tp_size() : param.numel();
+    }
+    out << strprintf("parameters of the whole model: %" PRId64 " (above: this rank's parts of "
+                     "the layers split over dist.tp_size %d)\n",
+                     whole, p.tp_size());
+  }
   return out.str();
 }
 

@@ -80,6 +80,9 @@ class Trainer {
   int64_t load_model(const std::string& path, LabelUse labels = LabelUse::train_and_score,
                      const checkpoint::State* loaded = nullptr,
                      WeightsUse weights = WeightsUse::trained);
+  // Whether load_model() gave the checkpoint's train.ema average of the weights (else the trained
+  // ones).
+  bool loaded_average() const;
 
   // Trains to the end (or until *stop becomes true, or train.stop_at_step), evaluating, logging
   // and checkpointing as configured; a stop writes a checkpoint first. Writes

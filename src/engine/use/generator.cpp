@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "util/device.h"
@@ -47,6 +48,9 @@ std::vector<int64_t> generate(models::Decoder& decoder, const torch::Tensor& pro
     const int64_t id = token.item<int64_t>();
     out.push_back(id);
     on_token(id);
+    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end()) {
+      break;
+    }
     next = token.view({1, 1}).to(prompt.device());
   }
   return out;

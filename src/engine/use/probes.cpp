@@ -61,10 +61,18 @@ MemoryEstimate estimate_memory(Components& parts, const config::ModelConfig& mod
   }
   MemoryEstimate e;
   e.dtype = bf16 ? "bfloat16" : "float32";
+  int64_t trainable = 0;  // what the optimizer updates (model.lora: the adapters)
   for (const auto& p : parts.params) {
-    e.params_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    trainable += p.numel() * static_cast<int64_t>(p.element_size());
   }
-  e.optimizer_bytes = parts.optimizer->state_copies() * e.params_bytes;
+  e.params_bytes = trainable;
+  if (!parts.fsdp) {  // the frozen ones too (model.lora's base)
+    e.params_bytes = 0;
+    for (const auto& p : models::unique_parameters(*parts.model)) {
+      e.params_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    }
+  }
+  e.optimizer_bytes = parts.optimizer->state_copies() * trainable;
   int64_t in_blocks = 0;
   for (const auto& block : parts.model->blocks()) {
     int64_t bytes = 0;

@@ -42,6 +42,10 @@ HeldState Trainer::held_state() const {
   for (const auto& named : p.optimizer->state()) {
     h.optimizer += named.second.numel() * static_cast<int64_t>(named.second.element_size());
   }
+  if (p.fsdp) return h;
+  for (const auto& t : models::unique_parameters(*p.model)) {  // frozen ones: model.lora's base
+    if (!t.requires_grad()) h.params += t.numel() * static_cast<int64_t>(t.element_size());
+  }
   return h;
 }
 
@@ -61,6 +65,10 @@ distributed::Group* Trainer::group() const {
 int64_t Trainer::load_model(const std::string& path, LabelUse labels,
                             const checkpoint::State* loaded, WeightsUse weights) {
   return s_->state.step = s_->checkpointer.load_model(path, labels, loaded, weights);
+}
+
+bool Trainer::loaded_average() const {
+  return s_->checkpointer.used_average();
 }
 
 namespace {

@@ -1,0 +1,321 @@
+// llama: the decoder-only transformer of Llama 3.x, Qwen 2/2.5/3 and Mistral-style dense models,
+// with Hugging Face Transformers' module tree and parameter names (LlamaForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM), so that their safetensors load by name.
+//
+// Input: token ids [B, T] (int64, T <= block_size). Output: next-token logits [B, T, vocab].
+// Pre-norm blocks, x + attn(input_layernorm(x)) then x + mlp(post_attention_layernorm(x)), as
+// transformers computes them: RMSNorm in float32, cast back to the input's dtype before the weight
+// multiply; rotary position embeddings in the rotate-half layout (rope_theta, optionally scaled
+// as Llama 3.1's `llama3` rope_scaling), their cos and sin in float32; grouped-query attention
+// (n_kv_head key/value heads shared by n_head / n_kv_head query heads each) through
+// scaled_dot_product_attention's enable_gqa, which repeats no keys or values; a SwiGLU MLP,
+// down(silu(gate(x)) * up(x)); q/k/v biases (Qwen 2's) and a per-head RMSNorm of queries and keys
+// before the rotation (Qwen 3's) optional; head_dim independent of n_embd / n_head. No dropout.
+//
+// lm_head's weight is model.embed_tokens.weight when tied (model.tie_embeddings): one tensor under
+// both names, as gpt ties. A Hugging Face file of a tied model has no lm_head.weight: loading
+// fills it from model.embed_tokens.weight (models/llama_hf.cpp, the model's Hugging Face layout).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/builtin.h"
+#include "models/llama_layers.h"
+#include "nn/aligned_linear.h"
+
+namespace trainer::models {
+namespace {
+
+using llama::inverse_frequencies;
+using llama::LlamaAttention;
+using llama::LlamaBlock;
+using llama::LlamaOptions;
+using llama::LlamaRmsNorm;
+using llama::Rope;
+
+// transformers' LlamaModel: embeddings, the blocks `layers`, the final norm.
+class LlamaStackImpl : public torch::nn::Module {
+ public:
+  LlamaStackImpl(const LlamaOptions& o, int64_t vocab) {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(vocab, o.n_embd));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < o.n_layer; ++i) {
+      blocks.push_back(LlamaBlock(o));
+      layers->push_back(blocks.back());
+    }
+    norm = register_module("norm", LlamaRmsNorm(o.n_embd, o.rms_norm_eps));
+  }
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  std::vector<LlamaBlock> blocks;  // the modules in layers, typed
+  LlamaRmsNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaStack);
+
+// The bias-free output layer: its weight [vocab, C] is the token embedding's (tied) or its own.
+class LlamaHeadImpl : public torch::nn::Module {
+ public:
+  LlamaHeadImpl(torch::Tensor weight, bool tied) : tied_(tied) {
+    this->weight = register_parameter("weight", std::move(weight));
+  }
+
+  // x [..., C] -> [..., vocab], rows 64-element aligned (nn/aligned_linear.h).
+  torch::Tensor forward(const torch::Tensor& x) { return nn::aligned_linear(x, weight); }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0)
+           << ", bias=false" << (tied_ ? ", tied" : "") << ")";
+  }
+
+  torch::Tensor weight;
+
+ private:
+  bool tied_;
+};
+TORCH_MODULE(LlamaHead);
+
+// The sizes a model of options `o` reading `input` needs; ModelError naming the key otherwise.
+void check_options(const LlamaOptions& o, const InputSpec& input, int64_t vocab) {
+  if (vocab <= 0) throw ModelError("model.vocab_size", "llama needs a vocabulary size > 0");
+  if (o.n_layer <= 0) throw ModelError("model.n_layer", "llama needs n_layer > 0");
+  if (o.n_head <= 0) throw ModelError("model.n_head", "llama needs n_head > 0");
+  if (o.block_size <= 0) throw ModelError("model.block_size", "llama needs block_size > 0");
+  if (o.n_embd <= 0) throw ModelError("model.n_embd", "llama needs n_embd > 0");
+  if (o.head_dim == 0 && o.n_embd % o.n_head != 0) {
+    throw ModelError("model.head_dim", "n_embd (" + std::to_string(o.n_embd) +
+                                           ") is not a multiple of n_head (" +
+                                           std::to_string(o.n_head) + "); set model.head_dim");
+  }
+  if (o.head_width() % 2 != 0) {
+    throw ModelError("model.head_dim", "the head width " + std::to_string(o.head_width()) +
+                                           " must be even (rotary embeddings rotate pairs)");
+  }
+  if (o.n_kv_head < 0 || o.n_head % o.kv_heads() != 0) {
+    throw ModelError("model.n_kv_head", "model.n_kv_head " + std::to_string(o.n_kv_head) +
+                                            " must divide model.n_head " +
+                                            std::to_string(o.n_head));
+  }
+  const int64_t seq_len = input.sample_shape.size() == 1 ? input.sample_shape[0] : 0;
+  if (seq_len > o.block_size) {
+    throw ModelError("data.seq_len",
+                     "data.seq_len " + std::to_string(seq_len) + " exceeds model.block_size " +
+                         std::to_string(o.block_size) + "; use 0 to take the block size");
+  }
+  if (o.vocab_size > 0 && o.vocab_size < input.num_classes) {
+    throw ModelError("model.vocab_size",
+                     "the token data has ids up to " + std::to_string(input.num_classes - 1) +
+                         ", beyond model.vocab_size " + std::to_string(o.vocab_size) +
+                         "; use 0 to take the data's vocabulary");
+  }
+}
+
+class LlamaImpl : public NetImpl {
+ public:
+  LlamaImpl(const LlamaOptions& o, const nn::CheckpointPolicy& policy, const InputSpec& input)
+      : block_size_(o.block_size), n_head_(o.n_head), n_kv_head_(o.kv_heads()) {
+    runner_ = nn::BlockRunner(policy);
+    const int64_t vocab = o.vocab_size > 0 ? o.vocab_size : input.num_classes;
+    check_options(o, input, vocab);
+    inv_freq_ = inverse_frequencies(o);
+    model = register_module("model", LlamaStack(o, vocab));
+    lm_head = register_module(
+        "lm_head", o.tie_embeddings ? LlamaHead(model->embed_tokens->weight, /*tied=*/true)
+                                    : LlamaHead(torch::empty({vocab, o.n_embd}), /*tied=*/false));
+    init_weights();
+  }
+
+  torch::Tensor forward(torch::Tensor x) override {
+    // x: [B, T] token ids
+    TORCH_CHECK(x.dim() == 2, "llama expects token ids [B, T]; got ", x.dim(), " dims");
+    const int64_t T = x.size(1);
+    TORCH_CHECK(T <= block_size_, "llama: sequence length ", T, " exceeds block_size ",
+                block_size_);
+    auto h = embed(x);                    // [B, T, C]
+    const Rope rope = rotation(0, T, h);  // [T, 1, hd] each
+    for (size_t i = 0; i < model->blocks.size(); ++i) {
+      const auto block = model->blocks[i].ptr();
+      // The checkpointed rerun uses the rotation captured here (no gradient flows into it).
+      h = runner_.run(
+          static_cast<int64_t>(i), *block,
+          [block, rope](const torch::Tensor& in) { return block->forward(in, rope); },
+          h);  // [B, T, C]
+    }
+    h = model->norm->forward(h);                         // [B, T, C]
+    return lm_head->forward(tp_ ? tp_->copy_in(h) : h);  // [B, T, vocab'] (vocab / tp under tp)
+  }
+
+  // Decoding (eval mode): the logits [B, vocab] of the last of the new tokens x [B, T], which
+  // stand at positions start.. after those the per-block `caches` hold (extended here).
+  torch::Tensor forward_cached(const torch::Tensor& x, int64_t start,
+                               std::vector<std::pair<torch::Tensor, torch::Tensor>>& caches) {
+    const int64_t T = x.size(1);
+    caches.resize(model->blocks.size());
+    auto h = embed(x);                        // [B, T, C]
+    const Rope rope = rotation(start, T, h);  // [T, 1, hd] each
+    for (size_t i = 0; i < model->blocks.size(); ++i) {
+      h = model->blocks[i]->forward_cached(h, rope, caches[i]);  // [B, T, C]
+    }
+    h = model->norm->forward(h.select(/*dim=*/1, /*index=*/T - 1));  // [B, C]
+    return lm_head->forward(tp_ ? tp_->copy_in(h) : h);              // [B, vocab']
+  }
+
+  // Megatron-LM's splits: q_proj, k_proj and v_proj column-parallel by heads (this rank's query
+  // heads and key/value heads, biases with them), o_proj row-parallel; gate_proj and up_proj
+  // column-parallel, down_proj row-parallel; model.embed_tokens and lm_head (tied or not)
+  // vocabulary-parallel; the RMSNorms whole on every rank.
+  nn::SplitPlan split_over(std::shared_ptr<nn::TensorParallel> tp) override {
+    const int n = tp->size();
+    if (n_head_ % n != 0 || n_kv_head_ % n != 0) {
+      throw ModelError("dist.tp_size", "model.n_head " + std::to_string(n_head_) +
+                                           " and model.n_kv_head " + std::to_string(n_kv_head_) +
+                                           " must both split over dist.tp_size " +
+                                           std::to_string(n) + "; use a tp_size that divides both");
+    }
+    check_splits("model.intermediate_size", model->blocks[0]->mlp->gate_proj->weight.size(0), n);
+    check_splits("model.vocab_size", vocabulary(), n,
+                 " or a vocabulary padded to a multiple of it");
+    nn::SplitPlan plan{{"model.embed_tokens.weight", {0, 1}}, {"lm_head.weight", {0, 1}}};
+    for (size_t i = 0; i < model->blocks.size(); ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
+        plan[p + "self_attn." + proj + ".weight"] =
+            plan[p + "self_attn." + proj + ".bias"] = {0, 1};
+      }
+      plan[p + "self_attn.o_proj.weight"] = plan[p + "mlp.down_proj.weight"] = {1, 1};
+      plan[p + "mlp.gate_proj.weight"] = plan[p + "mlp.up_proj.weight"] = {0, 1};
+    }
+    nn::keep_parts(*this, plan, tp->rank(), n);
+    for (auto& block : model->blocks) block->self_attn->tp = block->mlp->tp = tp;
+    tp_ = std::move(tp);
+    return plan;
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (const auto& block : model->blocks) out.push_back(block.ptr());
+    return out;
+  }
+
+  int64_t block_size() const { return block_size_; }
+  int64_t vocabulary() const { return model->embed_tokens->weight.size(0); }
+
+ private:
+  // transformers' init (LlamaPreTrainedModel._init_weights): Linear and Embedding weights
+  // N(0, 0.02), biases 0, RMSNorm weights 1.
+  void init_weights() {
+    torch::NoGradGuard no_grad;
+    for (auto& p : named_parameters()) {
+      if (p.value().dim() == 2) {
+        p.value().normal_(/*mean=*/0.0, /*std=*/0.02);
+      } else if (p.key().size() >= 5 && p.key().compare(p.key().size() - 5, 5, ".bias") == 0) {
+        p.value().zero_();
+      }
+    }
+  }
+
+  // The token embeddings [B, T, C] of ids [B, T] (vocabulary-parallel under tp).
+  torch::Tensor embed(const torch::Tensor& x) {
+    return tp_ ? tp_->embedding(x, model->embed_tokens->weight) : model->embed_tokens->forward(x);
+  }
+
+  // The rotation of positions [start, start + T) (llama::Rope), computed in float32 on the device
+  // of `h` and cast to its dtype.
+  Rope rotation(int64_t start, int64_t T, const torch::Tensor& h) {
+    if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
+    const auto pos = torch::arange(start, start + T, inv_freq_.options());  // [T]
+    const auto freqs = torch::outer(pos, inv_freq_);                        // [T, hd / 2]
+    const auto cos = freqs.cos(), sin = freqs.sin();                        // [T, hd / 2]
+    const auto dtype = h.scalar_type();
+    return Rope{torch::cat({cos, cos}, /*dim=*/1).to(dtype).unsqueeze(1),
+                torch::cat({-sin, sin}, /*dim=*/1).to(dtype).unsqueeze(1)};  // [T, 1, hd] each
+  }
+
+  // A size that must split into `parts` equal parts over the tensor-parallel ranks.
+  static void check_splits(const std::string& what, int64_t size, int parts,
+                           const std::string& remedy = "") {
+    if (size % parts == 0) return;
+    throw ModelError("dist.tp_size",
+                     what + " " + std::to_string(size) + " does not split over dist.tp_size " +
+                         std::to_string(parts) + "; use a tp_size that divides it" + remedy);
+  }
+
+  int64_t block_size_;
+  int64_t n_head_, n_kv_head_;
+  torch::Tensor inv_freq_;                  // [hd / 2] float32, on the device last used
+  std::shared_ptr<nn::TensorParallel> tp_;  // the group the layers split over; null: whole
+  LlamaStack model{nullptr};
+  LlamaHead lm_head{nullptr};
+};
+TORCH_MODULE(Llama);
+
+// Token-by-token decoding of a Llama, with or without the key/value cache.
+class LlamaDecoder final : public Decoder {
+ public:
+  LlamaDecoder(LlamaImpl& net, bool use_cache) : net_(net), use_cache_(use_cache) {}
+
+  torch::Tensor next_logits(const torch::Tensor& tokens) override {
+    torch::NoGradGuard no_grad;
+    history_ = history_.defined() ? torch::cat({history_, tokens}, /*dim=*/1) : tokens;  // [B, L]
+    const int64_t context = net_.block_size();
+    if (!use_cache_) {
+      history_ = history_.slice(/*dim=*/1, std::max<int64_t>(0, history_.size(1) - context));
+      return net_.forward(history_).select(/*dim=*/1, /*index=*/-1);  // [B, vocab]
+    }
+    if (cached_ + tokens.size(1) > context) {  // full: the last context - 1 tokens, recomputed
+      history_ = history_.slice(/*dim=*/1, history_.size(1) - (context - 1));
+      caches_.clear();
+      cached_ = 0;
+    }
+    // The cache takes new tokens one at a time once it holds any (the causal mask of a longer
+    // block after a cache is not what scaled_dot_product_attention's is_causal means).
+    if (cached_ == 0) {
+      cached_ = history_.size(1);
+      return net_.forward_cached(history_, /*start=*/0, caches_);  // [B, vocab]
+    }
+    torch::Tensor logits;
+    for (int64_t t = 0; t < tokens.size(1); ++t) {
+      logits = net_.forward_cached(tokens.slice(/*dim=*/1, t, t + 1), cached_++, caches_);
+    }
+    return logits;  // [B, vocab]
+  }
+
+  int64_t vocabulary() const override { return net_.vocabulary(); }
+
+  void reset() override {
+    history_ = torch::Tensor();
+    caches_.clear();
+    cached_ = 0;
+  }
+
+ private:
+  LlamaImpl& net_;
+  bool use_cache_;
+  torch::Tensor history_;  // [B, L] every token given since reset(), cropped to the context
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> caches_;  // per block: keys, values
+  int64_t cached_ = 0;                                           // positions in the caches
+};
+
+}  // namespace
+
+void register_llama(ModelRegistry& registry) {
+  ModelKind kind;
+  kind.make = [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
+    return Llama(cfg.own<LlamaOptions>(), checkpoint_policy(cfg, /*has_blocks=*/true), input).ptr();
+  };
+  kind.context_length = [](const config::ModelConfig& cfg) {
+    return cfg.own<LlamaOptions>().block_size;
+  };
+  kind.hf = llama_hf_format();  // models/llama_hf.cpp
+  kind.untie_hint = "model.tie_embeddings: false gives lm_head a weight of its own";
+  kind.decoder = [](NetImpl& net, bool use_cache) -> std::unique_ptr<Decoder> {
+    return std::make_unique<LlamaDecoder>(dynamic_cast<LlamaImpl&>(net), use_cache);
+  };
+  registry.add("llama", kind, config::options_of<LlamaOptions>());
+}
+
+}  // namespace trainer::models

@@ -1,0 +1,361 @@
+// llama in Hugging Face's layout: the weights have the model's own names (LlamaForCausalLM's,
+// MistralForCausalLM's, Qwen2ForCausalLM's, Qwen3ForCausalLM's); a tied model's file lacks
+// lm_head.weight. config.json's fields map to the model's options; a field that would make the
+// model compute something llama does not (another rope scaling, a sliding window, biases it lacks,
+// another activation) is an error naming it. Defaults of absent fields are those of transformers'
+// config class of the model_type.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/builtin.h"
+
+namespace trainer::models {
+namespace {
+
+using nlohmann::json;
+
+// A config class's defaults, for the fields a config.json may leave out.
+struct TypeDefaults {
+  int64_t vocab, hidden, intermediate, layers, heads, kv_heads, positions;
+  int64_t head_dim;  // 0: hidden / heads
+};
+
+TypeDefaults defaults_of(const std::string& type) {
+  if (type == "mistral") return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 0};
+  if (type == "qwen2") return {151936, 4096, 22016, 32, 32, 32, 32768, 0};
+  if (type == "qwen3") return {151936, 4096, 22016, 32, 32, 32, 32768, 128};
+  return {32000, 4096, 11008, 32, 32, 0, 2048, 0};  // llama; kv heads 0: the heads'
+}
+
+bool present(const json& j, const char* key) {
+  return j.is_object() && j.contains(key) && !j[key].is_null();
+}
+
+// Field `key` of `j` as an integer (an integral float too), `fallback` when absent or null.
+int64_t int_field(const json& j, const char* key, int64_t fallback, const std::string& where,
+                  std::vector<std::string>& errors) {
+  if (!present(j, key)) return fallback;
+  const auto& v = j[key];
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+    return static_cast<int64_t>(v.get<double>());
+  }
+  errors.push_back(where + key + " is " + v.dump() + ", expected an integer");
+  return fallback;
+}
+
+double number_field(const json& j, const char* key, double fallback, const std::string& where,
+                    std::vector<std::string>& errors) {
+  if (!present(j, key)) return fallback;
+  if (j[key].is_number()) return j[key].get<double>();
+  errors.push_back(where + key + " is " + j[key].dump() + ", expected a number");
+  return fallback;
+}
+
+bool bool_field(const json& j, const char* key, bool fallback, std::vector<std::string>& errors) {
+  if (!present(j, key)) return fallback;
+  if (j[key].is_boolean()) return j[key].get<bool>();
+  errors.push_back(std::string(key) + " is " + j[key].dump() + ", expected true or false");
+  return fallback;
+}
+
+// rope_scaling: none, or llama3's four numbers.
+void rope_options(const json& file, json& o, std::vector<std::string>& errors) {
+  o["rope_scaling"] = "none";
+  if (!present(file, "rope_scaling")) return;
+  const auto& r = file["rope_scaling"];
+  const std::string at = "rope_scaling.";
+  if (!r.is_object()) {
+    errors.push_back("rope_scaling is " + r.dump() + ", expected null or an object");
+    return;
+  }
+  const char* type_key = present(r, "rope_type") ? "rope_type" : "type";
+  const std::string type = present(r, type_key) && r[type_key].is_string()
+                               ? r[type_key].get<std::string>()
+                               : (present(r, type_key) ? r[type_key].dump() : "");
+  if (type == "default") return;
+  if (type != "llama3") {
+    errors.push_back(at + type_key + " is \"" + type +
+                     "\": llama computes rotary embeddings unscaled or with llama3's scaling only");
+    return;
+  }
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    if (!present(r, key)) errors.push_back(at + key + " is missing (llama3 scaling needs it)");
+  }
+  o["rope_scaling"] = "llama3";
+  o["rope_factor"] = number_field(r, "factor", 8.0, at, errors);
+  o["rope_low_freq_factor"] = number_field(r, "low_freq_factor", 1.0, at, errors);
+  o["rope_high_freq_factor"] = number_field(r, "high_freq_factor", 4.0, at, errors);
+  o["rope_original_context"] = int_field(r, "original_max_position_embeddings", 8192, at, errors);
+}
+
+// The sliding window: Mistral's whenever sliding_window is set (MistralConfig's default is 4096),
+// Qwen 2's and 3's with use_sliding_window on the layers it applies to; an error when it is
+// narrower than the context.
+void check_sliding_window(const json& file, const std::string& type, int64_t layers,
+                          int64_t positions, std::vector<std::string>& errors) {
+  const bool qwen = type == "qwen2" || type == "qwen3";
+  if (type != "mistral" && !qwen) return;
+  if (qwen && !bool_field(file, "use_sliding_window", false, errors)) return;
+  if (file.contains("sliding_window") && file["sliding_window"].is_null()) return;
+  const int64_t window = int_field(file, "sliding_window", 4096, "", errors);
+  bool sliding_layer = true;  // Mistral's every layer
+  if (qwen && present(file, "layer_types") && file["layer_types"].is_array()) {
+    sliding_layer = false;
+    for (const auto& t : file["layer_types"]) sliding_layer |= t == "sliding_attention";
+  } else if (qwen) {
+    sliding_layer = int_field(file, "max_window_layers", 28, "", errors) < layers;
+  }
+  if (!sliding_layer || window >= positions) return;
+  errors.push_back(std::string(qwen ? "use_sliding_window is true with " : "") + "sliding_window " +
+                   std::to_string(window) + " < max_position_embeddings " +
+                   std::to_string(positions) + ": attention would see the last " +
+                   std::to_string(window) +
+                   " tokens only, llama's sees the whole context (a config with " +
+                   (qwen ? "use_sliding_window: false" : "sliding_window: null") + " loads)");
+}
+
+// The fields whose other values llama does not compute: activation, biases, quantisation.
+void check_math_fields(const json& file, const std::string& type, std::vector<std::string>& errors,
+                       std::vector<std::string>& warnings) {
+  if (present(file, "hidden_act")) {
+    const auto& act = file["hidden_act"];
+    if (act != "silu" && act != "swish") {
+      errors.push_back("hidden_act is " + act.dump() + ": llama's MLP is SwiGLU (silu)");
+    }
+  }
+  if ((type == "llama" || type == "qwen3") && bool_field(file, "attention_bias", false, errors)) {
+    errors.push_back("attention_bias is true: " + type +
+                     "'s q, k, v and o projections then have biases; llama has q/k/v biases only "
+                     "(model.qkv_bias, as qwen2)");
+  }
+  if (bool_field(file, "mlp_bias", false, errors)) {
+    errors.push_back("mlp_bias is true: llama's MLP projections have no biases");
+  }
+  const double partial = number_field(file, "partial_rotary_factor", 1.0, "", errors);
+  if (partial != 1.0) {
+    errors.push_back("partial_rotary_factor is " + file["partial_rotary_factor"].dump() +
+                     ": llama rotates every dimension of a head");
+  }
+  if (present(file, "quantization_config")) {
+    errors.push_back("quantization_config is set: llama loads unquantised weights only");
+  }
+  const double dropout = number_field(file, "attention_dropout", 0.0, "", errors);
+  if (dropout != 0.0) {
+    warnings.push_back("attention_dropout is " + file["attention_dropout"].dump() +
+                       ": llama trains without dropout");
+  }
+}
+
+json options_of_config(const json& file, std::vector<std::string>& errors,
+                       std::vector<std::string>& warnings) {
+  const std::string type = file.value("model_type", std::string());
+  const TypeDefaults d = defaults_of(type);
+  json o;
+  const auto i = [&](const char* key, int64_t fallback) {
+    return int_field(file, key, fallback, "", errors);
+  };
+  o["n_layer"] = i("num_hidden_layers", d.layers);
+  o["n_embd"] = i("hidden_size", d.hidden);
+  o["n_head"] = i("num_attention_heads", d.heads);
+  // An explicit null: as many as the heads, in every config class.
+  const bool kv_default = !file.contains("num_key_value_heads") && d.kv_heads > 0;
+  o["n_kv_head"] = i("num_key_value_heads", kv_default ? d.kv_heads : o["n_head"].get<int64_t>());
+  const int64_t heads = std::max<int64_t>(1, o["n_head"].get<int64_t>());
+  o["head_dim"] = i("head_dim", d.head_dim > 0 && !file.contains("head_dim")
+                                    ? d.head_dim
+                                    : o["n_embd"].get<int64_t>() / heads);
+  o["intermediate_size"] = i("intermediate_size", d.intermediate);
+  o["vocab_size"] = i("vocab_size", d.vocab);
+  o["block_size"] = i("max_position_embeddings", d.positions);
+  o["rms_norm_eps"] = number_field(file, "rms_norm_eps", 1e-6, "", errors);
+  o["rope_theta"] = number_field(file, "rope_theta", 10000.0, "", errors);
+  o["tie_embeddings"] = bool_field(file, "tie_word_embeddings", false, errors);
+  o["qkv_bias"] = type == "qwen2";
+  o["qk_norm"] = type == "qwen3";
+  rope_options(file, o, errors);
+  check_sliding_window(file, type, o["n_layer"].get<int64_t>(), o["block_size"].get<int64_t>(),
+                       errors);
+  check_math_fields(file, type, errors, warnings);
+  return o;
+}
+
+// The run's value of option `key` ("model." + key in the flattened config) against `want`.
+bool same_option(const std::string& ours, const json& want) {
+  if (want.is_boolean()) return ours == (want.get<bool>() ? "true" : "false");
+  if (want.is_string()) return ours == want.get<std::string>();
+  try {
+    const double a = std::stod(ours), b = want.get<double>();
+    return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// A config.json beside a weights file (model.pretrained: FILE) against the run's options.
+void check_config(const json& file, const std::map<std::string, std::string>& config,
+                  std::vector<std::string>& errors, std::vector<std::string>& warnings) {
+  const auto o = options_of_config(file, errors, warnings);
+  for (auto it = o.begin(); it != o.end(); ++it) {
+    const auto ours = config.find("model." + it.key());
+    if (ours == config.end()) continue;
+    std::string value = ours->second;
+    // 0: derived (the data's vocabulary, as many kv heads as heads, n_embd / n_head).
+    if (value == "0" && it.key() == "vocab_size") continue;
+    if (value == "0" && it.key() == "n_kv_head" && config.count("model.n_head")) {
+      value = config.at("model.n_head");
+    }
+    if (value == "0" && it.key() == "head_dim" && config.count("model.n_embd") &&
+        config.count("model.n_head") && std::stoll(config.at("model.n_head")) > 0) {
+      value = std::to_string(std::stoll(config.at("model.n_embd")) /
+                             std::stoll(config.at("model.n_head")));
+    }
+    if (!same_option(value, *it)) {
+      errors.push_back("model." + it.key() + " is " + ours->second + ", the file's config.json " +
+                       "makes it " + it->dump());
+    }
+  }
+}
+
+bool is_llama_layout(const NamedWeights& weights) {
+  for (const auto& [name, t] : weights) {
+    if (name == "model.embed_tokens.weight") return true;
+  }
+  return false;
+}
+
+// A tied model's file has no lm_head.weight: the embedding's, which loading ties.
+NamedWeights fill_tied_head(const NamedWeights& weights) {
+  NamedWeights out = weights;
+  torch::Tensor embed;
+  for (const auto& [name, t] : weights) {
+    if (name == "lm_head.weight") return out;
+    if (name == "model.embed_tokens.weight") embed = t;
+  }
+  if (embed.defined()) out.emplace_back("lm_head.weight", embed);
+  return out;
+}
+
+// Option `key` of the run's flattened config ("model." + key), "" when absent.
+std::string option(const std::map<std::string, std::string>& config, const std::string& key) {
+  const auto it = config.find("model." + key);
+  return it == config.end() ? std::string() : it->second;
+}
+
+int64_t int_option(const std::map<std::string, std::string>& config, const std::string& key,
+                   int64_t fallback) {
+  const std::string v = option(config, key);
+  return v.empty() ? fallback : std::stoll(v);
+}
+
+double double_option(const std::map<std::string, std::string>& config, const std::string& key,
+                     double fallback) {
+  const std::string v = option(config, key);
+  return v.empty() ? fallback : std::stod(v);
+}
+
+// The Hugging Face model type that computes the model: qwen3 with q/k norms, qwen2 with q/k/v
+// biases, else llama. Throws ModelError for both.
+std::string model_type_of(const std::map<std::string, std::string>& config) {
+  const bool bias = option(config, "qkv_bias") == "true",
+             norm = option(config, "qk_norm") == "true";
+  if (bias && norm) {
+    throw ModelError("model.qkv_bias",
+                     "a llama with q/k/v biases (model.qkv_bias) and q/k norms (model.qk_norm) "
+                     "has no Hugging Face model type (qwen2 has the biases, qwen3 the norms); "
+                     "export it with --format pt");
+  }
+  return norm ? "qwen3" : bias ? "qwen2" : "llama";
+}
+
+json rope_scaling_json(const std::map<std::string, std::string>& config) {
+  if (option(config, "rope_scaling") != "llama3") return nullptr;
+  return {{"rope_type", "llama3"},
+          {"factor", double_option(config, "rope_factor", 8.0)},
+          {"low_freq_factor", double_option(config, "rope_low_freq_factor", 1.0)},
+          {"high_freq_factor", double_option(config, "rope_high_freq_factor", 4.0)},
+          {"original_max_position_embeddings", int_option(config, "rope_original_context", 8192)}};
+}
+
+// config.json for the model: every field its model type's config class reads for the
+// architecture, the token ids unknown (null).
+json hf_config_json(const std::map<std::string, std::string>& config, int64_t vocab, int64_t width,
+                    int64_t layers) {
+  const std::string type = model_type_of(config);
+  const int64_t heads = int_option(config, "n_head", 4), kv = int_option(config, "n_kv_head", 0);
+  const int64_t head_dim = int_option(config, "head_dim", 0);
+  const char* arch = type == "qwen3"   ? "Qwen3ForCausalLM"
+                     : type == "qwen2" ? "Qwen2ForCausalLM"
+                                       : "LlamaForCausalLM";
+  json c = {{"architectures", {arch}},
+            {"model_type", type},
+            {"vocab_size", vocab},
+            {"hidden_size", width},
+            {"intermediate_size", int_option(config, "intermediate_size", 172)},
+            {"num_hidden_layers", layers},
+            {"num_attention_heads", heads},
+            {"num_key_value_heads", kv > 0 ? kv : heads},
+            {"head_dim", head_dim > 0 ? head_dim : width / std::max<int64_t>(1, heads)},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", int_option(config, "block_size", 2048)},
+            {"rms_norm_eps", double_option(config, "rms_norm_eps", 1e-5)},
+            {"rope_theta", double_option(config, "rope_theta", 10000.0)},
+            {"rope_scaling", rope_scaling_json(config)},
+            {"tie_word_embeddings", option(config, "tie_embeddings") == "true"},
+            {"attention_dropout", 0.0},
+            {"initializer_range", 0.02},
+            {"use_cache", true},
+            {"bos_token_id", nullptr},
+            {"eos_token_id", nullptr},
+            {"torch_dtype", "float32"}};
+  if (type != "qwen2") c["attention_bias"] = false;
+  if (type == "llama") c["mlp_bias"] = false;
+  if (type != "llama") {
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+    c["max_window_layers"] = layers;
+  }
+  return c;
+}
+
+// The model's weights as save_pretrained writes them (a tied model without lm_head.weight) and
+// their config.json.
+std::pair<NamedWeights, json> to_hf(const NamedWeights& weights,
+                                    const std::map<std::string, std::string>& config) {
+  const bool tied = option(config, "tie_embeddings") == "true";
+  NamedWeights out;
+  int64_t vocab = 0, width = 0, layers = 0;
+  for (const auto& [name, t] : weights) {
+    if (name == "lm_head.weight" && tied) continue;
+    out.emplace_back(name, t.contiguous());
+    if (name == "model.embed_tokens.weight") vocab = t.size(0), width = t.size(1);
+    const std::string norm = ".input_layernorm.weight";
+    if (name.size() > norm.size() &&
+        name.compare(name.size() - norm.size(), norm.size(), norm) == 0) {
+      ++layers;
+    }
+  }
+  return {out, hf_config_json(config, vocab, width, layers)};
+}
+
+}  // namespace
+
+ForeignFormat llama_hf_format() {
+  ForeignFormat f;
+  f.name = "Hugging Face Llama";
+  f.matches = is_llama_layout;
+  f.to_trainer = fill_tied_head;
+  f.from_trainer = to_hf;
+  f.check_config = check_config;
+  f.model_types = {"llama", "mistral", "qwen2", "qwen3"};
+  f.options_of_config = options_of_config;
+  return f;
+}
+
+}  // namespace trainer::models

@@ -1,0 +1,210 @@
+#include "nn/lora.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+namespace trainer::nn {
+namespace {
+
+std::string last_part(const std::string& name) {
+  const auto dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+// The model's nn::Linear layers under their module names, in module order.
+std::vector<std::pair<std::string, LinearImpl*>> linear_layers(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, LinearImpl*>> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (auto* layer = dynamic_cast<LinearImpl*>(item.value().get())) {
+      out.emplace_back(item.key(), layer);
+    }
+  }
+  return out;
+}
+
+std::string joined(const std::set<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
+}
+
+// LoraTargetError unless every target names at least one of `layers`.
+void check_targets(const torch::nn::Module& model, const std::vector<std::string>& targets,
+                   const std::vector<std::pair<std::string, LinearImpl*>>& layers) {
+  std::set<std::string> linear, other;
+  for (const auto& [name, layer] : layers) linear.insert(last_part(name));
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const std::string part = last_part(item.key());
+    if (!linear.count(part) && part.find_first_not_of("0123456789") != std::string::npos) {
+      other.insert(part);
+    }
+  }
+  for (const auto& t : targets) {
+    if (linear.count(t)) continue;
+    throw LoraTargetError(
+        "'" + t + "' " +
+        (other.count(t) ? "is not a linear layer LoRA can adapt" : "names no module of the model") +
+        "; the linear layers are: " + joined(linear));
+  }
+}
+
+}  // namespace
+
+double LoraOptions::scaling() const {
+  const auto r = static_cast<double>(rank);
+  return rslora ? alpha / std::sqrt(r) : alpha / r;
+}
+
+LoraOptions lora_options(const config::LoraConfig& cfg) {
+  LoraOptions o;
+  o.rank = cfg.rank;
+  o.alpha = cfg.alpha;
+  o.dropout = cfg.dropout;
+  o.rslora = cfg.rslora;
+  return o;
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) const {
+  const auto y = torch::linear(x, weight, bias);  // [..., out]
+  if (!adapted()) return y;
+  return add_update(y, torch::linear(adapter_input(x), lora_A->weight));  // h: [..., r]
+}
+
+// The adapter's input: x in its dtype (under autocast as it is: the product casts it), dropped
+// out while training.
+torch::Tensor LinearImpl::adapter_input(const torch::Tensor& x) const {
+  const auto& a = lora_A->weight;
+  const bool cast =
+      x.scalar_type() != a.scalar_type() && !at::autocast::is_autocast_enabled(x.device().type());
+  const auto in = cast ? x.to(a.scalar_type()) : x;
+  return lora_.dropout > 0.0 && is_training() ? torch::dropout(in, lora_.dropout, true) : in;
+}
+
+// y + B(h) * scaling as one addmm, in the adapter's dtype (autocast's under autocast), cast back
+// to y's dtype: [..., out].
+torch::Tensor LinearImpl::add_update(const torch::Tensor& y, const torch::Tensor& h) const {
+  const auto base = y.scalar_type() == h.scalar_type() ? y : y.to(h.scalar_type());
+  const auto sum = at::addmm(base.reshape({-1, base.size(-1)}), h.reshape({-1, h.size(-1)}),
+                             lora_B->weight.t(), /*beta=*/1.0, /*alpha=*/lora_.scaling());
+  return sum.view(y.sizes()).to(y.scalar_type());
+}
+
+torch::Tensor LinearImpl::column_parallel(TensorParallel& tp, const torch::Tensor& x,
+                                          const torch::Tensor& copied) const {
+  const auto y = torch::linear(copied.defined() ? copied : tp.copy_in(x), weight, bias);
+  if (!adapted()) return y;  // [..., out / tp]
+  // A's output whole on every rank; its gradient summed over the group's parts of B.
+  return add_update(y, tp.copy_in(torch::linear(adapter_input(x), lora_A->weight)));
+}
+
+torch::Tensor LinearImpl::row_parallel(TensorParallel& tp, const torch::Tensor& x) const {
+  auto y = tp.reduce_out(torch::linear(x, weight));  // [..., out]
+  if (adapted()) y = add_update(y, tp.reduce_out(torch::linear(adapter_input(x), lora_A->weight)));
+  return bias.defined() ? y + bias.to(y.scalar_type()) : y;
+}
+
+void LinearImpl::add_adapter(const LoraOptions& options) {
+  if (adapted()) throw std::logic_error("this linear layer has a LoRA adapter already");
+  if (options.rank < 1) throw std::invalid_argument("a LoRA adapter needs a rank >= 1");
+  lora_ = options;
+  const auto& o = this->options;
+  // nn.Linear's initialisation: kaiming_uniform_(a = sqrt(5)), PEFT's for A.
+  auto a = torch::nn::Linear(torch::nn::LinearOptions(o.in_features(), options.rank).bias(false));
+  auto b = torch::nn::Linear(torch::nn::LinearOptions(options.rank, o.out_features()).bias(false));
+  a->to(weight.device(), torch::kFloat);
+  b->to(weight.device(), torch::kFloat);
+  torch::NoGradGuard no_grad;
+  b->weight.zero_();
+  lora_A = register_module("lora_A", a);
+  lora_B = register_module("lora_B", b);
+}
+
+torch::Tensor LinearImpl::delta_weight() const {
+  TORCH_CHECK(adapted(), "delta_weight: the layer has no adapter");
+  torch::NoGradGuard no_grad;
+  return torch::mm(lora_B->weight.to(torch::kFloat), lora_A->weight.to(torch::kFloat))
+      .mul_(lora_.scaling());  // [out, in]
+}
+
+void LinearImpl::pretty_print(std::ostream& stream) const {
+  torch::nn::LinearImpl::pretty_print(stream);
+  if (adapted()) {
+    stream << " + LoRA(r=" << lora_.rank << ", alpha=" << lora_.alpha
+           << ", dropout=" << lora_.dropout << (lora_.rslora ? ", rslora" : "") << ")";
+  }
+}
+
+std::vector<std::string> default_lora_targets(const torch::nn::Module& model) {
+  std::set<std::string> present;
+  for (const auto& [name, layer] : linear_layers(model)) present.insert(last_part(name));
+  std::vector<std::string> out;
+  for (const char* t : {"q_proj", "v_proj", "c_attn"}) {
+    if (present.count(t)) out.emplace_back(t);
+  }
+  return out;
+}
+
+std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std::string> targets,
+                                      const LoraOptions& options, c10::ScalarType base_dtype) {
+  const auto layers = linear_layers(model);
+  if (targets.empty()) targets = default_lora_targets(model);
+  if (targets.empty()) {
+    std::set<std::string> linear;
+    for (const auto& [name, layer] : layers) linear.insert(last_part(name));
+    throw LoraTargetError(
+        "the model has none of PEFT's default targets (q_proj, v_proj, c_attn); name them; the "
+        "linear layers are: " +
+        joined(linear));
+  }
+  check_targets(model, targets, layers);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model.parameters(/*recurse=*/true)) {
+      p.requires_grad_(false);
+      if (p.scalar_type() != base_dtype) p.set_data(p.to(base_dtype));
+    }
+  }
+  const std::set<std::string> wanted(targets.begin(), targets.end());
+  std::vector<std::string> adapted;
+  for (const auto& [name, layer] : layers) {
+    if (!wanted.count(last_part(name))) continue;
+    layer->add_adapter(options);
+    adapted.push_back(name);
+  }
+  return adapted;
+}
+
+std::vector<std::pair<std::string, LinearImpl*>> adapted_layers(const torch::nn::Module& model) {
+  auto layers = linear_layers(model);
+  layers.erase(std::remove_if(layers.begin(), layers.end(),
+                              [](const auto& named) { return !named.second->adapted(); }),
+               layers.end());
+  return layers;
+}
+
+SplitPlan adapter_splits(const torch::nn::Module& model, const SplitPlan& plan) {
+  SplitPlan out;
+  for (const auto& [name, layer] : adapted_layers(model)) {
+    const auto it = plan.find(name + ".weight");
+    if (it == plan.end()) continue;
+    out[name + (it->second.dim == 0 ? ".lora_B.weight" : ".lora_A.weight")] = it->second;
+  }
+  return out;
+}
+
+bool is_adapter_tensor(const std::string& name) {
+  const auto ends = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends(".lora_A.weight") || ends(".lora_B.weight");
+}
+
+c10::ScalarType lora_base_dtype(const std::string& name) {
+  return name == "bfloat16" ? torch::kBFloat16 : name == "float16" ? torch::kHalf : torch::kFloat;
+}
+
+}  // namespace trainer::nn

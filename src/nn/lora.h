@@ -1,0 +1,119 @@
+// LoRA (low-rank adaptation) as PEFT defines it (peft/tuners/lora/layer.py): a linear layer whose
+// weight stays frozen, plus a trainable low-rank update,
+//
+//   y = x W^T + b + B(A(dropout(x))) * scaling      A [r, in], B [out, r]
+//
+// A drawn kaiming-uniform (a = sqrt(5), as nn.Linear's weight), B zeros (so an adapter starts as
+// the identity update), scaling alpha / r (alpha / sqrt(r) with rank-stabilised LoRA). The models
+// build their projections as nn::Linear; add_adapters() attaches adapters to the layers a config
+// names, freezes everything else and casts the frozen base to its dtype. The adapters' state-dict
+// names are PEFT's without the adapter's name: `<layer>.lora_A.weight`, `<layer>.lora_B.weight`.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "nn/tensor_parallel.h"
+
+namespace trainer::nn {
+
+struct LoraOptions {
+  int64_t rank = 8;      // r
+  double alpha = 8.0;    // lora_alpha
+  double dropout = 0.0;  // on the adapter's input while training
+  bool rslora = false;   // scaling alpha / sqrt(r) instead of alpha / r
+
+  // What B(A(x)) is multiplied by.
+  double scaling() const;
+};
+
+// The options of a model.lora section.
+LoraOptions lora_options(const config::LoraConfig& cfg);
+
+// torch::nn::Linear (its parameters, names and initialisation) that may carry a LoRA adapter.
+class LinearImpl : public torch::nn::LinearImpl {
+ public:
+  explicit LinearImpl(const torch::nn::LinearOptions& options) : torch::nn::LinearImpl(options) {}
+
+  // x [..., in] -> [..., out]: the layer, plus the adapter's update when it has one (in the
+  // adapter's dtype, x cast to it, the sum cast back to the layer's output dtype, as PEFT does).
+  torch::Tensor forward(const torch::Tensor& x) const;
+
+  // Under tensor parallelism (nn/tensor_parallel.h), as a column-parallel layer: x [..., in]
+  // whole on every rank, the weight this rank's rows -> this rank's outputs [..., out / tp]. The
+  // adapter's A is whole, its B this rank's rows: B(copy_in(A(dropout(x)))) * scaling, so that
+  // A's gradient is the group's sum. `copied`: tp.copy_in(x) when the caller made it already
+  // (for several layers reading x), else made here. Every rank of the group must run the
+  // backward through it, in the same order.
+  torch::Tensor column_parallel(TensorParallel& tp, const torch::Tensor& x,
+                                const torch::Tensor& copied = {}) const;
+  // As a row-parallel layer: x [..., in / tp] this rank's inputs, the weight its columns, the
+  // bias whole -> y [..., out] summed over the group. The adapter's A is this rank's columns, its
+  // B whole: B(reduce_out(A(dropout(x)))) * scaling (a second, rank-wide all-reduce). Every rank
+  // of the group must call this, in the same order.
+  torch::Tensor row_parallel(TensorParallel& tp, const torch::Tensor& x) const;
+
+  // Attaches an adapter (submodules lora_A [r, in] and lora_B [out, r], float32, on the
+  // weight's device), A drawn from the global generator. Throws std::logic_error when it has one.
+  void add_adapter(const LoraOptions& options);
+  bool adapted() const { return !lora_A.is_empty(); }
+  const LoraOptions& adapter_options() const { return lora_; }
+
+  // scaling * B @ A [out, in] in float32: what merging the adapter adds to the weight.
+  torch::Tensor delta_weight() const;
+
+  void pretty_print(std::ostream& stream) const override;
+
+  torch::nn::Linear lora_A{nullptr};  // [r, in], no bias
+  torch::nn::Linear lora_B{nullptr};  // [out, r], no bias
+
+ private:
+  torch::Tensor adapter_input(const torch::Tensor& x) const;
+  torch::Tensor add_update(const torch::Tensor& y, const torch::Tensor& h) const;
+
+  LoraOptions lora_;
+};
+TORCH_MODULE(Linear);
+
+// A target of model.lora.targets that names no layer LoRA can adapt: the message names the
+// target and the linear layers the model has.
+class LoraTargetError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// The targets PEFT adapts when its config names none: its default for Llama/Qwen (q_proj,
+// v_proj) and GPT-2 (c_attn), those of them the model has.
+std::vector<std::string> default_lora_targets(const torch::nn::Module& model);
+
+// Attaches an adapter to every nn::Linear of `model` whose module name's last part is one of
+// `targets` (empty: default_lora_targets), freezes every other parameter (requires_grad false)
+// and casts them to `base_dtype`. Returns the adapted layers' module names, in module order.
+// Throws LoraTargetError, before changing anything, when a target names no nn::Linear.
+std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std::string> targets,
+                                      const LoraOptions& options, c10::ScalarType base_dtype);
+
+// The adapted layers of `model` under their module names, in module order.
+std::vector<std::pair<std::string, LinearImpl*>> adapted_layers(const torch::nn::Module& model);
+
+// How the adapters split over a tensor-parallel group whose layers split as `plan` says (a model's
+// split_over): a column-parallel layer's (weight split along dim 0) lora_B as its weight, a
+// row-parallel layer's (dim 1) lora_A as its weight; the other adapter matrix whole.
+SplitPlan adapter_splits(const torch::nn::Module& model, const SplitPlan& plan);
+
+// Whether `name` (a state-dict name) is an adapter's tensor: it ends in .lora_A.weight or
+// .lora_B.weight.
+bool is_adapter_tensor(const std::string& name);
+
+// The dtype a model.lora.base_dtype names: float32, bfloat16 or float16.
+c10::ScalarType lora_base_dtype(const std::string& name);
+
+}  // namespace trainer::nn

@@ -1,0 +1,142 @@
+// Helper of tests/chat_check.py: the chat data set (data/chat.h) and the samples of a token data
+// set, as the trainer builds them.
+//
+//   chat_tool OUT KEY=VALUE...
+//
+// KEY=VALUE sets data.KEY (name and root, or a data set's own key; true/false, integers and
+// numbers typed as such), or the data context: seed, context_length, pretrained. For data.name
+// chat (the default) OUT/conversations.jsonl gets one line per conversation of each split:
+// {"split", "name" (FILE:LINE), "ids", "trained"}. OUT/samples.jsonl gets every sample of both
+// splits in order: {"split", "index", "name", "inputs", "targets"} and "positions" when the batch
+// has them; OUT/spec.json the data spec (seq_len, vocab). Exits 2 with "KEY: message" for a
+// setting or record the data set rejects, 1 with the message for any other problem. dump=
+// conversations writes conversations.jsonl alone (without building the samples).
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data/chat.h"
+#include "data/dataset.h"
+#include "util/log.h"
+
+namespace {
+
+using namespace trainer;
+using Json = nlohmann::json;
+
+// Sets data.`key` from `value`, as the first type the key takes: bool, integer, number, string.
+void set_option(config::DataConfig& cfg, const std::string& key, const std::string& value) {
+  if (key == "name") {
+    cfg.name = value;
+    return;
+  }
+  if (key == "root") {
+    cfg.root = value;
+    return;
+  }
+  try {
+    if (value == "true" || value == "false") return cfg.options.set(key, value == "true");
+  } catch (const std::out_of_range&) {
+  }
+  try {
+    size_t used = 0;
+    const int64_t i = std::stoll(value, &used);
+    if (used == value.size()) return cfg.options.set(key, i);
+  } catch (const std::exception&) {
+  }
+  try {
+    size_t used = 0;
+    const double d = std::stod(value, &used);
+    if (used == value.size()) return cfg.options.set(key, d);
+  } catch (const std::exception&) {
+  }
+  cfg.options.set(key, value);
+}
+
+std::vector<int64_t> row(const torch::Tensor& t, int64_t i) {
+  const auto r = t[i].contiguous();
+  return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+}
+
+void dump_samples(const data::Dataset& d, const std::string& split, std::ofstream& out) {
+  for (int64_t i = 0; i < d.size(); ++i) {
+    const auto b = d.get({i});
+    Json line = {{"split", split},
+                 {"index", i},
+                 {"name", d.sample_name(i)},
+                 {"inputs", row(b.inputs, 0)},
+                 {"targets", row(b.targets, 0)}};
+    if (b.positions.defined()) line["positions"] = row(b.positions, 0);
+    out << line.dump() << "\n";
+  }
+}
+
+void dump_conversations(const data::ChatConversations& c, const std::string& split,
+                        std::ofstream& out) {
+  for (int64_t k = 0; k < c.size(); ++k) {
+    const auto b = c.ids.begin() + c.offsets[k], e = c.ids.begin() + c.offsets[k + 1];
+    const auto t = c.trained.begin() + c.offsets[k];
+    Json line = {{"split", split},
+                 {"name", c.name(k)},
+                 {"ids", std::vector<int32_t>(b, e)},
+                 {"trained", std::vector<int>(t, t + (e - b))}};
+    out << line.dump() << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  log::setup(log::Level::info, 0);
+  try {
+    if (argc < 2) throw std::invalid_argument("usage: chat_tool OUT KEY=VALUE...");
+    const std::string dir = argv[1];
+    config::DataConfig cfg = data::default_data_config("chat");
+    data::DataContext ctx;
+    std::string dump = "all";
+    for (int i = 2; i < argc; ++i) {
+      const std::string arg = argv[i];
+      const size_t eq = arg.find('=');
+      if (eq == std::string::npos) throw std::invalid_argument("expected KEY=VALUE, got " + arg);
+      const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+      if (key == "dump") {
+        dump = value;
+      } else if (key == "seed") {
+        ctx.seed = std::stoll(value);
+      } else if (key == "context_length") {
+        ctx.context_length = std::stoll(value);
+      } else if (key == "pretrained") {
+        ctx.pretrained = value;
+      } else {
+        set_option(cfg, key.rfind("data.", 0) == 0 ? key.substr(5) : key, value);
+      }
+    }
+    if (cfg.name == "chat") {
+      const auto chat = data::read_chat_data(cfg, ctx);
+      std::ofstream out(dir + "/conversations.jsonl");
+      dump_conversations(chat.train, "train", out);
+      dump_conversations(chat.val, "val", out);
+      if (dump == "conversations") return 0;
+    }
+    const auto splits = data::dataset_registry().get(cfg.name)(cfg, ctx);
+    std::ofstream samples(dir + "/samples.jsonl");
+    dump_samples(*splits.train, "train", samples);
+    dump_samples(*splits.val, "val", samples);
+    std::ofstream(dir + "/spec.json") << Json{
+        {"seq_len", splits.spec.sample_shape.at(0)},
+        {"vocab", splits.spec.num_classes}}.dump();
+    return 0;
+  } catch (const data::DataConfigError& e) {
+    std::cerr << e.key() << ": " << e.message() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}

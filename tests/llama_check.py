@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""The trainer's llama against Hugging Face transformers (CTest Interop.LlamaEqualsTransformers).
+
+  llama_check.py TRAINER INTEROP_TOOL
+
+Four tiny random models that transformers builds here (no download), saved by save_pretrained:
+Llama 3.1-style (grouped-query attention 4:1, llama3 rope scaling, untied head), Llama 3.2-style
+(tied head, llama3 scaling with factor 32), Qwen 2-style (q/k/v biases, eps 1e-6, theta 1e6) and
+Qwen 3-style (per-head q/k RMSNorm, head_dim 32 != hidden / heads 16, tied head). Their weights are
+redrawn so that no part is near the identity (biases, norm weights). For each:
+
+1. Logits: interop_tool builds the trainer's llama from the keys below and loads the saved file
+   as model.pretrained does (a tied model's file has no lm_head.weight); its float32 logits of a
+   [2, 64] token batch equal transformers' within 1e-5 relative (max |diff| / max |logit|). The
+   Llama 3.1 model computed without its rope scaling misses that tolerance: the comparison sees
+   the scaling.
+2. Training: `trainer train` from the saved file (model.pretrained), 30 steps of full fine-tuning
+   (AdamW with weight decay, clipping at 1.0, a constant learning rate) on four 64-token windows
+   (data.mix of four one-window token folders: every batch holds all four), against a plain
+   PyTorch loop over the transformers model on the same windows: every step's loss within 1e-4
+   relative.
+
+Exits 77 (skipped) when transformers or safetensors is not installed.
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file, save_file
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM)
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+VOCAB, SEQ, STEPS, WINDOWS = 256, 64, 30, 4
+LOGITS_TOL, LOSS_TOL = 1e-5, 1e-4
+OPTIM = {"lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+CLIP = 1.0
+COMMON = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=16384,
+              attention_dropout=0.0)
+
+CASES = {
+    "llama3.1": (LlamaForCausalLM, LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=2,
+        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        **COMMON)),
+    "llama3.2": (LlamaForCausalLM, LlamaConfig(
+        hidden_size=64, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
+        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        **COMMON)),
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config(
+        hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+        rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False, **COMMON)),
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config(
+        hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True, **COMMON)),
+}
+
+
+def trainer_keys(cfg, model_type):
+    """The trainer's llama keys for a transformers config."""
+    keys = {
+        "n_layer": cfg.num_hidden_layers, "n_head": cfg.num_attention_heads,
+        "n_kv_head": cfg.num_key_value_heads, "n_embd": cfg.hidden_size,
+        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        "intermediate_size": cfg.intermediate_size, "block_size": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size, "rms_norm_eps": float(cfg.rms_norm_eps),
+        "rope_theta": float(cfg.rope_theta), "qkv_bias": model_type == "qwen2",
+        "qk_norm": model_type == "qwen3", "tie_embeddings": bool(cfg.tie_word_embeddings),
+    }
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type") == "llama3":
+        keys.update(rope_scaling="llama3", rope_factor=float(scaling["factor"]),
+                    rope_low_freq_factor=float(scaling["low_freq_factor"]),
+                    rope_high_freq_factor=float(scaling["high_freq_factor"]),
+                    rope_original_context=int(scaling["original_max_position_embeddings"]))
+    return keys
+
+
+def option_text(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else repr(value)  # floats keep their point: 8.0
+
+
+def build(name, work):
+    """The transformers model of case `name` with redrawn weights, saved; (model, file)."""
+    cls, cfg = CASES[name]
+    torch.manual_seed(sorted(CASES).index(name))
+    model = cls(cfg).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.uniform_(0.7, 1.3)
+            elif pname.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+            else:
+                p.normal_(0.0, 0.08)
+    folder = os.path.join(work, name)
+    model.save_pretrained(folder, safe_serialization=True)
+    weights = os.path.join(folder, "model.safetensors")
+    stored = load_file(weights)
+    tied = bool(cfg.tie_word_embeddings)
+    if ("lm_head.weight" in stored) == tied:
+        sys.exit(f"{name}: save_pretrained {'kept' if tied else 'dropped'} lm_head.weight")
+    if model.model.config._attn_implementation != "sdpa":
+        sys.exit(f"{name}: transformers chose {model.model.config._attn_implementation}, not sdpa")
+    return model, weights
+
+
+def relative(ours, theirs):
+    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
+
+
+def trainer_logits(tool, weights, tokens, keys, work):
+    x, out = os.path.join(work, "x.safetensors"), os.path.join(work, "logits.safetensors")
+    save_file({"x": tokens}, x)
+    options = [f"{k}={option_text(v)}" for k, v in keys.items()]
+    r = subprocess.run([tool, "llama", str(VOCAB), weights, x, out, *options],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"interop_tool llama: exit {r.returncode}: {r.stderr}")
+    return load_file(out)["logits"]
+
+
+def check_logits(name, tool, model, weights, work, failures):
+    keys = trainer_keys(model.config, model.config.model_type)
+    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        theirs = model(tokens).logits  # [2, 64, V]
+    ours = trainer_logits(tool, weights, tokens, keys, work)
+    diff = relative(ours, theirs)
+    print(f"{name}: logits relative max |diff| {diff:.3g}")
+    if ours.shape != theirs.shape or not diff <= LOGITS_TOL:
+        failures.append(f"{name}: logits {tuple(ours.shape)} differ from transformers' by {diff}")
+    if keys.get("rope_scaling") == "llama3" and name == "llama3.1":
+        unscaled = trainer_logits(tool, weights, tokens, {**keys, "rope_scaling": "none"}, work)
+        missed = relative(unscaled, theirs)
+        print(f"{name}: without the rope scaling {missed:.3g}")
+        if not missed > LOGITS_TOL:
+            failures.append(f"{name}: the logits do not depend on the rope scaling ({missed})")
+
+
+def write_windows(work):
+    """Four one-window token folders (train.bin and val.bin, SEQ + 1 uint16 tokens each);
+    returns (folders, windows [4, SEQ + 1])."""
+    g = torch.Generator().manual_seed(11)
+    windows = torch.randint(0, VOCAB, (WINDOWS, SEQ + 1), generator=g)
+    folders = []
+    for i, w in enumerate(windows):
+        folder = os.path.join(work, f"window{i}")
+        os.makedirs(folder, exist_ok=True)
+        for split in ("train.bin", "val.bin"):
+            w.numpy().astype(np.uint16).tofile(os.path.join(folder, split))
+        folders.append(folder)
+    return folders, windows
+
+
+def trainer_losses(trainer, name, weights, keys, folders, work):
+    config = {
+        "seed": 0,
+        "model": {"name": "llama", "pretrained": weights, **keys},
+        "data": {"name": "mix", "batch_size": WINDOWS, "workers": 0,
+                 "mix": [{"name": "tokens", "root": f, "seq_len": SEQ, "weight": 1}
+                         for f in folders]},
+        "train": {"max_steps": STEPS, "clip_grad_norm": CLIP, "eval_at_end": False},
+        "optim": {"name": "adamw", **OPTIM},
+        "sched": {"name": "constant"},
+        "run": {"log_every": 1, "eval_every": 10 * STEPS, "checkpoint_every": 10 * STEPS,
+                "progress": "never", "tensorboard": False, "threads": 2},
+    }
+    path = os.path.join(work, f"{name}.yaml")
+    with open(path, "w") as f:
+        json.dump(config, f)  # JSON is YAML
+    run_dir = os.path.join(work, f"{name}_run")
+    r = subprocess.run([trainer, "--config", path, "--run-dir", run_dir],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{name}: trainer exited {r.returncode}: {r.stderr[-2000:]}")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return [rec["loss"] for rec in records if rec.get("split") == "train"]
+
+
+def torch_losses(model, windows):
+    """The plain loop: AdamW with the trainer's parameter groups (1-D parameters without weight
+    decay), clipping, a constant learning rate, every window in every batch."""
+    model = copy.deepcopy(model).train()
+    params = list(model.parameters())  # a tied weight once
+    groups = [{"params": [p for p in params if p.dim() > 1]},
+              {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=OPTIM["lr"], betas=tuple(OPTIM["betas"]),
+                            eps=OPTIM["eps"], weight_decay=OPTIM["weight_decay"])
+    x, y = windows[:, :-1], windows[:, 1:]
+    losses = []
+    for _ in range(STEPS):
+        logits = model(x).logits  # [4, SEQ, V]
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def check_training(name, trainer, model, weights, folders, windows, work, failures):
+    keys = trainer_keys(model.config, model.config.model_type)
+    ours = trainer_losses(trainer, name, weights, keys, folders, work)
+    theirs = torch_losses(model, windows)
+    if len(ours) != STEPS:
+        failures.append(f"{name}: the trainer logged {len(ours)} training steps, not {STEPS}")
+        return
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+    print(f"{name}: 30 steps, loss {theirs[0]:.4f} -> {theirs[-1]:.4f}, "
+          f"worst relative step difference {worst:.3g}")
+    if not theirs[-1] < 0.9 * theirs[0]:
+        failures.append(f"{name}: the reference loop did not learn ({theirs[0]} -> {theirs[-1]})")
+    for step, (a, b) in enumerate(zip(ours, theirs), 1):
+        if not abs(a - b) <= LOSS_TOL * abs(b):
+            failures.append(f"{name}: step {step}: trainer loss {a}, PyTorch loop {b}")
+            break
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: llama_check.py TRAINER INTEROP_TOOL")
+    trainer, tool = sys.argv[1:]
+    torch.set_num_threads(2)
+    failures = []
+    with tempfile.TemporaryDirectory() as work:
+        folders, windows = write_windows(work)
+        for name in CASES:
+            model, weights = build(name, work)
+            check_logits(name, tool, model, weights, work, failures)
+            check_training(name, trainer, model, weights, folders, windows, work, failures)
+    for f in failures:
+        print("FAIL:", f)
+    print("ok" if not failures else "failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+// End-to-end: the profile: window's traces when the run stops inside it, is resumed inside it or
+// ends before it; the traces' step markers and metadata. The progress bar's throughput and train
+// lines; the language models' tokens per second.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "cli_fixture.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using trainer::test_support::Cli;
+using trainer::test_support::read_file;
+
+struct Range {
+  double begin = 0, end = 0;
+};
+
+// The complete events ("ph": "X") named `name` of a Chrome trace, as time ranges.
+std::vector<Range> ranges_named(const nlohmann::json& trace, const std::string& name) {
+  std::vector<Range> out;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.value("ph", "") != "X" || e.value("name", "") != name) continue;
+    const double ts = e.at("ts").get<double>();
+    out.push_back({ts, ts + e.at("dur").get<double>()});
+  }
+  return out;
+}
+
+// The trace is what torch.profiler's schedule writes for steps `first` to `last`: one
+// `ProfilerStep#<step>` range per step, holding that step's forward, backward and optimizer
+// ranges; `traceName` its own path; no "ERROR" key in a healthy run.
+void expect_steps(const fs::path& path, int first, int last) {
+  SCOPED_TRACE(path.string());
+  ASSERT_TRUE(fs::exists(path));
+  const auto trace = nlohmann::json::parse(read_file(path));
+  EXPECT_EQ(trace.value("traceName", ""), path.string());
+  EXPECT_FALSE(trace.contains("ERROR")) << trace["ERROR"].dump();
+  for (int step = first - 1; step <= last + 1; ++step) {
+    const auto steps = ranges_named(trace, "ProfilerStep#" + std::to_string(step));
+    EXPECT_EQ(steps.size(), step >= first && step <= last ? 1u : 0u) << "step " << step;
+  }
+  for (const char* phase : {"trainer::forward", "trainer::backward", "trainer::optimizer"}) {
+    const auto phases = ranges_named(trace, phase);
+    ASSERT_EQ(phases.size(), static_cast<size_t>(last - first + 1)) << phase;
+    for (int i = 0; i < static_cast<int>(phases.size()); ++i) {
+      const auto step = ranges_named(trace, "ProfilerStep#" + std::to_string(first + i));
+      ASSERT_EQ(step.size(), 1u);
+      EXPECT_GE(phases[i].begin, step[0].begin) << phase << " of step " << first + i;
+      EXPECT_LE(phases[i].end, step[0].end) << phase << " of step " << first + i;
+    }
+  }
+}
+
+// A run stopped inside the window (train.stop_at_step) writes the steps recorded until then; its
+// resume records the rest of the window into a trace of its own, the first one kept.
+TEST_F(Cli, ProfileWindowCutByAStopIsWrittenAndItsResumeRecordsTheRest) {
+  const auto run_dir = dir_ / "run";
+  const std::string args =
+      "--config configs/synthetic.yaml --set train.max_steps=8 --set profile.start_step=2 "
+      "--set profile.steps=4 --run-dir '" +
+      run_dir.string() + "'";
+  auto r = run(args + " --set train.stop_at_step=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("gpuGetDeviceCount"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("gpuGetDeviceCount"), std::string::npos) << r.out;
+  expect_steps(run_dir / "profile" / "rank_0.trace.json", 2, 3);
+
+  r = run(args + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_steps(run_dir / "profile" / "rank_0.from_step_4.trace.json", 4, 5);
+  expect_steps(run_dir / "profile" / "rank_0.trace.json", 2, 3);  // the first part kept
+  EXPECT_NE(read_file(run_dir / "train.log").find("profiled steps 4 to 5"), std::string::npos);
+}
+
+// A whole window: steps 2 to 4 marked; a window after the run's last step is warned about, and
+// nothing is written.
+TEST_F(Cli, ProfileWindowMarksItsStepsAndAWindowAfterTheEndIsWarnedAbout) {
+  auto r =
+      run("--config configs/synthetic.yaml --set train.max_steps=6 --set profile.start_step=2 "
+          "--set profile.steps=3 --run-dir '" +
+          (dir_ / "whole").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_steps(dir_ / "whole" / "profile" / "rank_0.trace.json", 2, 4);
+
+  r =
+      run("--config configs/synthetic.yaml --set train.max_steps=3 --set profile.start_step=5 "
+          "--run-dir '" +
+          (dir_ / "late").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("profile.start_step 5 is after the run's last step 3"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "late" / "profile"));
+}
+
+// The train records of a run's metrics.jsonl.
+std::vector<nlohmann::json> train_records(const fs::path& run_dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto record = nlohmann::json::parse(line);
+    if (record.value("split", "") == "train") out.push_back(record);
+  }
+  return out;
+}
+
+// run.progress: the bar shows the throughput from the first step, before the first train
+// record; the train lines stay on the console above it.
+TEST_F(Cli, ProgressBarShowsThroughputBeforeTheFirstRecordAndKeepsTheTrainLines) {
+  auto r =
+      run("--config configs/synthetic.yaml --set train.max_steps=6 --set run.log_every=3 "
+          "--set run.progress=always --run-dir '" +
+          (dir_ / "run").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex(R"( 1/6 loss - ([0-9.]+) samples/s)")))
+      << r.err;
+  EXPECT_GT(std::stod(m[1].str()), 0.0) << m[0];
+  for (const char* line : {"step 3/6 epoch 0 loss ", "step 6/6 epoch 0 loss "}) {
+    EXPECT_NE(r.err.find(line), std::string::npos) << line << " not on the console:\n" << r.err;
+  }
+  // Nothing language-model-like for images.
+  for (const auto& record : train_records(dir_ / "run"))
+    EXPECT_FALSE(record.contains("tokens_per_sec"));
+}
+
+// A language model's train records and lines carry tokens per second: samples per second times
+// the sequence length.
+TEST_F(Cli, LanguageModelsLogTokensPerSecond) {
+  const auto corpus = write("corpus.txt", std::string(4000, 'a') + "the quick brown fox\n");
+  const auto run_dir = dir_ / "lm";
+  auto r = run("--config configs/gpt_char.yaml --set data.root='" + corpus.string() +
+               "' --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2 "
+               "--set model.block_size=32 --set data.batch_size=8 --set train.max_steps=3 "
+               "--set run.log_every=1 --set run.progress=never --run-dir '" +
+               run_dir.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto records = train_records(run_dir);
+  ASSERT_EQ(records.size(), 3u);
+  for (const auto& record : records) {
+    ASSERT_TRUE(record.contains("tokens_per_sec")) << record.dump();
+    EXPECT_NEAR(record["tokens_per_sec"].get<double>(),
+                32.0 * record["samples_per_sec"].get<double>(),
+                1e-6 * record["tokens_per_sec"].get<double>())
+        << record.dump();
+  }
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(step 3/3 .* samples/s [0-9]+ tokens/s)")))
+      << r.err;
+}
+
+}  // namespace
