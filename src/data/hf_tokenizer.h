@@ -102,6 +102,8 @@ class BpeTokenizer {
   // parts do (no added token holds a newline or takes the whitespace before it).
   bool cuts_at_newlines() const { return cuts_at_newlines_; }
   SplitPattern pattern() const { return pattern_; }
+  // Whether text is normalized (NFC) before it is pre-tokenized.
+  bool normalizes_nfc() const { return nfc_; }
   const std::string& source() const { return source_; }
 
  private:
