@@ -119,7 +119,7 @@ def resume_and_commands(trainer, source, tmp, failures):
     if val[-1]["loss"] == val_ema[-1]["loss"]:
         failures.append("val and val_ema have the same loss: the average was not evaluated")
     for flag, want in ((None, val_ema[-1]), ("raw", val[-1]), ("ema", val_ema[-1])):
-        cmd = [trainer, "eval", "--checkpoint", whole, "--json"]
+        cmd = [trainer, "eval", "--checkpoint", whole, "--json", "--log-level", "info"]
         if flag:
             cmd += ["--weights", flag]
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)

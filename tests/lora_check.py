@@ -40,11 +40,11 @@ import tempfile
 import warnings
 
 try:
-    import numpy as np
     import torch
     import torch.nn.functional as F
     from peft import LoraConfig, PeftModel
     from safetensors.torch import load_file
+    from window_runs import adamw_losses, randomize, relative, window_config, write_windows
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 except ImportError as e:
     print(f"skipped: {e}")
@@ -62,39 +62,16 @@ BASE = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num
                    attention_dropout=0.0)
 
 
-def relative(ours, theirs):
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
-
-
 def save_base(folder, seed):
     """A LlamaForCausalLM with weights drawn from `seed`, saved into `folder`."""
     torch.manual_seed(seed)
     model = LlamaForCausalLM(BASE)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.7, 1.3)
-            else:
-                p.normal_(0.0, 0.08)
+    randomize(model)
     model.save_pretrained(folder, safe_serialization=True)
 
 
 def load_base(folder):
     return LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-def write_windows(work):
-    """Four one-window token folders; returns (folders, windows [4, SEQ + 1])."""
-    g = torch.Generator().manual_seed(11)
-    windows = torch.randint(0, VOCAB, (WINDOWS, SEQ + 1), generator=g)
-    folders = []
-    for i, w in enumerate(windows):
-        folder = os.path.join(work, f"window{i}")
-        os.makedirs(folder, exist_ok=True)
-        for split in ("train.bin", "val.bin"):
-            w.numpy().astype(np.uint16).tofile(os.path.join(folder, split))
-        folders.append(folder)
-    return folders, windows
 
 
 def run(args, what, expect=0):
@@ -115,19 +92,9 @@ class Trainer:
         if lora:
             model["lora"] = {"rank": RANK, "alpha": ALPHA, "dropout": dropout,
                              "targets": self.targets}
-        config = {
-            "seed": 0,
-            "model": model,
-            "data": {"name": "mix", "batch_size": WINDOWS, "workers": 0,
-                     "mix": [{"name": "tokens", "root": f, "seq_len": SEQ, "weight": 1}
-                             for f in self.folders]},
-            "train": {"max_steps": steps, "clip_grad_norm": CLIP, "eval_at_end": False,
-                      "stop_at_step": stop},
-            "optim": {"name": "adamw", **OPTIM, "lr": lr},
-            "sched": {"name": "constant"},
-            "run": {"log_every": 1, "eval_every": 10 * STEPS, "checkpoint_every": steps,
-                    "progress": "never", "tensorboard": False, "threads": 2},
-        }
+        config = window_config(model, self.folders, SEQ, steps, {**OPTIM, "lr": lr}, CLIP, stop,
+                               checkpoint_every=steps)
+        config["run"]["eval_every"] = 10 * STEPS
         for section, keys in (sections or {}).items():
             config.setdefault(section, {}).update(keys)
         path = os.path.join(self.work, f"{name}.yaml")
@@ -173,18 +140,7 @@ def peft_losses(model, windows, steps=STEPS, seed=0):
     torch.manual_seed(seed)
     model = model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=OPTIM["lr"], betas=tuple(OPTIM["betas"]), eps=OPTIM["eps"],
-                            weight_decay=OPTIM["weight_decay"])
-    x, y = windows[:, :-1], windows[:, 1:]
-    losses = []
-    for _ in range(steps):
-        logits = model(x).logits  # [4, SEQ, V]
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    losses, opt = adamw_losses(model, [{"params": params}], windows, steps, OPTIM, CLIP)
     return losses, model, opt
 
 
@@ -396,7 +352,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         base = os.path.join(work, "base")
         save_base(base, seed=1)
-        folders, windows = write_windows(work)
+        folders, windows = write_windows(work, VOCAB, SEQ, WINDOWS)
         t = Trainer(sys.argv[1], work, base, folders)
         if sys.argv[2:]:
             check_distributed(t, failures)

@@ -45,6 +45,16 @@ class RollbackTest : public EngineTest {
     return steps;
   }
 
+  // Expects t.fit() to end the run (exit 1 through the exception) saying `why`.
+  static void expect_gives_up(Trainer& t, const std::string& why) {
+    try {
+      t.fit();
+      FAIL() << "the run ended normally";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+
   static bool finite_model(const std::map<std::string, torch::Tensor>& tensors) {
     for (const auto& [name, tensor] : tensors) {
       if (name.rfind("model.", 0) == 0 && !tensor.isfinite().all().item<bool>()) return false;
@@ -92,13 +102,7 @@ TEST_F(RollbackTest, ALossThatStaysBadEndsTheRun) {
   auto cfg = run({});
   Trainer t(cfg);
   nan_gradients(t, every_call_from_6);
-  try {
-    t.fit();
-    FAIL() << "the run ended normally";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("every kept checkpoint gone back to"), std::string::npos)
-        << e.what();
-  }
+  expect_gives_up(t, "every kept checkpoint gone back to");
   EXPECT_EQ(checkpoint_steps(cfg), (std::set<int64_t>{4}));
   EXPECT_TRUE(finite_model(checkpoint_tensors(t)));
 }
@@ -108,12 +112,7 @@ TEST_F(RollbackTest, MaxRollbacksLimitsThem) {
   auto cfg = run({"train.max_rollbacks=1"});
   Trainer t(cfg);
   nan_gradients(t, {10, 12});
-  try {
-    t.fit();
-    FAIL() << "the run ended normally";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("train.max_rollbacks 1"), std::string::npos) << e.what();
-  }
+  expect_gives_up(t, "train.max_rollbacks 1");
   EXPECT_EQ(checkpoint_steps(cfg), (std::set<int64_t>{4, 8}));
 }
 
@@ -123,12 +122,7 @@ TEST_F(RollbackTest, StepsUndoneCountTowardsMaxBadSteps) {
   auto cfg = run({"train.max_bad_steps=5"});
   Trainer t(cfg);
   nan_gradients(t, {10, 12});
-  try {
-    t.fit();
-    FAIL() << "the run ended normally";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("9 steps lost"), std::string::npos) << e.what();
-  }
+  expect_gives_up(t, "9 steps lost");
 }
 
 // Without a per-step check (train.max_bad_steps 0) a NaN loss enters the metrics window: the

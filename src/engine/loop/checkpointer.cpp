@@ -205,7 +205,7 @@ checkpoint::State Checkpointer::for_this_rank(const checkpoint::State& ckpt) con
 
 void Checkpointer::restore(const checkpoint::State& whole, const std::string& path) {
   const checkpoint::State ckpt = for_this_rank(whole);
-  restore_model(ckpt, path, LabelUse::train_and_score);
+  restore_model(ckpt, path, LabelUse::train_and_score, /*resuming=*/true);
   restore_tensors(ckpt, path);
   restore_position(ckpt.meta, path);
   resumed_step_ = saved_step_ = state_.step;
@@ -215,8 +215,7 @@ void Checkpointer::restore(const checkpoint::State& whole, const std::string& pa
 int64_t Checkpointer::load_model(const std::string& path, LabelUse labels,
                                  const checkpoint::State* loaded, WeightsUse weights) {
   const checkpoint::State ckpt = for_this_rank(loaded ? *loaded : checkpoint::load(path));
-  using_only_ = true;  // the run's other settings do not matter: no "resuming with" lines
-  restore_model(ckpt, path, labels, weights);
+  restore_model(ckpt, path, labels, /*resuming=*/false, weights);
   if (!ckpt.meta.contains("step") || !ckpt.meta["step"].is_number_integer()) {
     throw checkpoint::CorruptCheckpoint(path + ": no integer 'step' in its metadata");
   }
@@ -225,12 +224,12 @@ int64_t Checkpointer::load_model(const std::string& path, LabelUse labels,
 
 // The metadata's format and config, the model weights and the class names.
 void Checkpointer::restore_model(const checkpoint::State& ckpt, const std::string& path,
-                                 LabelUse labels, WeightsUse weights) {
+                                 LabelUse labels, bool resuming, WeightsUse weights) {
   const auto& meta = ckpt.meta;
   if (!meta.is_object() || meta.value("format", 0) != kFormat || !meta.contains("config")) {
     throw checkpoint::CorruptCheckpoint(path + ": not a checkpoint of this trainer version");
   }
-  check_config(meta.at("config"), path);
+  check_config(meta.at("config"), path, resuming);
   checkpoint::NamedTensors chosen;
   if (weights != WeightsUse::trained) chosen = averaged_weights(ckpt);
   if (chosen.empty() && weights == WeightsUse::average) {
@@ -332,7 +331,8 @@ void Checkpointer::warn_schedule_change(const nlohmann::json& saved) const {
       state_.step, parts_.total_steps, saved.value("total_steps", int64_t{0}), now, then));
 }
 
-void Checkpointer::check_config(const nlohmann::json& saved, const std::string& path) const {
+void Checkpointer::check_config(const nlohmann::json& saved, const std::string& path,
+                                bool resuming) const {
   std::vector<config::Issue> conflicts;
   for (const auto& [key, value] : config::flatten(loaded_.cfg)) {
     if (!saved.contains(key)) continue;
@@ -344,7 +344,7 @@ void Checkpointer::check_config(const nlohmann::json& saved, const std::string& 
                                         "is " + value + " but the checkpoint " + path +
                                             " was written with " + before +
                                             "; resume with the same value or start a new run"});
-    } else if (!using_only_) {
+    } else if (resuming) {
       log::info("resuming with " + key + " changed: " + before + " -> " + value);
     }
   }

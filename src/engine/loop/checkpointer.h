@@ -139,12 +139,15 @@ class Checkpointer {
   // A checkpoint's whole tensors as this rank holds them (its parts of the split ones).
   checkpoint::State for_this_rank(const checkpoint::State& ckpt) const;
   void restore(const checkpoint::State& whole, const std::string& path);
-  void check_config(const nlohmann::json& saved, const std::string& path) const;
+  // Refuses a checkpoint whose model, optimizer or data set differ from the config's; with
+  // `resuming`, logs the other keys that changed (a model only used has nothing to resume).
+  void check_config(const nlohmann::json& saved, const std::string& path, bool resuming) const;
   // Warns when the learning rate of the next update differs from the one the checkpoint's run
   // would have used (`saved`: its meta["schedule"]), e.g. after train.max_steps changed.
   void warn_schedule_change(const nlohmann::json& saved) const;
+  // `resuming`: training goes on from the checkpoint (else its model is only used: load_model()).
   void restore_model(const checkpoint::State& ckpt, const std::string& path, LabelUse labels,
-                     WeightsUse weights = WeightsUse::trained);
+                     bool resuming, WeightsUse weights = WeightsUse::trained);
   // The class names in a checkpoint's metadata (none in older ones); CorruptCheckpoint when they
   // are not a list of names, one per model output.
   std::vector<std::string> saved_classes(const nlohmann::json& meta, const std::string& path) const;
@@ -196,7 +199,6 @@ class Checkpointer {
   std::set<int64_t> rolled_back_to_;  // the checkpoints (steps) rollbacks went back to
   int64_t lost_steps_ = 0;            // see lost_steps()
   bool used_average_ = false;         // see used_average()
-  bool using_only_ = false;           // load_model(): the model is used, not trained on
   std::shared_ptr<Save> pending_;  // the background write in flight
   AsyncWriter writer_;             // last: its thread ends before the members it uses
 };
