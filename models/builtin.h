@@ -34,6 +34,28 @@ inline torch::Tensor drop(const torch::Tensor& x, double p, bool training) {
   return p > 0.0 ? torch::dropout(x, p, training) : x;
 }
 
+// The block-causal attention mask of packed rows (data::Batch::positions): with doc(t) the number
+// of zeros in positions[b, 0..t], query t attends to key u only if u <= t and doc(u) == doc(t).
+// positions [B, T] int64 -> [B, 1, T, T] bool (true: attends), an SDPA attn_mask shared by heads.
+inline torch::Tensor block_causal_mask(const torch::Tensor& positions) {
+  const int64_t T = positions.size(1);
+  const auto doc = positions.eq(0).cumsum(/*dim=*/1);              // [B, T]: doc(t)
+  const auto same = doc.unsqueeze(2).eq(doc.unsqueeze(1));         // [B, T, T]: [b, t, u]
+  const auto causal = torch::ones({T, T}, same.options()).tril();  // [T, T]: u <= t
+  return same.logical_and(causal).unsqueeze(1);                    // [B, 1, T, T]
+}
+
+// Throws ModelError (key dist.tp_size) when `size` (named `what`, e.g. "model.vocab_size") does
+// not split into `parts` equal parts over the tensor-parallel ranks; `remedy` ends the message.
+inline void check_tp_split(const std::string& what, int64_t size, int parts,
+                           const std::string& remedy = "") {
+  if (size % parts == 0) return;
+  throw ModelError("dist.tp_size", what + " " + std::to_string(size) +
+                                       " does not split over dist.tp_size " +
+                                       std::to_string(parts) + "; use a tp_size that divides it" +
+                                       remedy);
+}
+
 // The blocks `model.checkpointing` selects. Throws ModelError when the setting is malformed, or
 // when it asks for checkpointing and `has_blocks` is false.
 nn::CheckpointPolicy checkpoint_policy(const config::ModelConfig& cfg, bool has_blocks);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "models/builtin.h"
+#include "models/cached_decoder.h"
 #include "nn/aligned_linear.h"
 
 namespace trainer::models {
@@ -99,18 +100,20 @@ class GptAttentionImpl : public torch::nn::Module {
   }
 
   // With tensor parallelism (`tp`) this rank computes its n_head / tp heads: C' = C / tp below,
-  // else C' = C.
-  torch::Tensor forward(const torch::Tensor& x) {
+  // else C' = C. Causal, or under `mask` [B, 1, T, T] bool (packed rows' block-causal mask,
+  // models/builtin.h; every head takes it).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {}) {
     // x: [B, T, C]
     const int64_t B = x.size(0), T = x.size(1);
     const auto qkv = project_in(x);                            // [B, T, 3C']
     const auto q_k_v = qkv.split(qkv.size(2) / 3, /*dim=*/2);  // 3 x [B, T, C']
-    auto y = at::scaled_dot_product_attention(heads(q_k_v[0]), heads(q_k_v[1]), heads(q_k_v[2]),
-                                              /*attn_mask=*/{},
-                                              /*dropout_p=*/is_training() ? dropout_ : 0.0,
-                                              /*is_causal=*/true);  // [B, nh', T, hs]
-    y = y.transpose(1, 2).contiguous().view({B, T, -1});            // [B, T, C']
-    return drop(project_out(y), dropout_, is_training());           // [B, T, C]
+    const bool masked = mask.defined();
+    auto y = at::scaled_dot_product_attention(
+        heads(q_k_v[0]), heads(q_k_v[1]), heads(q_k_v[2]),
+        masked ? std::optional<torch::Tensor>(mask) : std::nullopt,
+        /*dropout_p=*/is_training() ? dropout_ : 0.0, /*is_causal=*/!masked);  // [B, nh', T, hs]
+    y = y.transpose(1, 2).contiguous().view({B, T, -1});                       // [B, T, C']
+    return drop(project_out(y), dropout_, is_training());                      // [B, T, C]
   }
 
   // Decoding: x [B, T, C] the new positions after those whose keys and values `cache` holds
@@ -190,10 +193,11 @@ class GptBlockImpl : public torch::nn::Module {
     mlp = register_module("mlp", GptMlp(cfg));
   }
 
-  torch::Tensor forward(torch::Tensor x) {
+  // mask: packed rows' block-causal mask [B, 1, T, T], or undefined (causal).
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask = {}) {
     // x: [B, T, C]
-    x = x + attn->forward(ln_1->forward(x));  // [B, T, C]
-    x = x + mlp->forward(ln_2->forward(x));   // [B, T, C]
+    x = x + attn->forward(ln_1->forward(x), mask);  // [B, T, C]
+    x = x + mlp->forward(ln_2->forward(x));         // [B, T, C]
     return x;
   }
 
@@ -279,19 +283,31 @@ class GptImpl : public NetImpl {
     init_weights(cfg.n_layer);
   }
 
-  torch::Tensor forward(torch::Tensor x) override {
+  torch::Tensor forward(torch::Tensor x) override { return forward_packed(std::move(x), {}); }
+
+  bool takes_positions() const override { return true; }
+
+  // Packed rows (positions [B, T] defined): each token's position embedding that of its position
+  // within its document, attention block-causal (models/builtin.h), the mask made once.
+  torch::Tensor forward_packed(torch::Tensor x, const torch::Tensor& positions) override {
     // x: [B, T] token ids
     TORCH_CHECK(x.dim() == 2, "gpt expects token ids [B, T]; got ", x.dim(), " dims");
     const int64_t T = x.size(1);
     TORCH_CHECK(T <= block_size_, "gpt: sequence length ", T, " exceeds block_size ", block_size_);
-    const auto pos = torch::arange(T, x.options().dtype(torch::kLong));  // [T]
-    auto h = embed(x) + transformer->wpe->forward(pos);                  // [B, T, C]
+    const bool packed = positions.defined();
+    TORCH_CHECK(!packed || positions.sizes() == x.sizes(), "gpt: positions ", positions.sizes(),
+                " do not match the token ids ", x.sizes());
+    // [B, T] or [T]
+    const auto pos = packed ? positions : torch::arange(T, x.options().dtype(torch::kLong));
+    auto h = embed(x) + transformer->wpe->forward(pos);  // [B, T, C]
     h = drop(h, dropout_, is_training());
+    const torch::Tensor mask = packed ? block_causal_mask(positions) : torch::Tensor();
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
       const auto block = transformer->blocks[i].ptr();
       h = runner_.run(
           static_cast<int64_t>(i), *block,
-          [block](const torch::Tensor& in) { return block->forward(in); }, h);  // [B, T, C]
+          [block, mask](const torch::Tensor& in) { return block->forward(in, mask); },
+          h);  // [B, T, C]
     }
     h = transformer->ln_f->forward(h);                   // [B, T, C]
     return lm_head->forward(tp_ ? tp_->copy_in(h) : h);  // [B, T, vocab'] (vocab / tp under tp)
@@ -318,10 +334,10 @@ class GptImpl : public NetImpl {
   // position embeddings and the row-parallel layers' biases whole on every rank.
   nn::SplitPlan split_over(std::shared_ptr<nn::TensorParallel> tp) override {
     const int n = tp->size();
-    check_splits("model.n_head", n_head_, n);
-    check_splits("the MLP's width (4 x model.n_embd)",
+    check_tp_split("model.n_head", n_head_, n);
+    check_tp_split("the MLP's width (4 x model.n_embd)",
                  transformer->blocks[0]->mlp->c_fc->weight.size(0), n);
-    check_splits("model.vocab_size", vocabulary(), n,
+    check_tp_split("model.vocab_size", vocabulary(), n,
                  " or a vocabulary padded to a multiple of it (GPT-2's 50257 padded: 50304)");
     nn::SplitPlan plan{{"transformer.wte.weight", {0, 1}}, {"lm_head.weight", {0, 1}}};
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
@@ -381,14 +397,6 @@ class GptImpl : public NetImpl {
     return tp_ ? tp_->embedding(x, transformer->wte->weight) : transformer->wte->forward(x);
   }
 
-  // A size that must split into `parts` equal parts over the tensor-parallel ranks.
-  static void check_splits(const std::string& what, int64_t size, int parts,
-                           const std::string& remedy = "") {
-    if (size % parts == 0) return;
-    throw ModelError("dist.tp_size",
-                     what + " " + std::to_string(size) + " does not split over dist.tp_size " +
-                         std::to_string(parts) + "; use a tp_size that divides it" + remedy);
-  }
 
   int64_t block_size_;
   int64_t n_head_;
@@ -399,52 +407,6 @@ class GptImpl : public NetImpl {
 };
 TORCH_MODULE(Gpt);
 
-// Token-by-token decoding of a Gpt, with or without the key/value cache.
-class GptDecoder final : public Decoder {
- public:
-  GptDecoder(GptImpl& net, bool use_cache) : net_(net), use_cache_(use_cache) {}
-
-  torch::Tensor next_logits(const torch::Tensor& tokens) override {
-    torch::NoGradGuard no_grad;
-    history_ = history_.defined() ? torch::cat({history_, tokens}, /*dim=*/1) : tokens;  // [B, L]
-    const int64_t context = net_.block_size();
-    if (!use_cache_) {
-      history_ = history_.slice(/*dim=*/1, std::max<int64_t>(0, history_.size(1) - context));
-      return net_.forward(history_).select(/*dim=*/1, /*index=*/-1);  // [B, vocab]
-    }
-    if (cached_ + tokens.size(1) > context) {  // full: the last context - 1 tokens, recomputed
-      history_ = history_.slice(/*dim=*/1, history_.size(1) - (context - 1));
-      caches_.clear();
-      cached_ = 0;
-    }
-    // The cache takes new tokens one at a time once it holds any (the causal mask of a longer
-    // block after a cache is not what scaled_dot_product_attention's is_causal means).
-    if (cached_ == 0) {
-      cached_ = history_.size(1);
-      return net_.forward_cached(history_, /*start=*/0, caches_);  // [B, vocab]
-    }
-    torch::Tensor logits;
-    for (int64_t t = 0; t < tokens.size(1); ++t) {
-      logits = net_.forward_cached(tokens.slice(/*dim=*/1, t, t + 1), cached_++, caches_);
-    }
-    return logits;  // [B, vocab]
-  }
-
-  int64_t vocabulary() const override { return net_.vocabulary(); }
-
-  void reset() override {
-    history_ = torch::Tensor();
-    caches_.clear();
-    cached_ = 0;
-  }
-
- private:
-  GptImpl& net_;
-  bool use_cache_;
-  torch::Tensor history_;  // [B, L] every token given since reset(), cropped to the context
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> caches_;  // per block: keys, values
-  int64_t cached_ = 0;                                           // positions in the caches
-};
 
 }  // namespace
 
@@ -459,7 +421,7 @@ void register_gpt(ModelRegistry& registry) {
   kind.hf = gpt2_hf_format();
   kind.untie_hint = "model.tie_embeddings: false gives lm_head a weight of its own";
   kind.decoder = [](NetImpl& net, bool use_cache) -> std::unique_ptr<Decoder> {
-    return std::make_unique<GptDecoder>(dynamic_cast<GptImpl&>(net), use_cache);
+    return std::make_unique<CachedDecoder<GptImpl>>(dynamic_cast<GptImpl&>(net), use_cache);
   };
   registry.add("gpt", kind, config::options_of<GptOptions>());
 }

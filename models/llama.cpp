@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "models/builtin.h"
+#include "models/cached_decoder.h"
+#include "models/deferred_init.h"
 #include "models/llama_layers.h"
 #include "nn/aligned_linear.h"
 
@@ -41,13 +43,20 @@ using llama::Rope;
 class LlamaStackImpl : public torch::nn::Module {
  public:
   LlamaStackImpl(const LlamaOptions& o, int64_t vocab) {
-    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(vocab, o.n_embd));
+    // deferred_init(): the embedding's weight never written, each block's parameters given
+    // fresh unwritten memory as soon as the block is built (its layers' draws freed at once).
+    const bool deferred = deferred_init();
+    auto embedding = torch::nn::EmbeddingOptions(vocab, o.n_embd);
+    if (deferred) embedding._weight(torch::empty({vocab, o.n_embd}));
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embedding));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < o.n_layer; ++i) {
       blocks.push_back(LlamaBlock(o));
       layers->push_back(blocks.back());
+      if (!deferred) continue;
+      for (auto& p : blocks.back()->parameters()) p.set_data(torch::empty_like(p));
     }
-    norm = register_module("norm", LlamaRmsNorm(o.n_embd, o.rms_norm_eps));
+    norm = register_module("norm", LlamaRmsNorm(o.n_embd, o.rms_norm_eps, o.fused()));
   }
 
   torch::nn::Embedding embed_tokens{nullptr};
@@ -129,20 +138,32 @@ class LlamaImpl : public NetImpl {
     init_weights();
   }
 
-  torch::Tensor forward(torch::Tensor x) override {
+  torch::Tensor forward(torch::Tensor x) override { return forward_packed(std::move(x), {}); }
+
+  bool takes_positions() const override { return true; }
+
+  // Packed rows (positions [B, T] defined): each token rotated by its position within its
+  // document, attention block-causal (models/builtin.h), both made once for every block.
+  torch::Tensor forward_packed(torch::Tensor x, const torch::Tensor& positions) override {
     // x: [B, T] token ids
     TORCH_CHECK(x.dim() == 2, "llama expects token ids [B, T]; got ", x.dim(), " dims");
     const int64_t T = x.size(1);
     TORCH_CHECK(T <= block_size_, "llama: sequence length ", T, " exceeds block_size ",
                 block_size_);
-    auto h = embed(x);                    // [B, T, C]
-    const Rope rope = rotation(0, T, h);  // [T, 1, hd] each
+    const bool packed = positions.defined();
+    TORCH_CHECK(!packed || positions.sizes() == x.sizes(), "llama: positions ", positions.sizes(),
+                " do not match the token ids ", x.sizes());
+    auto h = embed(x);  // [B, T, C]
+    // [T, 1, hd] each, or [B, T, 1, hd] each when packed
+    const Rope rope = packed ? rotation_at(positions, h) : rotation(0, T, h);
+    const torch::Tensor mask = packed ? block_causal_mask(positions) : torch::Tensor();
     for (size_t i = 0; i < model->blocks.size(); ++i) {
       const auto block = model->blocks[i].ptr();
-      // The checkpointed rerun uses the rotation captured here (no gradient flows into it).
+      // The checkpointed rerun uses the rotation and mask captured here (no gradient flows into
+      // them).
       h = runner_.run(
           static_cast<int64_t>(i), *block,
-          [block, rope](const torch::Tensor& in) { return block->forward(in, rope); },
+          [block, rope, mask](const torch::Tensor& in) { return block->forward(in, rope, mask); },
           h);  // [B, T, C]
     }
     h = model->norm->forward(h);                         // [B, T, C]
@@ -176,8 +197,8 @@ class LlamaImpl : public NetImpl {
                                            " must both split over dist.tp_size " +
                                            std::to_string(n) + "; use a tp_size that divides both");
     }
-    check_splits("model.intermediate_size", model->blocks[0]->mlp->gate_proj->weight.size(0), n);
-    check_splits("model.vocab_size", vocabulary(), n,
+    check_tp_split("model.intermediate_size", model->blocks[0]->mlp->gate_proj->weight.size(0), n);
+    check_tp_split("model.vocab_size", vocabulary(), n,
                  " or a vocabulary padded to a multiple of it");
     nn::SplitPlan plan{{"model.embed_tokens.weight", {0, 1}}, {"lm_head.weight", {0, 1}}};
     for (size_t i = 0; i < model->blocks.size(); ++i) {
@@ -207,7 +228,9 @@ class LlamaImpl : public NetImpl {
  private:
   // transformers' init (LlamaPreTrainedModel._init_weights): Linear and Embedding weights
   // N(0, 0.02), biases 0, RMSNorm weights 1.
+  // Skipped under deferred_init(): the files about to fill the parameters draw nothing.
   void init_weights() {
+    if (deferred_init()) return;
     torch::NoGradGuard no_grad;
     for (auto& p : named_parameters()) {
       if (p.value().dim() == 2) {
@@ -228,21 +251,26 @@ class LlamaImpl : public NetImpl {
   Rope rotation(int64_t start, int64_t T, const torch::Tensor& h) {
     if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
     const auto pos = torch::arange(start, start + T, inv_freq_.options());  // [T]
-    const auto freqs = torch::outer(pos, inv_freq_);                        // [T, hd / 2]
-    const auto cos = freqs.cos(), sin = freqs.sin();                        // [T, hd / 2]
-    const auto dtype = h.scalar_type();
-    return Rope{torch::cat({cos, cos}, /*dim=*/1).to(dtype).unsqueeze(1),
-                torch::cat({-sin, sin}, /*dim=*/1).to(dtype).unsqueeze(1)};  // [T, 1, hd] each
+    return rope_of(torch::outer(pos, inv_freq_), h);                        // [T, 1, hd] each
   }
 
-  // A size that must split into `parts` equal parts over the tensor-parallel ranks.
-  static void check_splits(const std::string& what, int64_t size, int parts,
-                           const std::string& remedy = "") {
-    if (size % parts == 0) return;
-    throw ModelError("dist.tp_size",
-                     what + " " + std::to_string(size) + " does not split over dist.tp_size " +
-                         std::to_string(parts) + "; use a tp_size that divides it" + remedy);
+  // The rotation of each token by its packed position, positions [B, T] (int64, on h's device):
+  // the products of rotation()'s for the same positions. [B, T, 1, hd] each.
+  Rope rotation_at(const torch::Tensor& positions, const torch::Tensor& h) {
+    if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
+    const auto pos = positions.to(inv_freq_.scalar_type()).unsqueeze(-1);  // [B, T, 1]
+    return rope_of(pos * inv_freq_, h);                                    // [B, T, 1, hd] each
   }
+
+  // cos and half-negated sin of the angles freqs [..., hd / 2] (float32), in h's dtype, a head
+  // dimension inserted before the last: [..., 1, hd] each.
+  static Rope rope_of(const torch::Tensor& freqs, const torch::Tensor& h) {
+    const auto cos = freqs.cos(), sin = freqs.sin();  // [..., hd / 2]
+    const auto dtype = h.scalar_type();
+    return Rope{torch::cat({cos, cos}, /*dim=*/-1).to(dtype).unsqueeze(-2),
+                torch::cat({-sin, sin}, /*dim=*/-1).to(dtype).unsqueeze(-2)};
+  }
+
 
   int64_t block_size_;
   int64_t n_head_, n_kv_head_;
@@ -253,52 +281,6 @@ class LlamaImpl : public NetImpl {
 };
 TORCH_MODULE(Llama);
 
-// Token-by-token decoding of a Llama, with or without the key/value cache.
-class LlamaDecoder final : public Decoder {
- public:
-  LlamaDecoder(LlamaImpl& net, bool use_cache) : net_(net), use_cache_(use_cache) {}
-
-  torch::Tensor next_logits(const torch::Tensor& tokens) override {
-    torch::NoGradGuard no_grad;
-    history_ = history_.defined() ? torch::cat({history_, tokens}, /*dim=*/1) : tokens;  // [B, L]
-    const int64_t context = net_.block_size();
-    if (!use_cache_) {
-      history_ = history_.slice(/*dim=*/1, std::max<int64_t>(0, history_.size(1) - context));
-      return net_.forward(history_).select(/*dim=*/1, /*index=*/-1);  // [B, vocab]
-    }
-    if (cached_ + tokens.size(1) > context) {  // full: the last context - 1 tokens, recomputed
-      history_ = history_.slice(/*dim=*/1, history_.size(1) - (context - 1));
-      caches_.clear();
-      cached_ = 0;
-    }
-    // The cache takes new tokens one at a time once it holds any (the causal mask of a longer
-    // block after a cache is not what scaled_dot_product_attention's is_causal means).
-    if (cached_ == 0) {
-      cached_ = history_.size(1);
-      return net_.forward_cached(history_, /*start=*/0, caches_);  // [B, vocab]
-    }
-    torch::Tensor logits;
-    for (int64_t t = 0; t < tokens.size(1); ++t) {
-      logits = net_.forward_cached(tokens.slice(/*dim=*/1, t, t + 1), cached_++, caches_);
-    }
-    return logits;  // [B, vocab]
-  }
-
-  int64_t vocabulary() const override { return net_.vocabulary(); }
-
-  void reset() override {
-    history_ = torch::Tensor();
-    caches_.clear();
-    cached_ = 0;
-  }
-
- private:
-  LlamaImpl& net_;
-  bool use_cache_;
-  torch::Tensor history_;  // [B, L] every token given since reset(), cropped to the context
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> caches_;  // per block: keys, values
-  int64_t cached_ = 0;                                           // positions in the caches
-};
 
 }  // namespace
 
@@ -313,7 +295,7 @@ void register_llama(ModelRegistry& registry) {
   kind.hf = llama_hf_format();  // models/llama_hf.cpp
   kind.untie_hint = "model.tie_embeddings: false gives lm_head a weight of its own";
   kind.decoder = [](NetImpl& net, bool use_cache) -> std::unique_ptr<Decoder> {
-    return std::make_unique<LlamaDecoder>(dynamic_cast<LlamaImpl&>(net), use_cache);
+    return std::make_unique<CachedDecoder<LlamaImpl>>(dynamic_cast<LlamaImpl&>(net), use_cache);
   };
   registry.add("llama", kind, config::options_of<LlamaOptions>());
 }

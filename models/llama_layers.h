@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "models/builtin.h"
+#include "nn/fused_ops.h"
 
 namespace trainer::models::llama {
 
@@ -37,6 +38,7 @@ struct LlamaOptions {
   bool qkv_bias = false;                 // biases in q_proj, k_proj and v_proj (Qwen 2)
   bool qk_norm = false;                  // per-head RMSNorm of queries and keys (Qwen 3)
   bool tie_embeddings = true;            // lm_head's weight is model.embed_tokens'
+  std::string fused_kernels = "off";     // auto (the fused CUDA kernels on a GPU) | off
 
   template <class V>
   void visit(V& v) {
@@ -58,6 +60,7 @@ struct LlamaOptions {
     v("qkv_bias", qkv_bias);
     v("qk_norm", qk_norm);
     v("tie_embeddings", tie_embeddings);
+    v("fused_kernels", fused_kernels);
   }
   // The keys llama alone declares (gpt checks the shared ones; the sizes that depend on both are
   // checked when the model is built).
@@ -80,9 +83,12 @@ struct LlamaOptions {
                                          std::to_string(rope_low_freq_factor) + ")");
     }
     c.at_least("rope_original_context", rope_original_context, 1);
+    c.one_of("fused_kernels", fused_kernels, {"auto", "off"});
   }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_width() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  // Whether RMSNorm and SwiGLU take nn/fused_ops.h's kernels where their tensors allow (CUDA).
+  bool fused() const { return fused_kernels != "off"; }
 };
 
 // The rotary embeddings' inverse frequencies [head_dim / 2] (float32), as transformers'
@@ -108,14 +114,16 @@ inline torch::Tensor inverse_frequencies(const LlamaOptions& o) {
 
 // The rotation of positions [start, start + T), in the dtype of the embeddings (transformers
 // computes cos and sin in float32 and casts them to its hidden states'): cos [T, 1, head_dim] and
-// sin [T, 1, head_dim] with its first half negated (what rotate() multiplies by).
+// sin [T, 1, head_dim] with its first half negated (what rotate() multiplies by); of packed rows'
+// positions [B, T] (data::Batch::positions), each token's own: [B, T, 1, head_dim] each.
 struct Rope {
   torch::Tensor cos, sin;
 };
 
 // q or k [B, T, H, hd] rotated as transformers' apply_rotary_pos_emb rotates them, x * cos +
 // rotate_half(x) * sin with rotate_half(x) = [-x2, x1]: here [x2, x1] times the half-negated sin,
-// the same products without a negation pass.
+// the same products without a negation pass. The rotation broadcasts ([T, 1, hd] or
+// [B, T, 1, hd]).
 inline torch::Tensor rotate(const torch::Tensor& x, const Rope& rope) {
   const int64_t half = x.size(-1) / 2;
   const auto swapped = torch::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -123,20 +131,36 @@ inline torch::Tensor rotate(const torch::Tensor& x, const Rope& rope) {
 }
 
 // transformers' LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, cast back, times the weight.
+// `fused`: on a CUDA device one kernel each way (nn/fused_ops.h), the same arithmetic.
 class LlamaRmsNormImpl : public torch::nn::Module {
  public:
-  LlamaRmsNormImpl(int64_t dim, double eps) : eps_(eps) {
+  LlamaRmsNormImpl(int64_t dim, double eps, bool fused = false) : eps_(eps), fused_(fused) {
     weight = register_parameter("weight", torch::ones({dim}));
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    // x: [..., D]. In float32 the same operations as at::rms_norm's (one fused kernel on CUDA).
+    // x: [..., D]
+    if (fused_ && nn::fused_rms_norm_supports(x, weight)) {
+      return nn::fused_rms_norm(x, weight, eps_);  // [..., D]
+    }
+    // In float32 the same operations as at::rms_norm's (one fused kernel on CUDA).
     if (x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat) {
       return at::rms_norm(x, {weight.size(0)}, weight, eps_);
     }
     const auto x32 = x.to(torch::kFloat);
     const auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
     return weight * normed.to(x.scalar_type());  // [..., D]
+  }
+
+  // {x + residual, forward(x + residual)}: the sum for the next residual and its norm, [..., D]
+  // each; with `fused` on a CUDA device the add and the norm are one kernel.
+  std::pair<torch::Tensor, torch::Tensor> forward_add(const torch::Tensor& x,
+                                                      const torch::Tensor& residual) {
+    if (fused_ && nn::fused_add_rms_norm_supports(x, residual, weight)) {
+      return nn::fused_add_rms_norm(x, residual, weight, eps_);
+    }
+    auto sum = x + residual;  // [..., D]
+    return {sum, forward(sum)};
   }
 
   void pretty_print(std::ostream& stream) const override {
@@ -147,6 +171,7 @@ class LlamaRmsNormImpl : public torch::nn::Module {
 
  private:
   double eps_;
+  bool fused_;
 };
 TORCH_MODULE(LlamaRmsNorm);
 
@@ -155,9 +180,10 @@ inline nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-// Causal self-attention with n_kv_head key/value heads. With tensor parallelism (`tp`) this rank
-// computes its n_head / tp query heads and n_kv_head / tp key/value heads (q/k/v_proj
-// column-parallel, o_proj row-parallel): nh', nkv' below.
+// Causal self-attention with n_kv_head key/value heads, or block-causal with a mask [B, 1, T, T]
+// (packed rows: models/builtin.h's block_causal_mask; every head takes it). With tensor
+// parallelism (`tp`) this rank computes its n_head / tp query heads and n_kv_head / tp key/value
+// heads (q/k/v_proj column-parallel, o_proj row-parallel): nh', nkv' below.
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaOptions& o)
@@ -168,16 +194,16 @@ class LlamaAttentionImpl : public torch::nn::Module {
     v_proj = register_module("v_proj", linear(o.n_embd, kv_width, o.qkv_bias));
     o_proj = register_module("o_proj", linear(q_width, o.n_embd, /*bias=*/false));
     if (o.qk_norm) {
-      q_norm = register_module("q_norm", LlamaRmsNorm(head_dim_, o.rms_norm_eps));
-      k_norm = register_module("k_norm", LlamaRmsNorm(head_dim_, o.rms_norm_eps));
+      q_norm = register_module("q_norm", LlamaRmsNorm(head_dim_, o.rms_norm_eps, o.fused()));
+      k_norm = register_module("k_norm", LlamaRmsNorm(head_dim_, o.rms_norm_eps, o.fused()));
     }
   }
 
-  torch::Tensor forward(const torch::Tensor& x, const Rope& rope) {
-    // x: [B, T, C]
+  torch::Tensor forward(const torch::Tensor& x, const Rope& rope, const torch::Tensor& mask = {}) {
+    // x: [B, T, C]; mask: [B, 1, T, T] bool (true: attends) or undefined (causal)
     const int64_t B = x.size(0), T = x.size(1);
-    auto [q, k, v] = project_in(x, rope);       // [B, nh', T, hd], [B, nkv', T, hd] x 2
-    auto y = attend(q, k, v, /*causal=*/true);  // [B, nh', T, hd]
+    auto [q, k, v] = project_in(x, rope);  // [B, nh', T, hd], [B, nkv', T, hd] x 2
+    auto y = attend(q, k, v, /*causal=*/!mask.defined(), mask);           // [B, nh', T, hd]
     return project_out(y.transpose(1, 2).contiguous().view({B, T, -1}));  // [B, T, C]
   }
 
@@ -221,10 +247,12 @@ class LlamaAttentionImpl : public torch::nn::Module {
     return t.view({t.size(0), t.size(1), -1, head_dim_});
   }
   // Scaled dot-product attention, 1 / sqrt(hd), the key/value heads shared by groups of query
-  // heads without being repeated: [B, nh', T, hd].
+  // heads without being repeated, causal or under `mask` (undefined: none): [B, nh', T, hd].
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       bool causal) const {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, causal,
+                       bool causal, const torch::Tensor& mask = {}) const {
+    const std::optional<torch::Tensor> attn_mask =
+        mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt;
+    return at::scaled_dot_product_attention(q, k, v, attn_mask, /*dropout_p=*/0.0, causal,
                                             /*scale=*/std::nullopt, /*enable_gqa=*/grouped_);
   }
   // o_proj, row-parallel under tp: [B, T, nh' * hd] -> [B, T, C]
@@ -238,10 +266,11 @@ class LlamaAttentionImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaAttention);
 
 // SwiGLU: down(silu(gate(x)) * up(x)). Under tp gate and up are column-parallel and down
-// row-parallel: this rank computes I' = intermediate_size / tp of the hidden units.
+// row-parallel: this rank computes I' = intermediate_size / tp of the hidden units. With
+// model.fused_kernels on a CUDA device silu(gate) * up is one kernel each way (nn/fused_ops.h).
 class LlamaMlpImpl : public torch::nn::Module {
  public:
-  explicit LlamaMlpImpl(const LlamaOptions& o) {
+  explicit LlamaMlpImpl(const LlamaOptions& o) : fused_(o.fused()) {
     gate_proj = register_module("gate_proj", linear(o.n_embd, o.intermediate_size, false));
     up_proj = register_module("up_proj", linear(o.n_embd, o.intermediate_size, false));
     down_proj = register_module("down_proj", linear(o.intermediate_size, o.n_embd, false));
@@ -250,13 +279,18 @@ class LlamaMlpImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     // x: [B, T, C]
     const auto in = tp ? tp->copy_in(x) : x;
-    const auto h = torch::silu(apply_column(gate_proj, tp, x, in)) *
-                   apply_column(up_proj, tp, x, in);                           // [B, T, I']
+    const auto gate = apply_column(gate_proj, tp, x, in);  // [B, T, I']
+    const auto up = apply_column(up_proj, tp, x, in);      // [B, T, I']
+    const auto h = fused_ && nn::fused_swiglu_supports(gate, up) ? nn::fused_swiglu(gate, up)
+                                                                 : torch::silu(gate) * up;
     return tp ? down_proj->row_parallel(*tp, h) : apply_linear(down_proj, h);  // [B, T, C]
   }
 
   nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   std::shared_ptr<nn::TensorParallel> tp;  // the group the projections split over; null: whole
+
+ private:
+  bool fused_;
 };
 TORCH_MODULE(LlamaMlp);
 
@@ -266,21 +300,26 @@ class LlamaBlockImpl : public torch::nn::Module {
   explicit LlamaBlockImpl(const LlamaOptions& o) {
     self_attn = register_module("self_attn", LlamaAttention(o));
     mlp = register_module("mlp", LlamaMlp(o));
-    input_layernorm = register_module("input_layernorm", LlamaRmsNorm(o.n_embd, o.rms_norm_eps));
-    post_attention_layernorm =
-        register_module("post_attention_layernorm", LlamaRmsNorm(o.n_embd, o.rms_norm_eps));
+    input_layernorm =
+        register_module("input_layernorm", LlamaRmsNorm(o.n_embd, o.rms_norm_eps, o.fused()));
+    post_attention_layernorm = register_module("post_attention_layernorm",
+                                               LlamaRmsNorm(o.n_embd, o.rms_norm_eps, o.fused()));
   }
 
-  torch::Tensor forward(torch::Tensor x, const Rope& rope) {
-    // x: [B, T, C]
-    x = x + self_attn->forward(input_layernorm->forward(x), rope);  // [B, T, C]
-    return x + mlp->forward(post_attention_layernorm->forward(x));  // [B, T, C]
+  // mask: packed rows' block-causal mask [B, 1, T, T], or undefined (causal).
+  torch::Tensor forward(torch::Tensor x, const Rope& rope, const torch::Tensor& mask = {}) {
+    // x: [B, T, C]; the attention's residual add and the norm after it are one kernel where
+    // fused: h = x + attn(...), [B, T, C] each.
+    auto [h, normed] = post_attention_layernorm->forward_add(
+        x, self_attn->forward(input_layernorm->forward(x), rope, mask));
+    return h + mlp->forward(normed);  // [B, T, C]
   }
 
   torch::Tensor forward_cached(torch::Tensor x, const Rope& rope,
                                std::pair<torch::Tensor, torch::Tensor>& cache) {
-    x = x + self_attn->forward_cached(input_layernorm->forward(x), rope, cache);  // [B, T, C]
-    return x + mlp->forward(post_attention_layernorm->forward(x));                // [B, T, C]
+    auto [h, normed] = post_attention_layernorm->forward_add(
+        x, self_attn->forward_cached(input_layernorm->forward(x), rope, cache));  // [B, T, C] x 2
+    return h + mlp->forward(normed);                                              // [B, T, C]
   }
 
   LlamaAttention self_attn{nullptr};

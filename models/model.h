@@ -37,6 +37,14 @@ class NetImpl : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(torch::Tensor x) = 0;
 
+  // Whether forward_packed keeps packed documents apart (data.pack).
+  virtual bool takes_positions() const { return false; }
+  // The logits of token ids x [B, T] whose rows hold several documents, `positions` [B, T] each
+  // token's position within its document (data::Batch::positions: rotations restart at each
+  // document, attention stays inside it); forward(x) when positions is undefined. Throws
+  // ModelError (key data.pack) for positions when the model does not take them.
+  virtual torch::Tensor forward_packed(torch::Tensor x, const torch::Tensor& positions);
+
   // The blocks in forward order (transformer layers, residual blocks): the units sharded training
   // gathers one at a time. None for models without blocks.
   virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() const { return {}; }

@@ -35,6 +35,13 @@ nn::SplitPlan NetImpl::split_over(std::shared_ptr<nn::TensorParallel> /*tp*/) {
                    "dist.tp_size: 1 (gpt splits)");
 }
 
+torch::Tensor NetImpl::forward_packed(torch::Tensor x, const torch::Tensor& positions) {
+  if (!positions.defined()) return forward(std::move(x));
+  throw ModelError("data.pack",
+                   "this model cannot keep attention inside packed documents; set data.pack: "
+                   "false (llama and gpt take packed rows)");
+}
+
 NamedWeights to_trainer_layout(const std::string& name, const NamedWeights& weights) {
   const auto& hf = model_registry().get(name).hf;
   return hf && hf->matches(weights) ? hf->to_trainer(weights) : weights;

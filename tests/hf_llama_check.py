@@ -2,7 +2,7 @@
 """Hugging Face Llama / Qwen folders in and out of the trainer (CTest
 Interop.HfLlamaFoldersInAndOut).
 
-  hf_llama_check.py TRAINER [--memory-only | --no-memory]
+  hf_llama_check.py TRAINER [--memory-only | --no-memory | --parts]
 
 1. Tiny random models that transformers builds here, each saved by save_pretrained sharded over
    at least 3 files, with tokenizer files beside: Llama 3.1-style (GQA 4:1, llama3 rope scaling,
@@ -27,8 +27,15 @@ Interop.HfLlamaFoldersInAndOut).
 4. Memory: the peak RSS of the trainer loading a random bf16 Llama folder of at least 1.5 GB
    (made here, deleted after) is at most 1.3x the model's bytes as the trainer holds them
    (float32).
+5. (--parts) Under `launch --nproc-per-node 2`, with dist.strategy fsdp and with dist.tp_size 2,
+   each rank reads only what it keeps from the folder: 3 AdamW steps' losses equal, bit for bit,
+   those of the same run that loads the whole model first (model.pretrained_skip_head: true), for
+   a bf16 untied folder and a float32 tied one.
+6. (--parts) Loading the >= 1.5 GB bf16 folder that way (--dry-run), the largest rank's peak RSS
+   is at most 0.6x the float32 model + 10% (0.66x), under fsdp and under tp 2.
 Exits 77 (skipped) when transformers or safetensors is not installed.
 """
+import copy
 import json
 import os
 import shutil
@@ -462,9 +469,10 @@ def bad_configs(trainer, model, work):
     print("mistral without a sliding window: loads")
 
 
-def peak_rss_loading(trainer, work):
-    """4. Peak RSS while a bf16 folder of >= 1.5 GB loads: <= 1.3x the float32 model."""
-    layers, hidden, inter, heads, kv, vocab = 5, 4096, 11008, 32, 8, 256
+def big_folder(work, layers=5):
+    """A random bf16 Llama folder of >= 1.5 GB (0.35 GB a layer) in layers + 1 shards, written
+    tensor by tensor with torch (fast, no transformers init): (folder, its tensors' bytes)."""
+    hidden, inter, heads, kv, vocab = 4096, 11008, 32, 8, 256
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                       num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, max_position_embeddings=CTX,
@@ -500,30 +508,119 @@ def peak_rss_loading(trainer, work):
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
     assert total >= 1.5e9, total
-    model_bytes = total * 2  # float32 parameters
-    config = run_config(work, "big", folder)
+    return folder, total
+
+
+def peak_rss_of(command):
+    """(exit code, stderr, the peak RSS in bytes of the largest process `command` started,
+    itself and every descendant it waited for)."""
     probe = ("import resource, subprocess, sys\n"
              "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-             "sys.stderr.write(r.stderr)\n"
+             "sys.stderr.write(r.stdout + r.stderr)\n"
              "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
-    r = subprocess.run([sys.executable, "-c", probe, trainer, "generate", "--config", config,
-                        "--prompt", "a", "--max-new-tokens", "1", "--temperature", "0",
-                        "--set", "data.num_classes=256"], capture_output=True, text=True)
-    shutil.rmtree(folder)
+    r = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True)
     code, peak_kib = (int(x) for x in r.stdout.split())
+    return code, r.stderr, peak_kib * 1024
+
+
+def peak_rss_loading(trainer, work):
+    """4. Peak RSS while a bf16 folder of >= 1.5 GB loads: <= 1.3x the float32 model."""
+    folder, total = big_folder(work)
+    model_bytes = total * 2  # float32 parameters
+    config = run_config(work, "big", folder)
+    code, err, peak = peak_rss_of([trainer, "generate", "--config", config, "--prompt", "a",
+                                   "--max-new-tokens", "1", "--temperature", "0",
+                                   "--set", "data.num_classes=256"])
+    shutil.rmtree(folder)
     if code != 0:
-        sys.exit(f"loading the big folder failed: {r.stderr}")
-    peak = peak_kib * 1024
+        sys.exit(f"loading the big folder failed: {err}")
     print(f"memory: {total / 1e9:.2f} GB bf16 folder, {model_bytes / 1e9:.2f} GB float32 model, "
           f"peak RSS {peak / 1e9:.2f} GB = {peak / model_bytes:.2f}x the model")
     if peak > 1.3 * model_bytes:
         sys.exit(f"peak RSS {peak} > 1.3 x {model_bytes}")
 
 
+STREAMED = "each process reading the part it keeps"  # the trainer's log line when it streams
+LAUNCH2 = ["launch", "--standalone", "--nproc-per-node", "2", "--"]
+
+
+def train_losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return [rec["loss"] for rec in records if rec.get("split") == "train"]
+
+
+def streams_exactly(trainer, models, work):
+    """5. Under launch --nproc-per-node 2, with fsdp and with tp 2, each rank reads only what it
+    keeps from the folder: 3 AdamW steps give, bit for bit, the losses of the same run that loads
+    the whole model first and then shards or splits it (model.pretrained_skip_head: true takes
+    that path; the folder holds every tensor, so nothing is re-initialised). A bf16 untied folder
+    and a float32 tied one."""
+    common = ["train.max_steps=3", "optim.name=adamw", "optim.lr=0.001", "run.log_every=1"]
+    for name, model, dtype in (("llama31", models[0][1], torch.bfloat16),
+                               ("qwen3", models[3][1], None)):
+        folder = os.path.join(work, name + "_parts")
+        save_folder(copy.deepcopy(model), folder, dtype=dtype)
+        cfg = run_config(work, name + "_parts", folder)
+        for mode, sets in (("fsdp", ["dist.strategy=fsdp"]), ("tp", ["dist.tp_size=2"])):
+            losses = {}
+            for path, extra in (("streamed", []), ("whole", ["model.pretrained_skip_head=true"])):
+                run_dir = os.path.join(work, f"{name}_{mode}_{path}")
+                args = [trainer, *LAUNCH2, "--config", cfg, "--run-dir", run_dir]
+                for s in common + sets + extra:
+                    args += ["--set", s]
+                r = subprocess.run(args, capture_output=True, text=True)
+                if r.returncode != 0:
+                    sys.exit(f"{name} {mode}: training ({path}) failed: {r.stdout}{r.stderr}")
+                if (STREAMED in r.stdout + r.stderr) != (path == "streamed"):
+                    sys.exit(f"{name} {mode}: the {path} run took the other loading path: "
+                             f"{r.stdout}{r.stderr}")
+                losses[path] = train_losses(run_dir)
+            if len(losses["streamed"]) != 3 or losses["streamed"] != losses["whole"]:
+                sys.exit(f"{name} {mode}: streamed losses {losses['streamed']} != the whole "
+                         f"model's {losses['whole']}")
+            print(f"{name} {mode} over 2 processes, parts read from the folder: losses "
+                  f"{losses['streamed']} equal the whole-model load's bit for bit")
+
+
+def peak_rss_loading_parts(trainer, work):
+    """6. launch --nproc-per-node 2, with fsdp and with tp 2, loading a random bf16 folder of
+    >= 1.5 GB (--dry-run: built, loaded and sharded or split, then exits): the peak RSS of every
+    rank is at most 0.6x the whole model as training holds it (float32, 2x the bf16 folder's
+    bytes) + 10%, i.e. 0.66x. Each rank keeps half of it in float32, 0.5x, beside the ~0.5 GB
+    that any trainer process holds (LibTorch): 7 layers, 2.5 GB of bf16, keep that below 0.1x."""
+    folder, total = big_folder(work, layers=7)
+    model_bytes = total * 2  # float32 parameters, the dtype the ranks keep
+    config = run_config(work, "big_parts", folder)
+    failed = []
+    for mode, sets in (("fsdp", ["dist.strategy=fsdp"]), ("tp 2", ["dist.tp_size=2"])):
+        args = [trainer, *LAUNCH2, "--config", config, "--dry-run", "--set", "data.num_classes=256"]
+        for s in sets:
+            args += ["--set", s]
+        code, err, peak = peak_rss_of(args)
+        if code != 0:
+            sys.exit(f"loading the big folder under {mode} failed: {err}")
+        if STREAMED not in err:
+            sys.exit(f"{mode}: the ranks did not read their parts from the folder: {err}")
+        print(f"{mode} memory: {total / 1e9:.2f} GB bf16 folder, {model_bytes / 1e9:.2f} GB "
+              f"float32 model, the largest rank's peak RSS {peak / 1e9:.2f} GB = "
+              f"{peak / model_bytes:.2f}x the model (limit 0.66x)")
+        if peak > 0.6 * 1.1 * model_bytes:
+            failed.append(f"{mode}: a rank's peak RSS {peak} > 0.6 x 1.1 x {model_bytes}")
+    shutil.rmtree(folder)
+    if failed:
+        sys.exit("; ".join(failed))
+
+
 def main():
     trainer = sys.argv[1]
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
     with tempfile.TemporaryDirectory() as work:
+        if mode == "--parts":  # 5 and 6 alone (CTest Interop.HfFolderStreamsIntoRankParts)
+            streams_exactly(trainer, cases(), work)
+            peak_rss_loading_parts(trainer, work)
+            print("OK")
+            return
         if mode != "--memory-only":
             models = cases()
             for name, model in models:

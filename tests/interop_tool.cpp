@@ -5,18 +5,36 @@
 // Builds MODEL (e.g. resnet18) for NUM_CLASSES with its options KEY set (e.g. depth=2, the
 // model.depth key; bias=false; rope_theta=1e6; rope_scaling=llama3: an integer, a boolean, a
 // number or a string by the value's form), loads WEIGHTS strictly by name (a layout of Hugging
-// Face's converted first, as model.pretrained does), runs the tensor "x" of INPUT through it in
-// eval mode and writes {"logits": ...} to OUT. Exit 1 with a message on any problem.
+// Face's converted first, as model.pretrained does; WEIGHTS may be a Hugging Face folder, its
+// model.safetensors or the shards its model.safetensors.index.json lists), runs the tensor "x" of
+// INPUT through it in eval mode and writes {"logits": ...} to OUT. Exit 1 with a message on any
+// problem.
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
+#include "checkpoint/hf_folder.h"
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "models/model.h"
 #include "util/fileio.h"
+
+namespace {
+
+// The tensors of `path`: one safetensors file, or a Hugging Face folder's (all its shards).
+trainer::checkpoint::NamedTensors read_weights(const std::string& path) {
+  using namespace trainer::checkpoint;
+  if (!is_directory(path)) return read_safetensors(path).tensors;
+  const HfWeights weights = open_hf_weights(path);
+  NamedTensors tensors;
+  for (const auto& [name, where] : weights.tensors)
+    tensors.emplace_back(name, weights.files[where.file].read(*where.entry));
+  return tensors;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 6) {
@@ -54,8 +72,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> shape(x.sizes().begin() + 1, x.sizes().end());
     auto model = models::build_model(cfg, models::InputSpec{shape, cfg.num_classes});
     const std::string problems = models::load_weights(
-        *model, models::to_trainer_layout(argv[1], checkpoint::read_safetensors(argv[3]).tensors),
-        false);
+        *model, models::to_trainer_layout(argv[1], read_weights(argv[3])), false);
     if (!problems.empty()) throw std::runtime_error(problems);
     model->eval();
     torch::NoGradGuard no_grad;

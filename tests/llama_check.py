@@ -3,18 +3,22 @@
 
   llama_check.py TRAINER INTEROP_TOOL
 
-Four tiny random models that transformers builds here (no download), saved by save_pretrained:
+Four tiny random models that transformers builds here (no download), saved by save_pretrained
+sharded over at least 3 safetensors files with their model.safetensors.index.json (a folder that
+is not sharded so fails the check):
 Llama 3.1-style (grouped-query attention 4:1, llama3 rope scaling, untied head), Llama 3.2-style
 (tied head, llama3 scaling with factor 32), Qwen 2-style (q/k/v biases, eps 1e-6, theta 1e6) and
 Qwen 3-style (per-head q/k RMSNorm, head_dim 32 != hidden / heads 16, tied head). Their weights are
 redrawn so that no part is near the identity (biases, norm weights). For each:
 
-1. Logits: interop_tool builds the trainer's llama from the keys below and loads the saved file
-   as model.pretrained does (a tied model's file has no lm_head.weight); its float32 logits of a
+1. Logits: interop_tool builds the trainer's llama from the keys below and loads the saved
+   folder's shards as model.pretrained does (a tied model's folder has no lm_head.weight); its
+   float32 logits of a
    [2, 64] token batch equal transformers' within 1e-5 relative (max |diff| / max |logit|). The
    Llama 3.1 model computed without its rope scaling misses that tolerance: the comparison sees
    the scaling.
-2. Training: `trainer train` from the saved file (model.pretrained), 30 steps of full fine-tuning
+2. Training: `trainer train` from the saved folder (model.pretrained, with the keys below, which
+   config.json must agree with), 30 steps of full fine-tuning
    (AdamW with weight decay, clipping at 1.0, a constant learning rate) on four 64-token windows
    (data.mix of four one-window token folders: every batch holds all four), against a plain
    PyTorch loop over the transformers model on the same windows: every step's loss within 1e-4
@@ -30,9 +34,8 @@ import sys
 import tempfile
 
 try:
-    import numpy as np
     import torch
-    import torch.nn.functional as F
+    from window_runs import adamw_losses, randomize, relative, window_config, write_windows
     from safetensors.torch import load_file, save_file
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                               Qwen3Config, Qwen3ForCausalLM)
@@ -42,6 +45,7 @@ except ImportError as e:
 
 VOCAB, SEQ, STEPS, WINDOWS = 256, 64, 30, 4
 LOGITS_TOL, LOSS_TOL = 1e-5, 1e-4
+SHARDS = 3  # at least this many safetensors files per saved model
 OPTIM = {"lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 CLIP = 1.0
 COMMON = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=16384,
@@ -95,92 +99,76 @@ def option_text(value):
     return value if isinstance(value, str) else repr(value)  # floats keep their point: 8.0
 
 
+def save_sharded(model, folder):
+    """save_pretrained over at least SHARDS safetensors files; the weight_map of the index.
+    Exits when the folder is not sharded so: the check is of a sharded folder."""
+    total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    model.save_pretrained(folder, max_shard_size=total // (SHARDS + 1), safe_serialization=True)
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if not os.path.exists(index) or os.path.exists(os.path.join(folder, "model.safetensors")):
+        sys.exit(f"{folder}: save_pretrained did not shard (no index, or a model.safetensors)")
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    files = sorted(set(weight_map.values()))
+    if len(files) < SHARDS or not all(os.path.exists(os.path.join(folder, f)) for f in files):
+        sys.exit(f"{folder}: {len(files)} shards {files}, not at least {SHARDS}")
+    stored = set()
+    for f in files:
+        stored |= set(load_file(os.path.join(folder, f)))
+    if stored != set(weight_map):
+        sys.exit(f"{folder}: the shards hold other tensors than the index lists")
+    return weight_map
+
+
 def build(name, work):
-    """The transformers model of case `name` with redrawn weights, saved; (model, file)."""
+    """Case `name`: the transformers model with redrawn weights, saved sharded; (model, folder)."""
     cls, cfg = CASES[name]
     torch.manual_seed(sorted(CASES).index(name))
     model = cls(cfg).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                p.uniform_(0.7, 1.3)
-            elif pname.endswith(".bias"):
-                p.normal_(0.0, 0.2)
-            else:
-                p.normal_(0.0, 0.08)
+    randomize(model)
     folder = os.path.join(work, name)
-    model.save_pretrained(folder, safe_serialization=True)
-    weights = os.path.join(folder, "model.safetensors")
-    stored = load_file(weights)
+    weight_map = save_sharded(model, folder)
+    print(f"{name}: saved over {len(set(weight_map.values()))} safetensors files")
     tied = bool(cfg.tie_word_embeddings)
-    if ("lm_head.weight" in stored) == tied:
+    if ("lm_head.weight" in weight_map) == tied:
         sys.exit(f"{name}: save_pretrained {'kept' if tied else 'dropped'} lm_head.weight")
     if model.model.config._attn_implementation != "sdpa":
         sys.exit(f"{name}: transformers chose {model.model.config._attn_implementation}, not sdpa")
-    return model, weights
+    return model, folder
 
 
-def relative(ours, theirs):
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
-
-
-def trainer_logits(tool, weights, tokens, keys, work):
+def trainer_logits(tool, saved, tokens, keys, work):
     x, out = os.path.join(work, "x.safetensors"), os.path.join(work, "logits.safetensors")
     save_file({"x": tokens}, x)
     options = [f"{k}={option_text(v)}" for k, v in keys.items()]
-    r = subprocess.run([tool, "llama", str(VOCAB), weights, x, out, *options],
+    r = subprocess.run([tool, "llama", str(VOCAB), saved, x, out, *options],
                        capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"interop_tool llama: exit {r.returncode}: {r.stderr}")
     return load_file(out)["logits"]
 
 
-def check_logits(name, tool, model, weights, work, failures):
+def check_logits(name, tool, model, saved, work, failures):
     keys = trainer_keys(model.config, model.config.model_type)
     tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         theirs = model(tokens).logits  # [2, 64, V]
-    ours = trainer_logits(tool, weights, tokens, keys, work)
+    ours = trainer_logits(tool, saved, tokens, keys, work)
     diff = relative(ours, theirs)
     print(f"{name}: logits relative max |diff| {diff:.3g}")
     if ours.shape != theirs.shape or not diff <= LOGITS_TOL:
         failures.append(f"{name}: logits {tuple(ours.shape)} differ from transformers' by {diff}")
     if keys.get("rope_scaling") == "llama3" and name == "llama3.1":
-        unscaled = trainer_logits(tool, weights, tokens, {**keys, "rope_scaling": "none"}, work)
+        unscaled = trainer_logits(tool, saved, tokens, {**keys, "rope_scaling": "none"}, work)
         missed = relative(unscaled, theirs)
         print(f"{name}: without the rope scaling {missed:.3g}")
         if not missed > LOGITS_TOL:
             failures.append(f"{name}: the logits do not depend on the rope scaling ({missed})")
 
 
-def write_windows(work):
-    """Four one-window token folders (train.bin and val.bin, SEQ + 1 uint16 tokens each);
-    returns (folders, windows [4, SEQ + 1])."""
-    g = torch.Generator().manual_seed(11)
-    windows = torch.randint(0, VOCAB, (WINDOWS, SEQ + 1), generator=g)
-    folders = []
-    for i, w in enumerate(windows):
-        folder = os.path.join(work, f"window{i}")
-        os.makedirs(folder, exist_ok=True)
-        for split in ("train.bin", "val.bin"):
-            w.numpy().astype(np.uint16).tofile(os.path.join(folder, split))
-        folders.append(folder)
-    return folders, windows
-
-
-def trainer_losses(trainer, name, weights, keys, folders, work):
-    config = {
-        "seed": 0,
-        "model": {"name": "llama", "pretrained": weights, **keys},
-        "data": {"name": "mix", "batch_size": WINDOWS, "workers": 0,
-                 "mix": [{"name": "tokens", "root": f, "seq_len": SEQ, "weight": 1}
-                         for f in folders]},
-        "train": {"max_steps": STEPS, "clip_grad_norm": CLIP, "eval_at_end": False},
-        "optim": {"name": "adamw", **OPTIM},
-        "sched": {"name": "constant"},
-        "run": {"log_every": 1, "eval_every": 10 * STEPS, "checkpoint_every": 10 * STEPS,
-                "progress": "never", "tensorboard": False, "threads": 2},
-    }
+def trainer_losses(trainer, name, saved, keys, folders, work):
+    config = window_config({"name": "llama", "pretrained": saved, **keys}, folders, SEQ, STEPS,
+                           OPTIM, CLIP)
     path = os.path.join(work, f"{name}.yaml")
     with open(path, "w") as f:
         json.dump(config, f)  # JSON is YAML
@@ -201,24 +189,12 @@ def torch_losses(model, windows):
     params = list(model.parameters())  # a tied weight once
     groups = [{"params": [p for p in params if p.dim() > 1]},
               {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=OPTIM["lr"], betas=tuple(OPTIM["betas"]),
-                            eps=OPTIM["eps"], weight_decay=OPTIM["weight_decay"])
-    x, y = windows[:, :-1], windows[:, 1:]
-    losses = []
-    for _ in range(STEPS):
-        logits = model(x).logits  # [4, SEQ, V]
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    return adamw_losses(model, groups, windows, STEPS, OPTIM, CLIP)[0]
 
 
-def check_training(name, trainer, model, weights, folders, windows, work, failures):
+def check_training(name, trainer, model, saved, folders, windows, work, failures):
     keys = trainer_keys(model.config, model.config.model_type)
-    ours = trainer_losses(trainer, name, weights, keys, folders, work)
+    ours = trainer_losses(trainer, name, saved, keys, folders, work)
     theirs = torch_losses(model, windows)
     if len(ours) != STEPS:
         failures.append(f"{name}: the trainer logged {len(ours)} training steps, not {STEPS}")
@@ -241,11 +217,11 @@ def main():
     torch.set_num_threads(2)
     failures = []
     with tempfile.TemporaryDirectory() as work:
-        folders, windows = write_windows(work)
+        folders, windows = write_windows(work, VOCAB, SEQ, WINDOWS)
         for name in CASES:
-            model, weights = build(name, work)
-            check_logits(name, tool, model, weights, work, failures)
-            check_training(name, trainer, model, weights, folders, windows, work, failures)
+            model, saved = build(name, work)
+            check_logits(name, tool, model, saved, work, failures)
+            check_training(name, trainer, model, saved, folders, windows, work, failures)
     for f in failures:
         print("FAIL:", f)
     print("ok" if not failures else "failed")

@@ -10,6 +10,8 @@ fields with noise, as photos have), and runs tests/preprocess_tool.cpp on it. Th
     transforms of torchvision.transforms.v2 on the uint8 tensor;
   - each training crop must equal torchvision's resized_crop of the same region (and hflip)
     within 1/255 per pixel.
+A 16-bit grayscale PNG among them is compared with its samples' high bytes (numpy of the file's
+values >> 8), the behaviour docs/reference.md states (Pillow's convert("RGB") clips it instead).
 Prints the largest differences. Exits 77 (skipped) without torch, torchvision, safetensors,
 numpy or Pillow.
 """
@@ -56,6 +58,10 @@ def write_folder(root):
                 ext = "png" if k % 2 == 0 else "jpg"
                 path = os.path.join(root, split, cls, f"{k}.{ext}")
                 img.save(path, quality=92) if ext == "jpg" else img.save(path)
+        # A 16-bit grayscale PNG using the whole range (Pillow opens it as mode I;16).
+        deep = picture(rng, 45, 38)[:, :, 0].astype(np.uint16) * 257
+        deep += rng.integers(0, 257, deep.shape).astype(np.uint16)
+        Image.fromarray(deep).save(os.path.join(root, split, "a", "deep16.png"))
 
 
 def files(root, split):
@@ -64,6 +70,21 @@ def files(root, split):
         folder = os.path.join(root, split, cls)
         out += sorted(os.path.join(folder, f) for f in os.listdir(folder))
     return out
+
+
+def load_rgb(path):
+    """The image as trainer decodes it, as an RGB PIL image. A 16-bit PNG keeps each sample's high
+    byte (value >> 8, as libpng's png_set_strip_16), computed here with numpy from the file's
+    values; Pillow's own convert("RGB") clips such a grayscale image at 255 instead."""
+    img = Image.open(path)
+    if img.mode not in ("I;16", "I;16B", "I"):
+        return img.convert("RGB")
+    values = np.array(img).astype(np.uint32)  # the PNG's 16-bit samples
+    assert values.max() > 255, "the 16-bit test image should use its high byte"
+    gray = (values >> 8).astype(np.uint8)
+    clipped = np.array(img.convert("RGB"))[:, :, 0]
+    assert not np.array_equal(clipped, gray), "Pillow clips where trainer keeps the high byte"
+    return Image.fromarray(np.stack([gray] * 3, axis=-1))
 
 
 def largest_difference(a, b):
@@ -84,7 +105,7 @@ def main():
         v2 = T2.Compose([T2.Resize(RESIZE, antialias=True), T2.CenterCrop(SIZE)])
         worst = {"val (PIL)": 0.0, "val (v2, uint8 tensor)": 0.0, "train": 0.0}
         for i, path in enumerate(files(root, "val")):
-            img = Image.open(path).convert("RGB")
+            img = load_rgb(path)
             worst["val (PIL)"] = max(worst["val (PIL)"], largest_difference(val[i], pil(img)))
             tensor = F.pil_to_tensor(img)
             ref = v2(tensor).double() / 255.0
@@ -92,7 +113,7 @@ def main():
                                                   largest_difference(val[i], ref))
         for i, path in enumerate(files(root, "train")):
             x, y, w, h, flip = got["regions"][i].tolist()
-            img = Image.open(path).convert("RGB")
+            img = load_rgb(path)
             ref = F.resized_crop(F.pil_to_tensor(img), y, x, h, w, [SIZE, SIZE], antialias=True)
             if flip:
                 ref = F.horizontal_flip(ref)

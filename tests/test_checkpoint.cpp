@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -313,6 +314,43 @@ TEST_F(DirectoryTest, UnlistedFileLoadsWithoutChecksum) {
       std::string(reinterpret_cast<const char*>(to_bytes({{"a", torch::ones(2)}}).data()),
                   to_bytes({{"a", torch::ones(2)}}).size()));
   EXPECT_THROW(load((tmp_ / "w.safetensors").string()), CorruptCheckpoint);
+}
+
+// One tensor under two names (a tied weight) is stored once, as safetensors' save_model stores
+// shared tensors: the file holds the bytes once, the whole checkpoint and an fsdp shard alike, and
+// loading gives both names, sharing one tensor. Equal tensors that are not one stay two.
+TEST_F(DirectoryTest, ATensorUnderTwoNamesIsStoredOnceAndLoadedUnderBoth) {
+  const auto wte = torch::arange(4096, torch::kFloat).view({64, 64});
+  State s;
+  s.tensors = {{"model.wte.weight", wte},
+               {"model.lm_head.weight", wte},
+               {"zeros_a", torch::zeros({256})},
+               {"zeros_b", torch::zeros({256})}};
+  s.meta = {{"step", 1}};
+  Directory d(dir(), 1, "");
+  const std::string path = d.save(1, s, {});
+  const auto file = read_safetensors(path);
+  EXPECT_EQ(file.tensors.size(), 3u);  // lm_head's name only in the metadata
+  EXPECT_LT(fs::file_size(path), 4096u * 4u + 2u * 256u * 4u + 4096u);
+  const State loaded = load(path);
+  std::map<std::string, torch::Tensor> by_name(loaded.tensors.begin(), loaded.tensors.end());
+  ASSERT_EQ(by_name.size(), 4u);
+  EXPECT_TRUE(torch::equal(by_name.at("model.lm_head.weight"), wte));
+  EXPECT_TRUE(by_name.at("model.lm_head.weight").is_same(by_name.at("model.wte.weight")));
+  EXPECT_FALSE(by_name.at("zeros_a").is_same(by_name.at("zeros_b")));
+  // An fsdp shard's pieces of one tensor under both names: stored once, assembled under both.
+  const auto piece = wte.reshape({-1});
+  const auto desc = write_shard(
+      dir(), 2, 0, 1,
+      {{"model.wte.weight", {64, 64}, 0, piece}, {"model.lm_head.weight", {64, 64}, 0, piece}});
+  EXPECT_EQ(read_safetensors(dir() + "/" + desc.at("file").get<std::string>()).tensors.size(), 1u);
+  State sharded;
+  sharded.meta = {{"step", 2}, {"shards", nlohmann::json::array({desc})}};
+  const State whole = load(d.save(2, sharded, {}));
+  std::map<std::string, torch::Tensor> assembled(whole.tensors.begin(), whole.tensors.end());
+  ASSERT_EQ(assembled.count("model.lm_head.weight"), 1u);
+  EXPECT_TRUE(torch::equal(assembled.at("model.lm_head.weight"), wte));
+  EXPECT_TRUE(torch::equal(assembled.at("model.wte.weight"), wte));
 }
 
 }  // namespace

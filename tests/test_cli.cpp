@@ -393,6 +393,63 @@ data: {name: synthetic, shape: [3, 32, 32], num_classes: 10, batch_size: 4000000
   }
 }
 
+// doctor's memory line gives each figure in the unit that keeps it at 1 or more (a small model's
+// KiB and MiB, not "0.0 GiB"), equal to its JSON bytes. Where bfloat16 autocast needs more than
+// float32, it says why: a small GPT on GPT-2's 50,257 tokens takes more a sample, as autocast's
+// float32 loss holds the logits in bfloat16 beside their float32 copy (2 bytes a logit more).
+TEST_F(Cli, DoctorMemoryLinesAreReadableAndExplainBfloat16) {
+  const auto memory_of = [&](const std::string& config) {
+    const auto r = run("doctor --json --config '" + config + "'");
+    const auto j = nlohmann::json::parse(r.out);
+    std::string message;
+    for (const auto& f : j.at("findings")) {
+      if (f.at("check") == "memory") message = f.at("message").get<std::string>();
+    }
+    return std::make_pair(j.at("memory"), message);
+  };
+  const auto in = [](double bytes, double unit, const char* name) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.1f %s", bytes / unit, name);
+    return std::string(text);
+  };
+  // The MLP: 4,420 float32 parameters.
+  const auto small = memory_of("configs/synthetic.yaml");
+  const nlohmann::json& mlp = small.first;
+  const std::string& line = small.second;
+  EXPECT_EQ(mlp.at("params_bytes").get<int64_t>(), 4420 * 4);
+  EXPECT_NE(line.find("parameters " + in(4420 * 4, 1024, "KiB")), std::string::npos) << line;
+  EXPECT_EQ(line.find("0.0 GiB"), std::string::npos) << line;
+  const int64_t t = 64, vocab = 50257;
+  const auto gpt = write("gpt.yaml", R"(
+model: {name: gpt, n_layer: 2, n_head: 2, n_embd: 64, block_size: 64, vocab_size: 0, dropout: 0,
+        bias: false}
+data: {name: synthetic_tokens, num_classes: 50257, train_samples: 64, val_samples: 8,
+       batch_size: 8, workers: 0}
+optim: {name: adamw, lr: 0.001}
+)");
+  const auto large = memory_of(gpt.string());
+  const nlohmann::json& m = large.first;
+  const std::string& message = large.second;
+  const auto bytes = [&](const char* key) { return m.at(key).get<double>(); };
+  EXPECT_NE(message.find("in float32 (parameters " + in(bytes("params_bytes"), 1 << 20, "MiB")),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find(in(bytes("float32_bytes"), 1 << 20, "MiB") + " in float32"),
+            std::string::npos)
+      << message;
+  ASSERT_GT(bytes("bfloat16_bytes"), bytes("float32_bytes")) << m.dump();
+  const double extra = bytes("bfloat16_bytes_per_sample") - bytes("float32_bytes_per_sample");
+  EXPECT_NEAR(extra, 2.0 * t * vocab, 0.1 * 2.0 * t * vocab) << m.dump();
+  EXPECT_NE(
+      message.find(in(bytes("bfloat16_bytes"), 1 << 20, "MiB") +
+                   " with bfloat16 autocast (more than float32: " +
+                   in(bytes("bfloat16_bytes_per_sample"), 1 << 20, "MiB") + " a sample against " +
+                   in(bytes("float32_bytes_per_sample"), 1 << 20, "MiB") +
+                   ", as autocast computes the loss in float32"),
+      std::string::npos)
+      << message;
+}
+
 TEST_F(Cli, DoctorFailsWhenTheConfigWantsAGpuThatIsMissing) {
   if (run("doctor --json").out.find("\"cuda_available\": true") != std::string::npos) {
     GTEST_SKIP() << "this machine has a GPU";

@@ -870,6 +870,72 @@ TEST(Mix, PartsThatDisagreeOnTheirClassesAreConfigErrorsNamingBoth) {
   EXPECT_EQ(splits.spec.class_names, (std::vector<std::string>{"a", "b"}));
 }
 
+// Token ids must mean the same tokens in every part: a part that knows its vocabulary (text read
+// as bytes: 256; synthetic_tokens: data.num_classes; chat: its tokenizer's) beside one of another
+// size, or beside a token file whose ids reach past it, is a config error naming both parts and
+// their sizes. Token files that only show their largest id may differ in it.
+TEST(Mix, TokenSetsOfDifferentVocabulariesAreConfigErrorsNamingBoth) {
+  test_support::TempDir tmp("mix-vocab");
+  const auto token_file = [&](const std::string& name, uint16_t largest) {
+    std::vector<uint8_t> bytes;
+    for (int i = 0; i < 400; ++i) {
+      const auto id = static_cast<uint16_t>(i * 37 % (largest + 1));
+      bytes.push_back(static_cast<uint8_t>(id & 0xFF));
+      bytes.push_back(static_cast<uint8_t>(id >> 8));
+    }
+    bytes[0] = static_cast<uint8_t>(largest & 0xFF);
+    bytes[1] = static_cast<uint8_t>(largest >> 8);
+    test_support::write_file((tmp / name).string(), bytes);
+    return (tmp / name).string();
+  };
+  const std::string ids999 = token_file("a.bin", 999), ids500 = token_file("b.bin", 500);
+  test_support::write_file((tmp / "text.txt").string(), std::vector<uint8_t>(400, 'x'));
+  config::DataConfig cfg = default_data_config("mix");
+  cfg.mix.prototype.options = dataset_registry().options();
+  const auto tokens = [&](const std::string& root) {
+    return mix_part(cfg, "tokens", root, {{"seq_len", 8}});
+  };
+  const auto synthetic = [&](int64_t vocab) {
+    return mix_part(cfg, "synthetic_tokens", "",
+                    {{"num_classes", vocab}, {"seq_len", 8}, {"train_samples", 20}});
+  };
+  const auto error_of = [&](std::vector<config::MixPart> parts) {
+    cfg.mix.items = std::move(parts);
+    try {
+      dataset_registry().get("mix")(cfg, DataContext{});
+    } catch (const DataConfigError& e) {
+      return e.key() + ": " + e.message();
+    }
+    return std::string("no error");
+  };
+  const std::string text = (tmp / "text.txt").string();
+  std::string e = error_of({tokens(text), tokens(ids999)});
+  EXPECT_EQ(e.rfind("data.mix: data.mix[0] (tokens) has a vocabulary of 256 tokens, data.mix[1] "
+                    "(tokens) token ids up to 999: a token id would mean another token",
+                    0),
+            0u)
+      << e;
+  e = error_of({synthetic(64), tokens(text)});
+  EXPECT_EQ(e.rfind("data.mix: data.mix[0] (synthetic_tokens) has a vocabulary of 64 tokens, "
+                    "data.mix[1] (tokens) a vocabulary of 256 tokens",
+                    0),
+            0u)
+      << e;
+  // The largest ids of two token files differ; each fits a known vocabulary at least as large.
+  cfg.mix.items = {tokens(ids999), tokens(ids500), synthetic(1000)};
+  auto splits = dataset_registry().get("mix")(cfg, DataContext{});
+  EXPECT_EQ(splits.spec.num_classes, 1000);
+  e = error_of({tokens(ids999), tokens(ids500), synthetic(900)});
+  EXPECT_EQ(e.rfind("data.mix: data.mix[2] (synthetic_tokens) has a vocabulary of 900 tokens, "
+                    "data.mix[0] (tokens) token ids up to 999",
+                    0),
+            0u)
+      << e;
+  cfg.mix.items = {tokens(ids999), tokens(ids500)};
+  splits = dataset_registry().get("mix")(cfg, DataContext{});
+  EXPECT_EQ(splits.spec.num_classes, 1000);
+}
+
 TEST(Mix, PartsThatDoNotFitAreConfigErrorsNamingThePart) {
   const auto error_of = [](const config::DataConfig& cfg) {
     try {

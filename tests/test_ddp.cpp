@@ -411,4 +411,35 @@ TEST(TensorParallel, VocabularyParallelEmbeddingAndCrossEntropyEqualTheWholeOnes
   }
 }
 
+// Targets left out (-100, PyTorch's ignore_index): a loss of 0 and no gradient on either rank's
+// half of the logits, the others' losses and gradients those of the whole logits.
+TEST(TensorParallel, VocabularyParallelCrossEntropyLeavesIgnoredTargetsOut) {
+  namespace F = torch::nn::functional;
+  torch::manual_seed(12);
+  const auto logits = torch::randn({6, 12}, torch::kDouble);  // [N, V]
+  const auto ids = torch::tensor({0, -100, 6, -100, 11, 8}, torch::kLong);
+  const auto kept = ids.ne(-100).sum().to(torch::kDouble);
+  auto lw = logits.clone().requires_grad_();
+  F::cross_entropy(lw, ids).backward();  // the mean over the kept targets
+  const auto each =
+      F::cross_entropy(logits, ids, F::CrossEntropyFuncOptions().reduction(torch::kNone));  // [N]
+
+  std::vector<torch::Tensor> losses(2), dlogits(2);
+  const auto errors = on_ranks(2, [&](Group& tp, int r) {
+    auto l = trainer::split_part(logits, {1, 1}, r, 2).clone().requires_grad_();  // [N, V/2]
+    const auto token = tpx::vocab_parallel_cross_entropy(l, ids, 6 * r, tp);      // [N]
+    (token.sum() / kept).backward();
+    losses[r] = token.detach();
+    dlogits[r] = l.grad();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_TRUE(torch::allclose(losses[r], each, 1e-12, 1e-12)) << "rank " << r;
+    EXPECT_TRUE(
+        torch::allclose(dlogits[r], trainer::split_part(lw.grad(), {1, 1}, r, 2), 1e-12, 1e-12))
+        << "rank " << r;
+    EXPECT_EQ(dlogits[r].index({1}).abs().sum().item<double>(), 0.0) << "rank " << r;
+  }
+}
+
 }  // namespace

@@ -28,7 +28,6 @@ double model_max_abs_diff(const fs::path& a, const fs::path& b) {
   return trainer::test_support::max_abs_diff(a, b, "model.");
 }
 
-
 // Plain SGD on Fashion-MNIST without dropout: 2 x B and 1 x 2B see the same samples per step.
 // (At lr 0.05 lenet's rounding differences grow from 4e-8 at step 10 to 3e-4 at step 20 as
 // ReLU/max-pool decisions flip; at 0.01 they stay below 1e-6.)
@@ -66,8 +65,8 @@ TEST_F(Dist, TwoProcessesEqualOneProcessAtTheGlobalBatch) {
       const std::string all = r.out + r.err;
       EXPECT_NE(all.find("started by trainer launch), ddp (replicated weights)"), std::string::npos)
           << all;
-      const double diff =
-          model_max_abs_diff(one / "checkpoints" / step_file(20), two / "checkpoints" / step_file(20));
+      const double diff = model_max_abs_diff(one / "checkpoints" / step_file(20),
+                                             two / "checkpoints" / step_file(20));
       EXPECT_LE(diff, 1e-5);
       // The logged losses are averages over the ranks: those of the global batch.
       const auto la = losses(one), lb = losses(two);
@@ -194,9 +193,9 @@ TEST_F(Dist, AJobOfOneTrainsAsAPlainRun) {
                                                     (reducer ? "true" : "false") + " --run-dir '" +
                                                     one.string() + "'");
     ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(
-        model_max_abs_diff(plain / "checkpoints" / step_file(3), one / "checkpoints" / step_file(3)),
-        0.0);
+    EXPECT_EQ(model_max_abs_diff(plain / "checkpoints" / step_file(3),
+                                 one / "checkpoints" / step_file(3)),
+              0.0);
   }
 }
 
@@ -214,9 +213,9 @@ TEST_F(Dist, CheckpointedBlocksTrainAsPlainOnes) {
   r = launch("--nproc-per-node 2",
              common + " --set model.checkpointing=blocks --run-dir '" + blocks.string() + "'");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(
-      model_max_abs_diff(plain / "checkpoints" / step_file(3), blocks / "checkpoints" / step_file(3)),
-      0.0);
+  EXPECT_EQ(model_max_abs_diff(plain / "checkpoints" / step_file(3),
+                               blocks / "checkpoints" / step_file(3)),
+            0.0);
 }
 
 TEST_F(Dist, EveryWayOfStartingAJobFormsTheSameGroup) {
@@ -304,8 +303,9 @@ TEST_F(Dist, ARestartedJobEndsAsAnUninterruptedOne) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.err.find("restarting"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("resumed from"), std::string::npos) << r.err;
-  EXPECT_EQ(model_max_abs_diff(a / "checkpoints" / step_file(40), b / "checkpoints" / step_file(40)),
-            0.0);
+  EXPECT_EQ(
+      model_max_abs_diff(a / "checkpoints" / step_file(40), b / "checkpoints" / step_file(40)),
+      0.0);
   EXPECT_EQ(losses(a), losses(b));
 }
 
@@ -377,10 +377,10 @@ TEST_F(Dist, EachCommandsJsonUnderTheLauncherParses) {
                 .code,
             0);
   const std::string raw = "--nproc-per-node 2 --local-ranks-filter 0 --no-prefix";
-  for (const std::string& command : std::vector<std::string>{
-           "eval --checkpoint '" + run_dir.string() + "' --json",
-        "doctor --perf --quick --json --config configs/synthetic.yaml",
-        "doctor --json --config configs/synthetic.yaml"}) {
+  for (const std::string& command :
+       std::vector<std::string>{"eval --checkpoint '" + run_dir.string() + "' --json",
+                                "doctor --perf --quick --json --config configs/synthetic.yaml",
+                                "doctor --json --config configs/synthetic.yaml"}) {
     SCOPED_TRACE(command);
     const fs::path logs = dir_ / ("logs" + std::to_string(command.size()));
     auto r = launch(raw + " --log-dir '" + logs.string() + "'", command);
@@ -391,8 +391,10 @@ TEST_F(Dist, EachCommandsJsonUnderTheLauncherParses) {
     EXPECT_NE(r.out.find("[rank0]: {"), std::string::npos) << r.out;
   }
   const fs::path json = dir_ / "bench.json";
-  const auto r = launch("--nproc-per-node 2", "bench --config configs/synthetic.yaml --steps 2 "
-                                              "--warmup 1 --json '" + json.string() + "'");
+  const auto r = launch("--nproc-per-node 2",
+                        "bench --config configs/synthetic.yaml --steps 2 "
+                        "--warmup 1 --json '" +
+                            json.string() + "'");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(read_file(json))["world_size"], 2);
 }
@@ -400,8 +402,9 @@ TEST_F(Dist, EachCommandsJsonUnderTheLauncherParses) {
 // --nproc-per-node: auto means one per GPU, one without a GPU, for `trainer` and `trainer launch`
 // alike; a bad value names the flag typed.
 TEST_F(Dist, NprocPerNodeAutoHasOneMeaning) {
-  const std::string args = "--config configs/synthetic.yaml --set train.max_steps=2 "
-                           "--set run.progress=never";
+  const std::string args =
+      "--config configs/synthetic.yaml --set train.max_steps=2 "
+      "--set run.progress=never";
   if (run("doctor --json").out.find("\"cuda_available\": true") != std::string::npos) {
     GTEST_SKIP() << "this machine has a GPU";
   }
@@ -420,6 +423,55 @@ TEST_F(Dist, NprocPerNodeAutoHasOneMeaning) {
         << r.err;
     EXPECT_EQ(r.err.find("launch.nproc_per_node"), std::string::npos) << r.err;
   }
+}
+
+// A config error under trainer launch: reported once, by the launcher, before any worker starts
+// (not by each worker and again in the launcher's failure report); exit 2, as without launch.
+TEST_F(Dist, AConfigErrorIsReportedOnceBeforeAnyWorkerStarts) {
+  std::string yaml = read_file(fs::path(TRAINER_SOURCE_DIR) / "configs" / "synthetic.yaml");
+  yaml.replace(yaml.find("  lr: 0.05"), 9, "  lr: 0.05\n  momentun: 0.9");
+  const fs::path bad = dir_ / "bad.yaml";
+  std::ofstream(bad) << yaml;
+  const std::string args = "--config '" + bad.string() + "' --run-dir '" + (dir_ / "run").string() +
+                           "' --set run.progress=never";
+  const auto alone = run(args);
+  ASSERT_EQ(alone.code, 2) << alone.err;
+  for (const std::string& head : {std::string(), std::string("train ")}) {
+    const auto r = launch("--nproc-per-node 2", head + args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    std::istringstream lines(r.out + r.err);
+    int mentions = 0;
+    for (std::string line; std::getline(lines, line);) {
+      mentions += line.find("momentun") != std::string::npos;
+    }
+    EXPECT_EQ(mentions, 1) << r.err;
+    EXPECT_NE(r.err.find(alone.err), std::string::npos) << "launch:\n"
+                                                        << r.err << "alone:\n"
+                                                        << alone.err;
+    EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;  // no worker started
+    EXPECT_FALSE(fs::exists(dir_ / "run")) << r.err;
+  }
+}
+
+// An error every rank finds once started (the data set's folder is missing): shown once on the
+// console, not once per rank and again in the failure report; exit 2.
+TEST_F(Dist, AnErrorEveryRankFindsIsShownOnce) {
+  const std::string args =
+      "--config '" +
+      (fs::path(TRAINER_SOURCE_DIR) / "configs" / "fashion_mnist_mlp.yaml").string() +
+      "' --run-dir '" + (dir_ / "run").string() +
+      "' --set run.progress=never --set data.root=" + (dir_ / "nope").string();
+  const auto r = launch("--nproc-per-node 2", args);
+  EXPECT_EQ(r.code, 2) << r.err;
+  std::istringstream lines(r.out + r.err);
+  int mentions = 0, workers = 0;
+  for (std::string line; std::getline(lines, line);) {
+    mentions += line.find("no such directory") != std::string::npos;
+    workers += line.rfind("[rank", 0) == 0;
+  }
+  EXPECT_EQ(mentions, 1) << r.err;
+  EXPECT_EQ(workers, 1) << r.err;  // the workers started; one of them is shown
+  EXPECT_NE(r.err.find("failed: exit code 2"), std::string::npos) << r.err;
 }
 
 }  // namespace

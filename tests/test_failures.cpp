@@ -166,6 +166,43 @@ TEST_F(Cli, EveryCheckpointCorruptStopsTheResume) {
   EXPECT_FALSE(has(r.err, "starting from step 0")) << r.err;
 }
 
+// Each damaged checkpoint file, and a manifest that cannot be read, is reported once: not again
+// in the error that lists them, nor at every save (each lists the folder anew) of a run that
+// starts over because no file beside a missing manifest is usable.
+TEST_F(Cli, EachDamagedCheckpointIsReportedOnce) {
+  const auto count = [](const std::string& text, const std::string& part) {
+    int n = 0;
+    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
+  };
+  const auto b = dir_ / "b";
+  ASSERT_EQ(run(quick(b) + " --set run.checkpoint_every=4 --set train.stop_at_step=12").code, 0);
+  for (int step : {4, 8, 12}) {
+    const auto path = b / "checkpoints" / step_file(step);
+    fs::resize_file(path, fs::file_size(path) / 2);
+  }
+  auto r = run(quick(b) + " --resume auto");  // listed, and none verifies: exit 1
+  EXPECT_EQ(r.code, 1) << r.err;
+  for (int step : {4, 8, 12}) EXPECT_EQ(count(r.err, step_file(step)), 1) << r.err;
+  // No manifest: the damaged files are left as they are and the run starts over, saving at steps
+  // 16 and 32.
+  fs::remove(b / "checkpoints" / "manifest.json");
+  r = run(quick(b) + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "starting from step 0")) << r.err;
+  EXPECT_EQ(count(r.err, "checkpoint " + (b / "checkpoints" / step_file(32)).string()), 1) << r.err;
+  for (int step : {4, 8, 12}) {
+    EXPECT_EQ(count(r.err, step_file(step) + ": not a valid safetensors file"), 1) << r.err;
+  }
+  // A manifest that cannot be read: the resume, its repair and the saves after it say so once.
+  const auto c = dir_ / "c";
+  ASSERT_EQ(run(quick(c) + " --set run.checkpoint_every=4 --set train.stop_at_step=12").code, 0);
+  std::ofstream(c / "checkpoints" / "manifest.json") << "{\"checkpoints\": [{\"file\": ";
+  r = run(quick(c) + " --resume auto --set train.max_steps=16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(count(r.err, "unreadable manifest"), 1) << r.err;
+}
+
 // A manifest that cannot be read: --resume auto takes the checkpoint files themselves.
 TEST_F(Cli, AnUnreadableManifestStillResumes) {
   const auto b = dir_ / "b";

@@ -56,6 +56,26 @@ TEST(SafetensorsReaderTest, ReadsChunksConvertedIntoAnyDestination) {
   EXPECT_THROW(reader.read_into(*a, torch::empty({10})), std::invalid_argument);
 }
 
+// What a rank keeps of a tensor (an FSDP shard's range, a row of a split layer): elements
+// [first, first + n) of the flattened tensor, converted or in the file's dtype.
+TEST(SafetensorsReaderTest, ReadsARangeOfElementsConvertedOrAsTheyAre) {
+  test_support::TempDir tmp("st_range");
+  const std::string path = (tmp / "w.safetensors").string();
+  const auto bf16 = torch::randn({25, 40}).to(torch::kBFloat16);  // 1000 elements
+  write_file(path, {{"a", bf16}});
+  const SafetensorsReader reader(path);
+  const auto& a = *reader.find("a");
+  const auto flat = bf16.reshape({-1});
+  auto part = torch::zeros({333});
+  reader.read_range_into(a, 517, part, /*chunk_bytes=*/64);  // 32-element chunks, one partial
+  EXPECT_TRUE(torch::equal(part, flat.narrow(0, 517, 333).to(torch::kFloat)));
+  auto same = torch::zeros({40}, torch::kBFloat16);
+  reader.read_range_into(a, 960, same);  // the last row, in place
+  EXPECT_TRUE(torch::equal(same, flat.narrow(0, 960, 40)));
+  EXPECT_THROW(reader.read_range_into(a, 961, torch::empty({40})), std::invalid_argument);
+  EXPECT_THROW(reader.read_range_into(a, 0, torch::empty({40, 2}).t()), std::invalid_argument);
+}
+
 TEST(SafetensorsReaderTest, ATruncatedFileFailsWhenOpenedNamingIt) {
   test_support::TempDir tmp("st_truncated");
   const std::string path = (tmp / "w.safetensors").string();

@@ -9,32 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "llama_fixture.h"
 #include "models/model.h"
 #include "nn/autocast.h"
 
 namespace trainer::models {
 namespace {
 
-constexpr int64_t kVocab = 61, kContext = 24;
-
-// 2 blocks, 4 query heads sharing 2 key/value heads, head_dim 12 (not 32 / 4), llama3 rope
-// scaling with a short original context (so that every band of wavelengths occurs).
-config::ModelConfig small_config() {
-  config::ModelConfig cfg = default_model_config("llama");
-  cfg.options.set("n_layer", int64_t{2});
-  cfg.options.set("n_head", int64_t{4});
-  cfg.options.set("n_kv_head", int64_t{2});
-  cfg.options.set("n_embd", int64_t{32});
-  cfg.options.set("head_dim", int64_t{12});
-  cfg.options.set("intermediate_size", int64_t{48});
-  cfg.options.set("block_size", kContext);
-  cfg.options.set("vocab_size", kVocab);
-  cfg.options.set("rope_theta", 500000.0);
-  cfg.options.set("rope_scaling", "llama3");
-  cfg.options.set("rope_original_context", int64_t{64});
-  cfg.options.set("tie_embeddings", false);
-  return cfg;
-}
+using test_support::small_llama_config;
+constexpr int64_t kVocab = test_support::kLlamaVocab, kContext = test_support::kLlamaContext;
 
 Net build(const config::ModelConfig& cfg) {
   return build_model(cfg, InputSpec{{cfg.options.value<int64_t>("block_size")}, 0});
@@ -54,7 +37,7 @@ void randomize(NetImpl& net) {
 }
 
 TEST(Llama, HuggingFaceNamesAndShapes) {
-  auto cfg = small_config();
+  auto cfg = small_llama_config();
   cfg.options.set("qkv_bias", true);
   cfg.options.set("qk_norm", true);
   auto net = build(cfg);
@@ -87,13 +70,13 @@ TEST(Llama, HuggingFaceNamesAndShapes) {
   EXPECT_EQ(params.find("model.layers.0.self_attn.o_proj.bias"), nullptr);
   EXPECT_FALSE(params["lm_head.weight"].is_same(params["model.embed_tokens.weight"]));
   // Without the options: no biases, no q/k norms.
-  const auto plain = build(small_config())->named_parameters();
+  const auto plain = build(small_llama_config())->named_parameters();
   EXPECT_EQ(plain.find("model.layers.0.self_attn.q_proj.bias"), nullptr);
   EXPECT_EQ(plain.find("model.layers.0.self_attn.q_norm.weight"), nullptr);
 }
 
 TEST(Llama, TiedHeadIsTheEmbedding) {
-  auto cfg = small_config();
+  auto cfg = small_llama_config();
   cfg.options.set("tie_embeddings", true);
   auto net = build(cfg);
   const auto params = net->named_parameters();
@@ -119,9 +102,9 @@ TEST(Llama, TiedHeadIsTheEmbedding) {
 // (n_kv_head = n_head, each k/v row block copied to the query heads of its group).
 TEST(Llama, GroupedQueryAttentionEqualsRepeatedHeads) {
   torch::manual_seed(0);
-  auto grouped = build(small_config());
+  auto grouped = build(small_llama_config());
   randomize(*grouped);
-  auto cfg = small_config();
+  auto cfg = small_llama_config();
   cfg.options.set("n_kv_head", int64_t{4});
   auto repeated = build(cfg);
   NamedWeights weights;
@@ -143,7 +126,7 @@ TEST(Llama, GroupedQueryAttentionEqualsRepeatedHeads) {
 
 TEST(Llama, Causal) {
   torch::manual_seed(1);
-  auto net = build(small_config());
+  auto net = build(small_llama_config());
   randomize(*net);
   net->eval();
   torch::NoGradGuard no_grad;
@@ -160,7 +143,7 @@ TEST(Llama, Causal) {
 // The gradients of every parameter with model.checkpointing blocks equal those without.
 TEST(Llama, CheckpointingGivesTheSameGradients) {
   torch::manual_seed(2);
-  auto cfg = small_config();
+  auto cfg = small_llama_config();
   cfg.options.set("qk_norm", true);
   cfg.options.set("qkv_bias", true);
   auto plain = build(cfg);
@@ -187,7 +170,7 @@ TEST(Llama, CheckpointingGivesTheSameGradients) {
 // Under bfloat16 autocast: bfloat16 logits near float32's, float32 gradients.
 TEST(Llama, BFloat16Autocast) {
   torch::manual_seed(3);
-  auto cfg = small_config();
+  auto cfg = small_llama_config();
   cfg.options.set("qk_norm", true);
   auto net = build(cfg);
   randomize(*net);
@@ -214,7 +197,7 @@ TEST(Llama, BFloat16Autocast) {
 // the cache keeps the last block_size - 1 tokens, as the forward pass on them does.
 TEST(Llama, DecodingWithTheCacheEqualsTheForwardPass) {
   torch::manual_seed(4);
-  auto cfg = small_config();
+  auto cfg = small_llama_config();
   cfg.options.set("qk_norm", true);
   cfg.options.set("qkv_bias", true);
   auto net = build(cfg);
@@ -262,7 +245,7 @@ class SizeOnly final : public nn::TensorParallel {
 };
 
 TEST(Llama, TensorParallelSizeMustDivideBothHeadCounts) {
-  auto cfg = small_config();  // 4 query heads, 2 key/value heads
+  auto cfg = small_llama_config();  // 4 query heads, 2 key/value heads
   try {
     build(cfg)->split_over(std::make_shared<SizeOnly>(4));
     FAIL() << "expected ModelError";
@@ -300,14 +283,14 @@ TEST(Llama, RejectsWhatItCannotBuild) {
       EXPECT_EQ(e.key(), key);
     }
   };
-  auto odd = small_config();
+  auto odd = small_llama_config();
   odd.options.set("head_dim", int64_t{0});
   odd.options.set("n_embd", int64_t{30});  // 30 / 4 heads
   expect_error(odd, "model.head_dim");
-  auto kv = small_config();
+  auto kv = small_llama_config();
   kv.options.set("n_kv_head", int64_t{3});
   expect_error(kv, "model.n_kv_head");
-  auto net = build(small_config());
+  auto net = build(small_llama_config());
   EXPECT_THROW(net->forward(torch::zeros({1, kContext + 1}, torch::kLong)), c10::Error);
 }
 

@@ -155,4 +155,58 @@ TEST_F(Cli, LanguageModelsLogTokensPerSecond) {
       << r.err;
 }
 
+// A language model's train records carry the model FLOPs utilisation: `tflops` is the model FLOPs
+// of a sample (forward and backward: 3 x the forward's matrix products, counted here from the
+// gpt's shapes as torch.utils.flop_counter counts them) times the samples per second, and `mfu`
+// that over the peak the log names. The evaluations show a progress bar of their batches.
+TEST_F(Cli, LanguageModelsLogModelFlopsUtilisationAndEvaluationProgress) {
+  const auto corpus = write("corpus.txt", std::string(4000, 'a') + "the quick brown fox\n");
+  const auto run_dir = dir_ / "lm";
+  auto r = run("--config configs/gpt_char.yaml --set data.root='" + corpus.string() +
+               "' --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2 "
+               "--set model.block_size=32 --set data.batch_size=8 --set train.max_steps=3 "
+               "--set run.log_every=1 --set run.eval_every=3 --set data.eval_batch_size=4 "
+               "--set run.progress=always --run-dir '" +
+               run_dir.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Per layer: c_attn 3E, attention's projection E, the MLP 4E and 4E (2 FLOPs a multiply-add),
+  // attention's two products 4 T^2 E; then the head over the 256 bytes.
+  const double T = 32, E = 32, L = 2, V = 256;
+  const double forward =
+      L * (2 * T * E * (3 * E + E + 4 * E + 4 * E) + 4 * T * T * E) + 2 * T * E * V;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.err, m,
+      std::regex(R"(model FLOPs ([0-9.e+]+) per sample; MFU against ([0-9.e+-]+) TFLOP/s)")))
+      << r.err;
+  EXPECT_NEAR(std::stod(m[1].str()), 3 * forward, 1e-5 * 3 * forward);
+  const double peak = std::stod(m[2].str());
+  EXPECT_GT(peak, 0.0);
+  const auto records = train_records(run_dir);
+  ASSERT_EQ(records.size(), 3u);
+  for (const auto& record : records) {
+    ASSERT_TRUE(record.contains("mfu")) << record.dump();
+    const double tflops = record["tflops"].get<double>();
+    EXPECT_NEAR(tflops, 3 * forward * record["samples_per_sec"].get<double>() / 1e12,
+                1e-6 * tflops);
+    EXPECT_NEAR(record["mfu"].get<double>(), tflops / peak, 1e-5 * tflops / peak);
+  }
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(step 3/3 .* tokens/s MFU [0-9.]+%)")))
+      << r.err;
+  // The validation split's 10% of the bytes, in batches of 4 samples of 33 bytes.
+  EXPECT_TRUE(std::regex_search(r.err, m, std::regex(R"(eval \[#+\] ([0-9]+)/([0-9]+) batches)")))
+      << r.err;
+  EXPECT_EQ(m[1].str(), m[2].str());
+  // trainer eval shows it too; images log no MFU.
+  r = run("eval --checkpoint '" + run_dir.string() + "' --set run.progress=always");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find(" batches"), std::string::npos) << r.err;
+  r =
+      run("--config configs/synthetic.yaml --set train.max_steps=2 --set run.log_every=1 "
+          "--set run.progress=never --run-dir '" +
+          (dir_ / "mlp").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const auto& record : train_records(dir_ / "mlp")) EXPECT_FALSE(record.contains("mfu"));
+}
+
 }  // namespace

@@ -14,7 +14,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using trainer::test_support::Cli;
+using trainer::test_support::float_tensors;
 using trainer::test_support::read_file;
+using trainer::test_support::step_file;
 using trainer::test_support::write_image_folder;
 
 // Every record of metrics.jsonl without its timing field, one string per line.
@@ -75,8 +77,9 @@ TEST_F(Cli, ResumingWithAnotherScheduleSaysHowTheLearningRateChanges) {
   r = run(kSynthetic + " --set train.epochs=0 --set train.max_steps=40 --run-dir '" + b.string() +
           "' --resume auto");
   ASSERT_EQ(r.code, 0) << r.err;
-  const size_t at = r.err.find("with another learning-rate schedule (over 40 steps, the "
-                               "checkpoint's run over 20): the next step's learning rate is ");
+  const size_t at = r.err.find(
+      "with another learning-rate schedule (over 40 steps, the "
+      "checkpoint's run over 20): the next step's learning rate is ");
   ASSERT_NE(at, std::string::npos) << r.err;
   const std::string rest = r.err.substr(r.err.find("rate is ", at) + 8);
   const double now = std::stod(rest);
@@ -287,3 +290,60 @@ TEST_F(Cli, OldCheckpointsResumeWithEveryOptimizerImplementation) {
 }
 
 }  // namespace
+
+// A tied gpt (lm_head.weight is transformer.wte.weight) stores that tensor once, as safetensors'
+// save_model stores shared tensors: its checkpoint is the untied model's less the head and the
+// head's two AdamW moments. It resumes bitwise (saved synchronously and asynchronously), and
+// export and eval read the head under its own name again.
+TEST_F(Cli, TiedWeightsAreStoredOnceAndResumeBitwise) {
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + "\n";
+  const auto corpus = write("corpus.txt", text);
+  const std::string gpt = "--config configs/gpt_char.yaml --set data.root='" + corpus.string() +
+                          "' --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2 "
+                          "--set model.block_size=16 --set data.batch_size=4 --set train.epochs=0 "
+                          "--set train.max_steps=6 --set run.log_every=1 --set run.progress=never "
+                          "--set run.eval_every=3 ";
+  const auto a = dir_ / "a", b = dir_ / "b", c = dir_ / "c", untied = dir_ / "u";
+  ASSERT_EQ(run(gpt + "--run-dir '" + a.string() + "'").code, 0);
+  for (const auto& [dir, extra] : std::vector<std::pair<fs::path, std::string>>{
+           {b, ""}, {c, "--set run.checkpoint_async=true "}}) {
+    auto r = run(gpt + extra + "--set train.stop_at_step=3 --run-dir '" + dir.string() + "'");
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = run(gpt + extra + "--resume auto --run-dir '" + dir.string() + "'");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("resumed from"), std::string::npos) << r.err;
+    for (const char* split : {"train", "val"}) {
+      const auto ma = metrics(a, split), mb = metrics(dir, split);
+      ASSERT_EQ(ma.size(), mb.size()) << split;
+      for (size_t i = 0; i < ma.size(); ++i) {
+        EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << split << " " << i;
+      }
+    }
+  }
+  auto r = run(gpt + "--set model.tie_embeddings=false --set train.stop_at_step=3 --run-dir '" +
+               untied.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const auto& dir : {b, c}) {
+    const auto tied = dir / "checkpoints" / step_file(3);
+    const auto names = float_tensors(tied, "model.");
+    EXPECT_EQ(names.count("model.lm_head.weight"), 0u);
+    ASSERT_EQ(names.count("model.transformer.wte.weight"), 1u);
+    const double head = static_cast<double>(names.at("model.transformer.wte.weight").size() * 4);
+    const double saved = static_cast<double>(fs::file_size(untied / "checkpoints" / step_file(3))) -
+                         static_cast<double>(fs::file_size(tied));
+    EXPECT_NEAR(saved, 3 * head, 2048.0) << "head " << head;  // the header's lines differ a little
+  }
+  const auto out = dir_ / "w.safetensors";
+  r = run("export --checkpoint '" + (b / "checkpoints" / step_file(6)).string() + "' --out '" +
+          out.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto weights = float_tensors(out);
+  ASSERT_EQ(weights.count("lm_head.weight"), 1u);
+  EXPECT_EQ(weights.at("lm_head.weight"), weights.at("transformer.wte.weight"));
+  r = run("eval --checkpoint '" + b.string() + "' --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double val = metrics(a, "val").back()["loss"].get<double>();
+  EXPECT_NEAR(nlohmann::json::parse(r.out).at("loss").get<double>(), val, 1e-6 * val);
+}

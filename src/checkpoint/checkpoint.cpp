@@ -11,9 +11,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 
+#include "checkpoint/shared_tensors.h"
 #include "util/fileio.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -59,8 +62,10 @@ std::map<std::string, double> read_metrics(const nlohmann::json& j) {
 }
 
 // The manifest's entries, oldest first; nullopt when there is none or it cannot be read (with a
-// warning naming it).
-std::optional<std::vector<Entry>> read_manifest(const std::string& dir) {
+// warning naming it, given to `warn`).
+std::optional<std::vector<Entry>> read_manifest(
+    const std::string& dir, const std::function<void(const std::string&)>& warn =
+                                [](const std::string& m) { log::warn(m); }) {
   const std::string path = dir + "/" + kManifest;
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
@@ -78,8 +83,8 @@ std::optional<std::vector<Entry>> read_manifest(const std::string& dir) {
       out.push_back(std::move(entry));
     }
   } catch (const std::exception& e) {
-    log::warn(path + ": unreadable manifest (" + e.what() +
-              "); using the checkpoint files beside it instead");
+    warn(path + ": unreadable manifest (" + e.what() +
+         "); using the checkpoint files beside it instead");
     return std::nullopt;
   }
   std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step < b.step; });
@@ -167,6 +172,9 @@ void assemble_shards(State& state, const std::string& path) {
     } catch (const FormatError& e) {
       throw CorruptCheckpoint(e.what());
     }
+    if (const auto bad = restore_aliases(file); !bad.empty()) {
+      throw CorruptCheckpoint(shard + ": " + bad);
+    }
     add_pieces(desc, shard, file, whole);
   }
   for (auto& [name, a] : whole) {
@@ -240,6 +248,7 @@ State parse(const std::vector<uint8_t>& bytes, const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw CorruptCheckpoint(path + ": checkpoint metadata is not JSON: " + e.what());
   }
+  if (const auto bad = restore_aliases(f); !bad.empty()) throw CorruptCheckpoint(path + ": " + bad);
   s.tensors = std::move(f.tensors);
   return s;
 }
@@ -285,12 +294,15 @@ nlohmann::json write_shard(const std::string& dir, int64_t step, int rank, int w
     tensors.emplace_back(p.name, p.data);
     index.push_back({p.name, p.shape, p.offset});
   }
+  std::map<std::string, std::string> metadata;
+  tensors = stored_once(tensors, metadata);
   uint64_t bytes = 0;
   XXH64_state_t* hash = XXH64_createState();
   XXH64_reset(hash, /*seed=*/0);
   try {
     write_atomically(
-        shards + "/" + name, [&](const ByteSink& sink) { write_safetensors(tensors, {}, sink); },
+        shards + "/" + name,
+        [&](const ByteSink& sink) { write_safetensors(tensors, metadata, sink); },
         [&](const void* data, size_t size) {
           XXH64_update(hash, data, size);
           bytes += size;
@@ -327,6 +339,14 @@ Directory::Directory(std::string dir, int64_t keep_last, std::string keep_best)
       keep_last_(std::max<int64_t>(keep_last, 1)),
       keep_best_(std::move(keep_best)) {}
 
+void Directory::warn_once(const std::string& message) const {
+  {
+    const std::lock_guard<std::mutex> lock(warned_mutex_);
+    if (!warned_.insert(message).second) return;
+  }
+  log::warn(message);
+}
+
 void Directory::remove_stale_temporaries() const {
   // Left by a process killed mid-write; one process writes a run's checkpoints at a time.
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(dir_.c_str()), &::closedir);
@@ -338,7 +358,7 @@ void Directory::remove_stale_temporaries() const {
 }
 
 std::vector<Entry> Directory::entries() const {
-  auto listed = read_manifest(dir_);
+  auto listed = read_manifest(dir_, [this](const std::string& m) { warn_once(m); });
   std::vector<Entry> all = listed ? std::move(*listed) : std::vector<Entry>{};
   std::set<std::string> known;
   for (const auto& e : all) known.insert(e.file);
@@ -368,7 +388,7 @@ std::optional<Entry> Directory::adopt(const std::string& name) const {
     entry.xxh64 = xxh64_hex(bytes);
     return entry;
   } catch (const std::exception& e) {
-    log::warn(std::string(e.what()) + "; not a usable checkpoint, left as it is");
+    warn_once(std::string(e.what()) + "; not a usable checkpoint, left as it is");
     return std::nullopt;
   }
 }
@@ -419,14 +439,13 @@ std::string Directory::save(int64_t step, const State& state,
   entry.step = step;
   entry.metrics = metrics;
   const std::string path = dir_ + "/" + entry.file;
+  std::map<std::string, std::string> metadata{{kMetaKey, state.meta.dump()}};
+  const NamedTensors tensors = stored_once(state.tensors, metadata);  // a tied weight once
   XXH64_state_t* hash = XXH64_createState();
   XXH64_reset(hash, /*seed=*/0);
   try {
     write_atomically(
-        path,
-        [&](const ByteSink& sink) {
-          write_safetensors(state.tensors, {{kMetaKey, state.meta.dump()}}, sink);
-        },
+        path, [&](const ByteSink& sink) { write_safetensors(tensors, metadata, sink); },
         [&](const void* data, size_t size) {
           XXH64_update(hash, data, size);
           entry.bytes += size;
@@ -462,7 +481,7 @@ std::vector<Entry> Directory::write_pruned(std::vector<Entry> all) const {
 }
 
 void Directory::enter_unlisted() {
-  const auto listed = read_manifest(dir_);
+  const auto listed = read_manifest(dir_, [this](const std::string& m) { warn_once(m); });
   std::vector<Entry> all = entries();
   if (listed && listed->size() == all.size()) return;  // every file listed already
   if (!all.empty()) write_pruned(std::move(all));
@@ -519,9 +538,11 @@ std::optional<std::pair<std::string, State>> Directory::load_latest() const {
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const std::string path = dir_ + "/" + it->file;
     try {
-      return std::make_pair(path, load_verified(path, &*it));
+      State state = load_verified(path, &*it);
+      // Each newer one that failed, said once: here, or in the error when none verifies.
+      for (const auto& f : failures) log::warn(f + "; trying the previous checkpoint");
+      return std::make_pair(path, std::move(state));
     } catch (const CorruptCheckpoint& e) {
-      log::warn(std::string(e.what()) + "; trying the previous checkpoint");
       failures.emplace_back(e.what());
     }
   }

@@ -2,6 +2,11 @@
 // (step_00001234.safetensors, the engine's tensors plus its JSON metadata) and manifest.json,
 // which lists them with their step, size, xxHash64 checksum and validation metrics.
 //
+// A tensor given under several names that is one tensor (the same view of the same memory: a
+// tied weight, as lm_head.weight is transformer.wte.weight) is stored once, as safetensors'
+// save_model stores shared tensors; the file's metadata "trainer.aliases" names, for each name
+// left out, the one it is stored under, and loading gives it under every name again.
+//
 // Every file is written atomically (util/fileio.h), the checkpoint before the manifest that names
 // it, so a crash at any moment leaves a manifest whose checkpoints are all complete.
 #pragma once
@@ -10,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -99,9 +105,15 @@ class Directory {
   // and the folder, when it lists none).
   void remove_unlisted_shard_files(int64_t step, const nlohmann::json& meta) const;
 
+  // Logs `message` as a warning unless this directory has logged it before: an unusable file or
+  // manifest is found again at every listing (the resume, each save), and said once.
+  void warn_once(const std::string& message) const;
+
   std::string dir_;
   int64_t keep_last_;
   std::string keep_best_;
+  mutable std::mutex warned_mutex_;       // guards warned_ (a save may run on a writer thread)
+  mutable std::set<std::string> warned_;  // the warnings warn_once has logged
 };
 
 // Sharded checkpoints (dist.strategy fsdp): every process writes its pieces of the sharded tensors

@@ -356,13 +356,33 @@ void SafetensorsReader::read_into(const SafetensorsEntry& entry, const torch::Te
     dst.copy_(read(entry).view(dst.sizes()));
     return;
   }
+  read_range_into(entry, 0, dst, chunk_bytes);
+}
+
+void SafetensorsReader::read_range_into(const SafetensorsEntry& entry, int64_t first,
+                                        const torch::Tensor& dst, size_t chunk_bytes) const {
+  const size_t element = c10::elementSize(entry.dtype);
+  const int64_t count = dst.numel();
+  if (first < 0 || static_cast<uint64_t>(first + count) * element > entry.bytes ||
+      !dst.device().is_cpu() || !dst.is_contiguous()) {
+    throw std::invalid_argument("safetensors: elements [" + std::to_string(first) + ", " +
+                                std::to_string(first + count) + ") of " + entry.name +
+                                " read into a tensor on " + dst.device().str() +
+                                "; expected a range of the tensor, contiguous on the CPU");
+  }
+  torch::NoGradGuard no_grad;
+  const uint64_t start_byte = entry.offset + static_cast<uint64_t>(first) * element;
+  if (dst.scalar_type() == entry.dtype) {
+    if (count > 0) read_bytes_at(start_byte, dst.data_ptr(), static_cast<size_t>(count) * element);
+    return;
+  }
   const auto flat = dst.view({-1});
   const int64_t per_chunk = std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes / element));
   auto buffer = torch::empty({std::min(per_chunk, count)}, torch::TensorOptions(entry.dtype));
   for (int64_t start = 0; start < count; start += per_chunk) {
     const int64_t n = std::min(per_chunk, count - start);
     auto part = buffer.narrow(0, 0, n);
-    read_bytes_at(entry.offset + static_cast<uint64_t>(start) * element, part.data_ptr(),
+    read_bytes_at(start_byte + static_cast<uint64_t>(start) * element, part.data_ptr(),
                   static_cast<size_t>(n) * element);
     flat.narrow(0, start, n).copy_(part);
   }

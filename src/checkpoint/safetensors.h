@@ -82,6 +82,12 @@ class SafetensorsReader {
   // shrank or an I/O error).
   void read_into(const SafetensorsEntry& entry, const torch::Tensor& dst,
                  size_t chunk_bytes = size_t{64} << 20) const;
+  // Reads elements [first, first + dst.numel()) of `entry` flattened (row-major, as the file
+  // holds them) into `dst`, a contiguous tensor on the CPU, converted to its dtype as read_into
+  // converts: the part of a tensor that one rank keeps. Throws std::invalid_argument when the
+  // range passes the tensor's end, FormatError as read_into.
+  void read_range_into(const SafetensorsEntry& entry, int64_t first, const torch::Tensor& dst,
+                       size_t chunk_bytes = size_t{64} << 20) const;
   // The tensor `entry` in the file's dtype, on the CPU.
   torch::Tensor read(const SafetensorsEntry& entry) const;
 

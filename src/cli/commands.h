@@ -76,7 +76,14 @@ std::string cuda_build_version();
 std::string version_text();
 
 // trainer launch [options] -- <trainer arguments>; argv[0] is "launch". Returns the exit code.
+// Worker arguments of a training run are checked first (check_train_args): a bad command line or
+// config is reported once, by the launcher, before any worker starts.
 int launch_command(int argc, char** argv);
+
+// Checks the arguments of a training run (`args`: after the program's name; "train" or an option
+// first, else nothing is checked): its command line and its config, as train_command reads them.
+// Throws UsageError or config::ConfigError. Reads no data and starts nothing.
+void check_train_args(const std::vector<std::string>& args);
 
 // Runs this trainer binary with `trainer_args` as a local job of `nproc` ranks, as
 // `trainer launch --standalone --nproc-per-node <nproc> -- <trainer_args>` does; returns the

@@ -2,7 +2,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cinttypes>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -68,8 +70,45 @@ nlohmann::json facts_json(const doctor::Facts& f) {
           {"container", f.container}};
 }
 
-std::string gib(int64_t bytes) {
-  return strprintf("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+// Bytes in the largest binary unit that keeps the figure at 1 or more: "512 B", "3.2 MiB",
+// "139.8 GiB" (a small model's memory does not round to "0.0 GiB").
+std::string bytes_text(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  auto value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (unit + 1 < std::size(units) && (value >= 1024.0 || value <= -1024.0)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return strprintf("%" PRId64 " B", bytes);
+  return strprintf("%.1f %s", value, units[unit]);
+}
+
+// Why bfloat16 autocast needs more than float32 at `batch`, when it does ("" otherwise). Autocast
+// runs the loss (a softmax over the model's outputs) in float32: the outputs are held in bfloat16
+// and again in float32, which for a large vocabulary outweighs what bfloat16 saves on the other
+// activations; and it holds a bfloat16 copy of each weight while a step runs, a fixed cost that
+// smaller activations pay back only from some batch on.
+std::string bf16_note(const engine::MemoryEstimate& fp32, const engine::MemoryEstimate& bf16,
+                      int64_t batch) {
+  if (bf16.total(batch) <= fp32.total(batch)) return "";
+  const int64_t per_sample = bf16.step_bytes_per_sample,
+                fp32_per_sample = fp32.step_bytes_per_sample;
+  if (per_sample >= fp32_per_sample) {
+    return " (more than float32: " + bytes_text(per_sample) + " a sample against " +
+           bytes_text(fp32_per_sample) +
+           ", as autocast computes the loss in float32, holding the model's outputs in bfloat16 "
+           "and again in float32; with a large vocabulary they outweigh what bfloat16 saves on "
+           "the other activations)";
+  }
+  const int64_t fixed = bf16.total(0) - fp32.total(0);
+  const int64_t saved = fp32_per_sample - per_sample;
+  const int64_t from = (fixed + saved - 1) / saved;  // the first batch where bfloat16 needs less
+  return strprintf(
+      " (more than float32 at this batch: autocast holds bfloat16 copies of the "
+      "weights while a step runs, %s more before any sample; it saves %s a sample, "
+      "so it needs less from batch %" PRId64 " on)",
+      bytes_text(fixed).c_str(), bytes_text(saved).c_str(), from);
 }
 
 // Where a step's memory must fit: the smallest GPU, or the machine's memory when there is none.
@@ -80,10 +119,12 @@ struct Capacity {
 };
 
 Capacity smallest_device(const doctor::Facts& facts) {
-  Capacity c{facts.memory_mb, "the machine's " + gib(facts.memory_mb << 20) + " of memory", false};
+  Capacity c{facts.memory_mb, "the machine's " + bytes_text(facts.memory_mb << 20) + " of memory",
+             false};
   for (const auto& g : facts.gpus) {
     if (!c.gpu || g.total_mb < c.mb)
-      c = {g.total_mb, "GPU " + std::to_string(g.index) + "'s " + gib(g.total_mb << 20), true};
+      c = {g.total_mb, "GPU " + std::to_string(g.index) + "'s " + bytes_text(g.total_mb << 20),
+           true};
   }
   return c;
 }
@@ -109,19 +150,19 @@ std::vector<std::string> memory_remedies(engine::Trainer& trainer,
     if (planned.total(batch / split) <= usable) {
       remedies.push_back(strprintf(
           "data.batch_size %" PRId64 " with train.grad_accum_steps %" PRId64 ": %s", batch / split,
-          cfg.train.grad_accum_steps * split, gib(planned.total(batch / split)).c_str()));
+          cfg.train.grad_accum_steps * split, bytes_text(planned.total(batch / split)).c_str()));
       break;
     }
   }
   if (!use_bf16)
-    remedies.push_back("amp.enabled with amp.dtype bfloat16: " + gib(bf16.total(batch)));
+    remedies.push_back("amp.enabled with amp.dtype bfloat16: " + bytes_text(bf16.total(batch)));
   if (cfg.model.checkpointing == "none") {
     try {
       const auto e = trainer.estimate_memory(use_bf16, /*checkpointing=*/"blocks");
       remedies.push_back(
           "model.checkpointing blocks (recomputes each block in backward: one more forward per "
           "step): " +
-          gib(e.total(batch)));
+          bytes_text(e.total(batch)));
     } catch (const models::ModelError&) {
       // A model without blocks.
     }
@@ -132,14 +173,14 @@ std::vector<std::string> memory_remedies(engine::Trainer& trainer,
           "dist.strategy fsdp on %" PRId64
           " GPUs (parameters, gradients and optimizer state sharded; trainer --nproc-per-node "
           "auto): %s per GPU",
-          gpus, gib(planned.fsdp_total(batch, gpus)).c_str()));
+          gpus, bytes_text(planned.fsdp_total(batch, gpus)).c_str()));
       break;
     }
   }
   for (int64_t gpus = 2; gpus <= 64; gpus *= 2) {
     if (planned.total(batch / gpus) <= usable) {
       remedies.push_back(strprintf("%" PRId64 " GPUs at data.batch_size %" PRId64 " each: %s", gpus,
-                                   batch / gpus, gib(planned.total(batch / gpus)).c_str()));
+                                   batch / gpus, bytes_text(planned.total(batch / gpus)).c_str()));
       break;
     }
   }
@@ -178,11 +219,11 @@ std::string parallel_note(const engine::MemoryEstimate& planned, int64_t batch, 
     return strprintf("; with dist.tp_size %" PRId64 " over %" PRId64 " processes (%" PRId64
                      " data-parallel%s) %s per process",
                      tp, world, std::max<int64_t>(world / tp, 1), fsdp ? ", fsdp" : "",
-                     gib(planned.tp_total(batch, tp, world, fsdp)).c_str());
+                     bytes_text(planned.tp_total(batch, tp, world, fsdp)).c_str());
   }
   if (!fsdp && fits) return "";
   return strprintf("; with dist.strategy fsdp on %" PRId64 " process%s %s per process", world,
-                   world == 1 ? "" : "es", gib(planned.fsdp_total(batch, world)).c_str());
+                   world == 1 ? "" : "es", bytes_text(planned.fsdp_total(batch, world)).c_str());
 }
 
 // The memory a config's training step needs per process, against the device's capacity; the
@@ -222,11 +263,12 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
   std::string message = strprintf(
       "%s%s at batch %" PRId64
       " per process: %s in float32 (parameters %s, optimizer %s, step %s), %s "
-      "with bfloat16 autocast; %s",
-      cfg.model.name.c_str(), checkpointing.c_str(), batch, gib(fp32.total(batch)).c_str(),
-      gib(fp32.params_bytes).c_str(), gib(fp32.optimizer_bytes).c_str(),
-      gib(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
-      gib(bf16.total(batch)).c_str(), capacity.where.c_str());
+      "with bfloat16 autocast%s; %s",
+      cfg.model.name.c_str(), checkpointing.c_str(), batch, bytes_text(fp32.total(batch)).c_str(),
+      bytes_text(fp32.params_bytes).c_str(), bytes_text(fp32.optimizer_bytes).c_str(),
+      bytes_text(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
+      bytes_text(bf16.total(batch)).c_str(), bf16_note(fp32, bf16, batch).c_str(),
+      capacity.where.c_str());
   message += parallel_note(planned, batch, world, tp, fsdp, fits);
   if (measure_batch > 0) {
     // One real step at that batch, to check the extrapolation against.

@@ -96,7 +96,7 @@ cxxopts::Options export_options() {
       ("weights", "ema: the checkpoint's average of the weights (train.ema), the default where it "
        "holds one; raw: the trained weights", cxxopts::value<std::string>(), "ema|raw")
       ("format", "pt: PyTorch state-dict names; hf: a Hugging Face folder (model.safetensors, "
-       "config.json, generation_config.json, the tokenizer files of the run's pretrained folder) "
+       "config.json, generation_config.json, the tokenizer files of the run's tokenizer) "
        "that transformers' from_pretrained loads (gpt: GPT2LMHeadModel; llama: Llama, Qwen 2 "
        "or Qwen 3)",
        cxxopts::value<std::string>()->default_value("pt"), "pt|hf|peft")
@@ -109,6 +109,9 @@ cxxopts::Options export_options() {
       ("dtype", "--format hf: the weights' dtype; auto: that of the run's model.pretrained "
        "folder, else the checkpoint's", cxxopts::value<std::string>()->default_value("auto"),
        "auto|float32|bfloat16|float16")
+      ("tokenizer", "--format hf: the tokenizer whose files the folder gets (a tokenizer.json, a "
+       "folder holding one, or GPT-2's encoder.json and vocab.bpe); default: the run's "
+       "data.tokenizer, else its model.pretrained folder", cxxopts::value<std::string>(), "PATH")
       ("h,help", "print this help");
   // clang-format on
   return options;
@@ -154,11 +157,13 @@ int export_command(int argc, char** argv) {
                      model,
                      config,
                      parse_shard_size(args["max-shard-size"].as<std::string>()),
-                     args["dtype"].as<std::string>()};
+                     args["dtype"].as<std::string>(),
+                     args.count("tokenizer") ? args["tokenizer"].as<std::string>() : ""};
     return export_hf(e, hf_weights(path, state.meta, weights, args.count("merge") > 0));
   }
   if (format != "pt") throw UsageError("--format: expected pt, hf or peft, got '" + format + "'");
   if (args.count("merge")) throw UsageError("--merge goes with --format hf");
+  if (args.count("tokenizer")) throw UsageError("--tokenizer goes with --format hf");
   const auto metadata = pt_metadata(state, model, step);
   write_atomically(
       out, [&](const ByteSink& sink) { checkpoint::write_safetensors(weights, metadata, sink); });

@@ -103,16 +103,68 @@ std::string generation_config(const std::string& source, const nlohmann::json& c
   return g.dump(2) + "\n";
 }
 
-// Copies the source folder's tokenizer files into `out`; returns their names.
+// A string of the run's flattened config, or "".
+std::string config_string(const HfExport& e, const char* key) {
+  const auto& c = e.config;
+  return c.contains(key) && c[key].is_string() ? c[key].get<std::string>() : std::string();
+}
+
+// Where the tokenizer files come from: --tokenizer, else the run's data.tokenizer (chat data),
+// else its model.pretrained folder (a folder, or the folder of a weights file in one); "" for
+// none. A path from the run that is gone is a warning and "".
+std::string tokenizer_source(const HfExport& e, const std::string& pretrained_folder) {
+  if (!e.tokenizer.empty()) {
+    std::error_code ec;
+    if (!fs::exists(e.tokenizer, ec)) {
+      throw UsageError("--tokenizer " + e.tokenizer +
+                       ": no such file or folder (a tokenizer.json, a folder holding one, or "
+                       "GPT-2's encoder.json and vocab.bpe)");
+    }
+    return e.tokenizer;
+  }
+  const std::string data = config_string(e, "data.tokenizer");
+  std::error_code ec;
+  if (!data.empty()) {
+    if (fs::exists(data, ec)) return data;
+    log::warn("export: the run's data.tokenizer " + data + " is gone; its files are not copied");
+  }
+  if (!pretrained_folder.empty()) return pretrained_folder;
+  const std::string pretrained = config_string(e, "model.pretrained");
+  if (!pretrained.empty() && fs::is_regular_file(pretrained, ec)) {
+    return fs::path(pretrained).parent_path().string();  // a weights file in a model folder
+  }
+  return "";
+}
+
+// Copies `from` to `out`/`name`; returns `name`.
+std::string copy_file(const fs::path& from, const std::string& out, const std::string& name) {
+  const auto bytes = read_bytes(from.string());
+  write_atomically((fs::path(out) / name).string(),
+                   [&](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
+  return name;
+}
+
+// Copies the tokenizer files of `source` (tokenizer_source()) into `out` under the names
+// transformers' AutoTokenizer reads: a folder's Hugging Face tokenizer files (GPT-2's encoder.json
+// and vocab.bpe as vocab.json and merges.txt, which they are), a tokenizer.json file with the
+// files beside it. Returns their names.
 std::vector<std::string> copy_tokenizer_files(const std::string& source, const std::string& out) {
   std::vector<std::string> copied;
   if (source.empty()) return copied;
-  for (const auto& name : checkpoint::hf_side_files(source)) {
-    if (name == "generation_config.json") continue;
-    const auto bytes = read_bytes((fs::path(source) / name).string());
-    write_atomically((fs::path(out) / name).string(),
-                     [&](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
-    copied.push_back(name);
+  std::error_code ec;
+  const bool file = fs::is_regular_file(source, ec);
+  const fs::path dir = file ? fs::path(source).parent_path() : fs::path(source);
+  for (const auto& name : checkpoint::hf_side_files(dir.empty() ? "." : dir.string())) {
+    if (name == "generation_config.json" || (file && name == "tokenizer.json")) continue;
+    copied.push_back(copy_file(dir / name, out, name));
+  }
+  if (file) {
+    copied.push_back(copy_file(source, out, "tokenizer.json"));
+  } else if (!fs::exists(dir / "vocab.json", ec) && !fs::exists(dir / "tokenizer.json", ec) &&
+             fs::is_regular_file(dir / "encoder.json", ec) &&
+             fs::is_regular_file(dir / "vocab.bpe", ec)) {
+    copied.push_back(copy_file(dir / "encoder.json", out, "vocab.json"));
+    copied.push_back(copy_file(dir / "vocab.bpe", out, "merges.txt"));
   }
   return copied;
 }
@@ -188,7 +240,9 @@ int export_hf(const HfExport& e, const checkpoint::NamedTensors& weights) {
   write_text_atomically((fs::path(e.out) / "generation_config.json").string(),
                         generation_config(source, config));
   std::string written;
-  for (const auto& name : copy_tokenizer_files(source, e.out)) written += ", " + name;
+  for (const auto& name : copy_tokenizer_files(tokenizer_source(e, source), e.out)) {
+    written += ", " + name;
+  }
   std::cout << "wrote " << e.out << ": " << hf->name << " (" << config.value("model_type", "")
             << ", " << dtype_name(dtype) << "), " << tensors.size() << " tensors in "
             << (files.size() > 1 ? files.size() - 1 : 1) << " safetensors files, config.json, "

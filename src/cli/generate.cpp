@@ -1,10 +1,12 @@
 // trainer generate: text sampled from a language model checkpoint, streamed as it is produced;
 // bytes, or a byte-level BPE tokenizer's tokens with --tokenizer (tokenizer.json, a Hugging Face
-// model folder, or GPT-2's encoder.json and vocab.bpe).
+// model folder, or GPT-2's encoder.json and vocab.bpe). With --chat the prompt is a user message
+// rendered with the model's chat template (data/chat_template.h) and the reply alone is printed.
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -20,10 +22,14 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/tokenizer_option.h"
+#include "data/chat.h"
+#include "data/chat_encode.h"
 #include "distributed/env.h"
 #include "engine/loop/trainer.h"
 #include "engine/use/generator.h"
 #include "util/format.h"
+#include "util/log.h"
+#include "util/strings.h"
 
 namespace trainer::cli {
 namespace {
@@ -77,6 +83,12 @@ cxxopts::Options generate_options() {
        cxxopts::value<std::string>(), "PATH")
       ("prompt", "the text to continue", cxxopts::value<std::string>()->default_value(""), "TEXT")
       ("prompt-file", "the text to continue, from a file", cxxopts::value<std::string>(), "FILE")
+      ("chat", "the prompt is a user message: rendered with the model's chat template (the run's "
+       "data.chat_template, else the one recognised in the tokenizer folder's "
+       "tokenizer_config.json) and the assistant's generation prompt; prints the reply alone, "
+       "ended at the template's end-of-turn token")
+      ("system", "with --chat: a system message before the user's", cxxopts::value<std::string>(),
+       "TEXT")
       ("max-new-tokens", "tokens to generate", cxxopts::value<int64_t>()->default_value("256"), "N")
       ("temperature", "divides the logits; 0 = the likeliest token",
        cxxopts::value<double>()->default_value("1.0"), "T")
@@ -115,10 +127,19 @@ std::vector<int64_t> tokenizer_ids(const data::BpeTokenizer& bpe, const std::str
   return ids;
 }
 
-// The tokenizer: --tokenizer, else the tokenizer.json of the model's Hugging Face folder
-// (model.pretrained: DIR); "" for none.
+// The data.chat_template, data.chat_date and data.tokenizer of a run on chat data; null for a run
+// on other data.
+const data::ChatOptions* chat_options(const config::LoadedConfig& loaded) {
+  const auto& d = loaded.cfg.data;
+  return d.name == "chat" ? &d.own<data::ChatOptions>() : nullptr;
+}
+
+// The tokenizer: --tokenizer, else a chat run's data.tokenizer, else the tokenizer.json of the
+// model's Hugging Face folder (model.pretrained: DIR); "" for none.
 std::string tokenizer_path(const cxxopts::ParseResult& args, const config::LoadedConfig& loaded) {
   if (args.count("tokenizer")) return args["tokenizer"].as<std::string>();
+  const data::ChatOptions* chat = chat_options(loaded);
+  if (chat && !chat->tokenizer.empty()) return chat->tokenizer;
   const std::string& dir = loaded.cfg.model.pretrained;
   std::error_code ec;
   const bool has =
@@ -127,17 +148,23 @@ std::string tokenizer_path(const cxxopts::ParseResult& args, const config::Loade
   return has ? dir : "";
 }
 
+// The tokenizer at `path`, whose ids the model's `vocabulary` must hold.
+std::unique_ptr<data::BpeTokenizer> model_tokenizer(const std::string& path, int64_t vocabulary) {
+  auto bpe = std::make_unique<data::BpeTokenizer>(load_tokenizer_or_usage(path));
+  if (vocabulary < bpe->vocab_size()) {
+    throw UsageError("--tokenizer: the model's vocabulary has " + std::to_string(vocabulary) +
+                     " tokens, fewer than the tokenizer's " + std::to_string(bpe->vocab_size()));
+  }
+  return bpe;
+}
+
 // The prompt's tokens: the `tokenizer`'s (its tokenizer into `bpe`), else bytes; the model's
 // `vocabulary` must hold them.
 std::vector<int64_t> prompt_ids(const std::string& tokenizer, const std::string& text,
                                 int64_t vocabulary, std::unique_ptr<data::BpeTokenizer>& bpe) {
   std::vector<int64_t> ids;
   if (!tokenizer.empty()) {
-    bpe = std::make_unique<data::BpeTokenizer>(load_tokenizer_or_usage(tokenizer));
-    if (vocabulary < bpe->vocab_size()) {
-      throw UsageError("--tokenizer: the model's vocabulary has " + std::to_string(vocabulary) +
-                       " tokens, fewer than the tokenizer's " + std::to_string(bpe->vocab_size()));
-    }
+    bpe = model_tokenizer(tokenizer, vocabulary);
     ids = tokenizer_ids(*bpe, text);
   } else if (vocabulary != kByteVocabulary) {
     throw UsageError("generate: the model's vocabulary has " + std::to_string(vocabulary) +
@@ -169,6 +196,76 @@ std::vector<int64_t> stop_ids(const cxxopts::ParseResult& args,
   return {};
 }
 
+// What generate continues: the prompt's ids, the text printed before each sample (the prompt
+// itself; nothing with --chat), the tokenizer (null: bytes) and the tokens drawn but not printed
+// (--chat's end of the reply).
+struct Prompt {
+  std::vector<int64_t> ids;
+  std::string echo;
+  std::unique_ptr<data::BpeTokenizer> bpe;
+  std::vector<int64_t> unprinted;
+};
+
+// The text to continue: the prompt as given, else a start as nanoGPT's sample.py has (a newline
+// byte, or the tokenizer's bos: GPT-2's <|endoftext|>).
+Prompt text_prompt(const cxxopts::ParseResult& args, const config::LoadedConfig& loaded,
+                   int64_t vocabulary) {
+  if (args.count("system")) throw UsageError("--system gives --chat's system message; add --chat");
+  const std::string given = prompt_text(args);
+  const std::string tokenizer = tokenizer_path(args, loaded);
+  Prompt p;
+  p.echo = given.empty() && tokenizer.empty() ? "\n" : given;
+  p.ids = prompt_ids(tokenizer, p.echo, vocabulary, p.bpe);
+  return p;
+}
+
+// The folder holding the tokenizer at `path` (its tokenizer_config.json and chat template).
+std::string tokenizer_folder(const std::string& path) {
+  if (checkpoint::is_directory(path)) return path;
+  const auto parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+// --chat: [--system's message,] the prompt as a user message, rendered in the run's chat format
+// with the generation prompt; the format's end-of-turn token joins `stops` (unless --ignore-eos)
+// and is not printed.
+Prompt chat_prompt(const cxxopts::ParseResult& args, const config::LoadedConfig& loaded,
+                   int64_t vocabulary, std::vector<int64_t>& stops) {
+  const std::string tokenizer = tokenizer_path(args, loaded);
+  if (tokenizer.empty()) {
+    throw UsageError(
+        "generate --chat: no tokenizer to render the chat with; give --tokenizer "
+        "(a Hugging Face model folder with its tokenizer_config.json) or use a run "
+        "with model.pretrained: DIR");
+  }
+  Prompt p;
+  p.bpe = model_tokenizer(tokenizer, vocabulary);
+  const data::ChatOptions* run = chat_options(loaded);
+  std::unique_ptr<data::ChatEncoder> encoder;
+  try {
+    const auto format =
+        data::pick_chat_format(run ? run->chat_template : "auto", tokenizer_folder(tokenizer));
+    encoder = std::make_unique<data::ChatEncoder>(
+        *p.bpe, format, data::chat_specials(*p.bpe, format, run ? run->chat_date : ""),
+        data::TrainOn::assistant);
+  } catch (const data::DataConfigError& e) {
+    const std::string why = e.message().substr(0, e.message().find("; set data.chat_template"));
+    throw UsageError("generate --chat: " + why +
+                     "; set data.chat_template: " + join(data::chat_format_names(), "|") +
+                     " in the run's config (a chat data set's key), or generate without --chat");
+  } catch (const data::ChatEncodeError& e) {
+    throw UsageError(std::string("generate --chat: ") + e.what());
+  }
+  std::vector<data::ChatMessage> messages;
+  if (args.count("system")) messages.push_back({"system", args["system"].as<std::string>(), {}});
+  messages.push_back({"user", prompt_text(args), {}});
+  p.ids = encoder->generation_prompt(messages);
+  const int64_t end = encoder->end_of_turn_id();
+  if (end >= 0 && !args.count("ignore-eos")) stops.push_back(end);
+  p.unprinted = stops;
+  return p;
+}
+
 }  // namespace
 
 int generate_command(int argc, char** argv) {
@@ -192,26 +289,27 @@ int generate_command(int argc, char** argv) {
     throw UsageError("generate: " + checkpoint + " holds a " + loaded.cfg.model.name +
                      ", which is not a language model (gpt is)");
   }
-  const std::string given = prompt_text(args);
-  // Without a prompt, a start as nanoGPT's sample.py has: a newline byte, or the tokenizer's bos
-  // (GPT-2's <|endoftext|>).
-  const std::string tokenizer = tokenizer_path(args, loaded);
-  const std::string text = given.empty() && tokenizer.empty() ? "\n" : given;
-  // The text's tokens and each token's bytes: the tokenizer's, or the bytes themselves.
-  std::unique_ptr<data::BpeTokenizer> bpe;
-  const std::vector<int64_t> ids = prompt_ids(tokenizer, text, decoder->vocabulary(), bpe);
+  const Prompt p = args.count("chat")
+                       ? chat_prompt(args, loaded, decoder->vocabulary(), sampling.stop_ids)
+                       : text_prompt(args, loaded, decoder->vocabulary());
+  std::string listed;
+  for (const int64_t id : p.ids) listed += " " + std::to_string(id);
+  log::debug(strprintf("generate: the prompt's %zu token ids:", p.ids.size()) + listed);
   const auto prompt =
-      torch::tensor(ids, torch::kLong).view({1, -1}).to(trainer.device());  // [1, T]
+      torch::tensor(p.ids, torch::kLong).view({1, -1}).to(trainer.device());  // [1, T]
+  // Each token's bytes: the tokenizer's, or the bytes themselves.
   const auto bytes_of = [&](int64_t id) {
-    if (!bpe) return std::string(1, static_cast<char>(id));
-    return id < bpe->vocab_size() ? bpe->token_bytes(id) : std::string();
+    if (std::find(p.unprinted.begin(), p.unprinted.end(), id) != p.unprinted.end())
+      return std::string();
+    if (!p.bpe) return std::string(1, static_cast<char>(id));
+    return id < p.bpe->vocab_size() ? p.bpe->token_bytes(id) : std::string();
   };
   auto generator = at::detail::createCPUGenerator(sampling.seed);
   int64_t tokens = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < args["num-samples"].as<int64_t>(); ++s) {
     if (s > 0) std::cout << "\n---\n";
-    std::cout << text << std::flush;
+    std::cout << p.echo << std::flush;
     const auto out = engine::generate(*decoder, prompt, sampling, generator,
                                       [&](int64_t id) { std::cout << bytes_of(id) << std::flush; });
     tokens += static_cast<int64_t>(out.size());

@@ -58,6 +58,8 @@ int launch_command(int argc, char** argv) {
     return 0;
   }
   command.options.program = own_executable();
+  // Once here rather than once per worker (and again in the failure report).
+  check_train_args(command.options.args);
   return launch::run(command.options, std::cout, std::cerr, std::cerr);
 }
 

@@ -7,6 +7,8 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -139,6 +141,22 @@ void log_result(const engine::FitResult& result, const engine::Trainer& engine) 
 }
 
 }  // namespace
+
+void check_train_args(const std::vector<std::string>& args) {
+  if (args.empty() || (args[0] != "train" && args[0].rfind('-', 0) != 0)) return;  // not train
+  std::vector<std::string> words = {"trainer"};
+  words.insert(words.end(), args.begin() + (args[0] == "train" ? 1 : 0), args.end());
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  auto options = train_options();
+  const cxxopts::ParseResult parsed =
+      parse_or_usage(options, static_cast<int>(words.size()), argv.data());
+  if (parsed.count("help") || parsed.count("version")) return;
+  if (!parsed.count("config")) throw UsageError("--config FILE is required");
+  load_config(parsed["config"].as<std::string>(), overrides_of(parsed),
+              engine::config_environment());
+}
 
 int train_command(int argc, char** argv) {
   // First: a stop request, even during start-up, ends training after a step, with a checkpoint.

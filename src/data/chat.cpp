@@ -211,6 +211,8 @@ Splits make_chat(const config::DataConfig& cfg, const DataContext& ctx) {
   splits.spec.sample_shape = {seq_len};
   splits.spec.sequence = true;
   splits.spec.num_classes = data.vocab_size;
+  splits.spec.vocabulary_known = true;  // the tokenizer's
+  splits.spec.packed = o.pack;
   splits.train = make_split(std::move(data.train), "train", seq_len, o.pack, data.pad_id);
   splits.val = make_split(std::move(data.val), "val", seq_len, o.pack, data.pad_id);
   return splits;

@@ -1,11 +1,15 @@
 #include "data/chat_encode.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <array>
 #include <string_view>
 #include <utility>
 
 #include "data/dataset.h"
+#include "data/files.h"
+#include "util/log.h"
 #include "util/unicode_nfc.h"
 
 namespace trainer::data {
@@ -29,7 +33,81 @@ size_t tokenized_offset(const std::string& text, size_t b, bool normalize) {
   return normalize ? nfc(std::string_view(text).substr(0, b)).size() : b;
 }
 
+// The chat template text of `folder` (chat_template.jinja, else tokenizer_config.json's
+// chat_template: a string, or the entry named "default" of a list); `source` names the file.
+std::string folder_template(const std::string& folder, std::string& source) {
+  source = folder + "/chat_template.jinja";
+  if (is_file(source)) {
+    const auto bytes = read_file(source);
+    return std::string(bytes.begin(), bytes.end());
+  }
+  source = folder + "/tokenizer_config.json";
+  if (!is_file(source)) return "";
+  const auto bytes = read_file(source);
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(bytes.begin(), bytes.end());
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(source + ": not JSON: " + e.what());
+  }
+  const auto t = config.find("chat_template");
+  if (t == config.end()) return "";
+  if (t->is_string()) return t->get<std::string>();
+  if (t->is_array()) {
+    for (const auto& entry : *t) {
+      if (entry.is_object() && entry.value("name", "") == "default" &&
+          entry.value("template", nlohmann::json()).is_string()) {
+        return entry["template"].get<std::string>();
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
+
+ChatFormat pick_chat_format(const std::string& chat_template, const std::string& folder) {
+  const std::string formats = "llama3|llama3.1|llama3.2|chatml|qwen2|qwen2.5|qwen3|plain";
+  if (chat_template != "auto") {
+    if (const auto named = chat_format_named(chat_template)) return *named;
+    throw DataConfigError("data.chat_template", "\"" + chat_template + "\" is none of " + formats);
+  }
+  std::string source;
+  const std::string text = folder_template(folder, source);
+  if (text.empty()) {
+    throw DataConfigError("data.chat_template",
+                          folder +
+                              " has no chat template (tokenizer_config.json's chat_template "
+                              "or chat_template.jinja); set data.chat_template: " +
+                              formats +
+                              ", or render the data with scripts/render_chat.py into token "
+                              "files for data.name: tokens");
+  }
+  const auto format = recognize_chat_template(text);
+  if (!format) {
+    throw DataConfigError("data.chat_template",
+                          source +
+                              ": its chat template is none of the published ones built in "
+                              "(Llama 3, 3.1, 3.2 Instruct; Qwen 2, 2.5, 3; plain ChatML); "
+                              "set data.chat_template: " +
+                              formats +
+                              " to the format it renders, or render the data with "
+                              "scripts/render_chat.py into token files for data.name: tokens");
+  }
+  log::info("chat: " + source + " holds the published " + chat_format_name(*format) + " template");
+  return *format;
+}
+
+ChatSpecials chat_specials(const BpeTokenizer& tokenizer, ChatFormat format,
+                           const std::string& date) {
+  const auto text = [&](int64_t id) { return id >= 0 ? tokenizer.id_to_token(id) : ""; };
+  ChatSpecials specials;
+  const bool plain = format == ChatFormat::plain;
+  specials.bos = text(plain ? tokenizer.added_bos_id() : tokenizer.bos_id());
+  specials.eos = text(tokenizer.eos_id());
+  specials.date = date;
+  return specials;
+}
 
 const std::vector<std::string>& train_on_names() {
   static const std::vector<std::string> names = [] {
@@ -85,6 +163,19 @@ std::vector<std::pair<size_t, size_t>> ChatEncoder::trained_spans(const ChatReco
       break;
   }
   return spans;
+}
+
+std::vector<int64_t> ChatEncoder::generation_prompt(
+    const std::vector<ChatMessage>& messages) const {
+  return tokenizer_.encode(render_generation_prompt(format_, messages, specials_),
+                           /*allow_special=*/true);
+}
+
+int64_t ChatEncoder::end_of_turn_id() const {
+  const std::string text = chat_end_of_turn(format_, specials_);
+  if (text.empty()) return -1;
+  const auto ids = tokenizer_.encode(text, /*allow_special=*/true);
+  return ids.size() == 1 ? ids[0] : -1;
 }
 
 EncodedChat ChatEncoder::encode(const ChatRecord& record, BpeTokenizer::PieceCache* cache) const {

@@ -38,6 +38,18 @@ class ChatEncodeError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// The chat format of the tokenizer in `folder`, as data.chat_template says: a name of
+// chat_format_names(), or "auto" for the published template recognised in the folder's
+// chat_template.jinja, else its tokenizer_config.json's chat_template (logged). Throws
+// DataConfigError naming data.chat_template when the folder has no template or another one,
+// DataError for a tokenizer_config.json that is not JSON.
+ChatFormat pick_chat_format(const std::string& chat_template, const std::string& folder);
+
+// What `format` renders with `tokenizer` besides the messages: its bos (plain: the bos its
+// post-processor adds), its eos, and `date` (data.chat_date) as Llama 3.1 and 3.2's date.
+ChatSpecials chat_specials(const BpeTokenizer& tokenizer, ChatFormat format,
+                           const std::string& date);
+
 class ChatEncoder {
  public:
   // Checks that `tokenizer` has the format's special tokens (each encoding as one token) and, for
@@ -49,6 +61,15 @@ class ChatEncoder {
   // render, DataError when the tokens do not spell the rendered text back (a tokenizer whose
   // added tokens strip whitespace). Thread-safe with one `cache` per thread (null: none).
   EncodedChat encode(const ChatRecord& record, BpeTokenizer::PieceCache* cache) const;
+
+  // The ids of `messages` rendered with add_generation_prompt=True (render_generation_prompt),
+  // as apply_chat_template(messages, add_generation_prompt=True, tokenize=True) gives them.
+  // Throws ChatRenderError for a role the format does not render.
+  std::vector<int64_t> generation_prompt(const std::vector<ChatMessage>& messages) const;
+
+  // The id of the token that ends an assistant turn (chat_end_of_turn); -1 when the format has
+  // none (plain with a tokenizer without eos).
+  int64_t end_of_turn_id() const;
 
   ChatFormat format() const { return format_; }
   TrainOn train_on() const { return train_on_; }

@@ -1,7 +1,5 @@
 // Reading chat data: the files, the tokenizer and its chat template, and every line rendered and
 // tokenized on all cores (data/chat.h).
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -91,76 +89,12 @@ std::string tokenizer_folder(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-// The chat template text of `folder` (chat_template.jinja, else tokenizer_config.json's
-// chat_template: a string, or the entry named "default" of a list); `source` names the file.
-std::string folder_template(const std::string& folder, std::string& source) {
-  source = folder + "/chat_template.jinja";
-  if (is_file(source)) {
-    const auto bytes = read_file(source);
-    return std::string(bytes.begin(), bytes.end());
-  }
-  source = folder + "/tokenizer_config.json";
-  if (!is_file(source)) return "";
-  const auto bytes = read_file(source);
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(bytes.begin(), bytes.end());
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(source + ": not JSON: " + e.what());
-  }
-  const auto t = config.find("chat_template");
-  if (t == config.end()) return "";
-  if (t->is_string()) return t->get<std::string>();
-  if (t->is_array()) {
-    for (const auto& entry : *t) {
-      if (entry.is_object() && entry.value("name", "") == "default" &&
-          entry.value("template", nlohmann::json()).is_string()) {
-        return entry["template"].get<std::string>();
-      }
-    }
-  }
-  return "";
-}
-
-ChatFormat pick_format(const ChatOptions& o, const std::string& folder) {
-  if (o.chat_template != "auto") return *chat_format_named(o.chat_template);
-  const std::string formats = "llama3|llama3.1|llama3.2|chatml|qwen2|qwen2.5|qwen3|plain";
-  std::string source;
-  const std::string text = folder_template(folder, source);
-  if (text.empty()) {
-    throw DataConfigError("data.chat_template",
-                          folder +
-                              " has no chat template (tokenizer_config.json's chat_template "
-                              "or chat_template.jinja); set data.chat_template: " +
-                              formats +
-                              ", or render the data with scripts/render_chat.py into token "
-                              "files for data.name: tokens");
-  }
-  const auto format = recognize_chat_template(text);
-  if (!format) {
-    throw DataConfigError("data.chat_template",
-                          source +
-                              ": its chat template is none of the published ones built in "
-                              "(Llama 3, 3.1, 3.2 Instruct; Qwen 2, 2.5, 3; plain ChatML); "
-                              "set data.chat_template: " +
-                              formats +
-                              " to the format it renders, or render the data with "
-                              "scripts/render_chat.py into token files for data.name: tokens");
-  }
-  log::info("chat: " + source + " holds the published " + chat_format_name(*format) + " template");
-  return *format;
-}
-
 BpeTokenizer open_tokenizer(const std::string& path) {
   try {
     return load_tokenizer(path);
   } catch (const TokenizerUnsupported& e) {
     throw DataConfigError("data.tokenizer", e.what());
   }
-}
-
-std::string token_text(const BpeTokenizer& t, int64_t id) {
-  return id >= 0 ? t.id_to_token(id) : "";
 }
 
 // The path of message `i` of a record in its JSON.
@@ -310,12 +244,8 @@ ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
   }
   if (o.tokenizer.empty() && is_file(path)) path = tokenizer_folder(path);  // a safetensors file
   const BpeTokenizer tokenizer = open_tokenizer(path);
-  const ChatFormat format = pick_format(o, tokenizer_folder(path));
-  ChatSpecials specials;
-  const bool plain = format == ChatFormat::plain;
-  specials.bos = token_text(tokenizer, plain ? tokenizer.added_bos_id() : tokenizer.bos_id());
-  specials.eos = token_text(tokenizer, tokenizer.eos_id());
-  specials.date = o.chat_date;
+  const ChatFormat format = pick_chat_format(o.chat_template, tokenizer_folder(path));
+  const ChatSpecials specials = chat_specials(tokenizer, format, o.chat_date);
   if (chat_format_dated_today(format) && o.chat_date.empty()) {
     log::warn("chat: the " + chat_format_name(format) +
               " template dates its system header today (" + chat_today() +

@@ -272,6 +272,28 @@ RenderedChat render_chat(ChatFormat format, const std::vector<ChatMessage>& mess
   return out;
 }
 
+std::string render_generation_prompt(ChatFormat format, const std::vector<ChatMessage>& messages,
+                                     const ChatSpecials& specials) {
+  std::vector<ChatMessage> with_reply = messages;
+  with_reply.push_back({"assistant", "", std::nullopt});
+  RenderedChat chat = render_chat(format, with_reply, specials);
+  chat.text.resize(chat.turns.back().begin);
+  return chat.text;
+}
+
+std::string chat_end_of_turn(ChatFormat format, const ChatSpecials& specials) {
+  switch (format) {
+    case ChatFormat::llama3:
+    case ChatFormat::llama31:
+    case ChatFormat::llama32:
+      return kLlamaEot;
+    case ChatFormat::plain:
+      return specials.eos;
+    default:
+      return kImEnd;
+  }
+}
+
 std::vector<std::string> chat_format_tokens(ChatFormat format) {
   switch (format) {
     case ChatFormat::llama3:

@@ -85,6 +85,16 @@ class ChatRenderError : public std::invalid_argument {
 RenderedChat render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
                          const ChatSpecials& specials);
 
+// `messages` rendered in `format` with add_generation_prompt=True: the text an assistant reply to
+// them is generated after (the render of `messages` and an assistant turn, up to where the turn's
+// body begins). Throws ChatRenderError.
+std::string render_generation_prompt(ChatFormat format, const std::vector<ChatMessage>& messages,
+                                     const ChatSpecials& specials);
+
+// The text that ends an assistant turn in `format`: Llama 3's <|eot_id|>, ChatML's <|im_end|>,
+// plain's specials.eos.
+std::string chat_end_of_turn(ChatFormat format, const ChatSpecials& specials);
+
 // The text each format requires as special tokens of the tokenizer (e.g. <|im_start|>).
 std::vector<std::string> chat_format_tokens(ChatFormat format);
 

@@ -95,9 +95,12 @@ torch::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size,
 
 // What a model needs to know about the data.
 struct DataSpec {
-  std::vector<int64_t> sample_shape;     // e.g. {1, 28, 28}, or {T} for token sequences
-  int64_t num_classes = 0;               // classes, or the vocabulary size of token sequences
-  bool sequence = false;                 // targets are [B, T] next tokens (language modelling)
+  std::vector<int64_t> sample_shape;  // e.g. {1, 28, 28}, or {T} for token sequences
+  int64_t num_classes = 0;            // classes, or the vocabulary size of token sequences
+  bool sequence = false;              // targets are [B, T] next tokens (language modelling)
+  bool packed = false;                // rows hold several documents: batches carry Batch::positions
+  bool vocabulary_known = false;      // sequences: num_classes is the vocabulary itself (bytes, a
+                                      // tokenizer's), not only the largest token id seen + 1
   std::vector<std::string> class_names;  // by label, where the data set names its classes
 };
 

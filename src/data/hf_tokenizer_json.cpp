@@ -2,9 +2,11 @@
 // would encode differently is refused naming its field.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <utility>
+#include <vector>
 
 #include "data/dataset.h"
 #include "data/gpt2_bpe.h"
@@ -24,17 +26,88 @@ const char* const kBuilt =
   throw TokenizerUnsupported(path + ": " + field + ": " + what + "; " + kBuilt);
 }
 
-Json read_json(const std::string& path) {
+// The JSON document of `path`, read once into memory; `keep` (nlohmann's parser callback) may
+// leave parts out of the document as they are parsed.
+Json read_json(const std::string& path, const Json::parser_callback_t& keep = nullptr) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot read");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  in.seekg(0, std::ios::end);
+  std::string text(static_cast<size_t>(std::max<std::streamoff>(in.tellg(), 0)), '\0');
+  in.seekg(0);
+  if (!in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
+    throw DataError(path + ": cannot read");
+  }
   try {
-    return Json::parse(ss.str());
+    return Json::parse(text, keep);
   } catch (const Json::exception& e) {
     throw DataError(path + ": not JSON: " + e.what());
   }
 }
+
+// model.vocab's and model.merges' entries, taken as the parse meets them and left out of the
+// document: a big vocabulary's document would hold each token and merge as its own nodes, about
+// 20 times the file (Llama 3's 7 MB tokenizer.json took 140 MB that way).
+struct ModelLists {
+  bool vocab_object = false, merges_array = false;
+  std::vector<std::pair<std::string, Json>> vocab;          // token, id as written
+  std::vector<std::pair<std::string, std::string>> merges;  // by rank
+  int64_t bad_merge = -1;                                   // the first malformed one's rank
+  std::string bad_merge_text;                               // and its JSON
+  std::string key_model, key_field, token;                  // where the parse is
+
+  // The parser callback (depth: of the event's container; the root object's keys at 1).
+  bool take(int depth, Json::parse_event_t event, Json& parsed) {
+    using E = Json::parse_event_t;
+    if (event == E::key && depth <= 2)
+      (depth == 1 ? key_model : key_field) = parsed.get<std::string>();
+    if (depth == 1) key_field.clear();
+    if (key_model != "model" || depth < 2) return true;
+    if (depth == 2 && key_field == "vocab" && event == E::object_start) vocab_object = true;
+    if (depth == 2 && key_field == "merges" && event == E::array_start) merges_array = true;
+    if (depth < 3) return true;
+    if (key_field == "vocab" && vocab_object) return take_token(depth, event, parsed);
+    if (key_field == "merges" && merges_array) return take_merge(depth, event, parsed);
+    return true;
+  }
+
+  bool take_token(int depth, Json::parse_event_t event, Json& parsed) {
+    using E = Json::parse_event_t;
+    if (depth != 3) return false;  // inside a malformed id
+    if (event == E::key) {
+      token = parsed.get<std::string>();
+    } else if (event == E::value) {
+      vocab.emplace_back(std::move(token), std::move(parsed));
+    } else if (event == E::object_start || event == E::array_start) {
+      vocab.emplace_back(std::move(token), Json(event == E::object_start ? "{...}" : "[...]"));
+    }
+    return false;
+  }
+
+  // An element of model.merges: at depth 3, a value, or an array's start and end (kept until it
+  // ends, then judged as a pair), or an object's start.
+  bool take_merge(int depth, Json::parse_event_t event, Json& parsed) {
+    using E = Json::parse_event_t;
+    if (depth > 3 || event == E::array_start) return true;
+    if (event == E::value && parsed.is_string()) {  // "a b"
+      const std::string& m = parsed.get_ref<const std::string&>();
+      const auto space = m.find(' ');
+      if (space != std::string::npos && m.find(' ', space + 1) == std::string::npos) {
+        merges.emplace_back(m.substr(0, space), m.substr(space + 1));
+        return false;
+      }
+    } else if (event == E::array_end && parsed.size() == 2 && parsed[0].is_string() &&
+               parsed[1].is_string()) {
+      merges.emplace_back(parsed[0].get<std::string>(), parsed[1].get<std::string>());
+      return false;
+    }
+    if (bad_merge < 0) {
+      bad_merge = static_cast<int64_t>(merges.size());
+      bad_merge_text = event == E::object_start ? "{...}" : parsed.dump();
+    }
+    merges.emplace_back();  // keeps the ranks of those after it
+    return false;
+  }
+};
 
 // node[key] as a bool: `fallback` when absent or null; DataError when of another type.
 bool flag(const Json& node, const char* key, bool fallback, const std::string& path,
@@ -147,39 +220,28 @@ void check_model(const Json& model, const std::string& path) {
   }
 }
 
-void read_model(const Json& model, const std::string& path, BpeSpec& spec) {
+void read_model(const Json& model, ModelLists& lists, const std::string& path, BpeSpec& spec) {
   check_model(model, path);
   spec.ignore_merges = flag(model, "ignore_merges", false, path, "model");
-  const Json& vocab = model.contains("vocab") ? model["vocab"] : Json();
-  if (!vocab.is_object() || vocab.empty()) throw DataError(path + ": model.vocab: no tokens");
-  const auto count = static_cast<int64_t>(vocab.size());
-  spec.vocab.assign(vocab.size(), "");
-  for (const auto& [token, id] : vocab.items()) {
+  if (!lists.vocab_object || lists.vocab.empty()) {
+    throw DataError(path + ": model.vocab: no tokens");
+  }
+  const auto count = static_cast<int64_t>(lists.vocab.size());
+  spec.vocab.assign(lists.vocab.size(), "");
+  for (auto& [token, id] : lists.vocab) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= count) {
       throw DataError(path + ": model.vocab: token '" + token + "' has id " + id.dump() +
                       ", not one of 0.." + std::to_string(count - 1));
     }
-    spec.vocab[static_cast<size_t>(id.get<int64_t>())] = token;
+    spec.vocab[static_cast<size_t>(id.get<int64_t>())] = std::move(token);
   }
-  const Json& merges = model.contains("merges") ? model["merges"] : Json();
-  if (!merges.is_array()) throw DataError(path + ": model.merges: not a list");
-  spec.merges.reserve(merges.size());
-  for (size_t r = 0; r < merges.size(); ++r) {
-    const Json& m = merges[r];
-    if (m.is_string()) {  // "a b"
-      const std::string s = m.get<std::string>();
-      const auto space = s.find(' ');
-      if (space != std::string::npos && s.find(' ', space + 1) == std::string::npos) {
-        spec.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
-        continue;
-      }
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      spec.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-      continue;
-    }
-    throw DataError(path + ": model.merges[" + std::to_string(r) + "]: " + m.dump() +
-                    " is not two tokens");
+  lists.vocab = {};
+  if (!lists.merges_array) throw DataError(path + ": model.merges: not a list");
+  if (lists.bad_merge >= 0) {
+    throw DataError(path + ": model.merges[" + std::to_string(lists.bad_merge) +
+                    "]: " + lists.bad_merge_text + " is not two tokens");
   }
+  spec.merges = std::move(lists.merges);
 }
 
 void read_added(const Json& added, const std::string& path, BpeSpec& spec) {
@@ -242,7 +304,10 @@ void read_bos_eos(const Json& root, const std::string& config, BpeSpec& spec) {
 }  // namespace
 
 BpeSpec read_tokenizer_json(const std::string& path, const std::string& config) {
-  const Json root = read_json(path);
+  ModelLists lists;
+  const Json root = read_json(path, [&lists](int depth, Json::parse_event_t event, Json& parsed) {
+    return lists.take(depth, event, parsed);
+  });
   if (!root.is_object() || !root.contains("model")) {
     throw DataError(path + ": not a tokenizer.json (no \"model\")");
   }
@@ -257,7 +322,7 @@ BpeSpec read_tokenizer_json(const std::string& path, const std::string& config) 
                 (decoder.is_null() ? std::string("none") : "'" + type_of(decoder) + "'") +
                     " (expected ByteLevel)");
   }
-  read_model(root["model"], path, spec);
+  read_model(root["model"], lists, path, spec);
   read_added(root.value("added_tokens", Json()), path, spec);
   read_bos_eos(root, config, spec);
   return spec;

@@ -106,6 +106,13 @@ class Mixed final : public Dataset {
       const auto where = torch::tensor(at[j], torch::kInt64);
       out.inputs.index_copy_(/*dim=*/0, where, b.inputs);
       out.targets.index_copy_(/*dim=*/0, where, b.targets);
+      if (b.positions.defined()) {  // a packed part's: the other parts' rows one document each
+        if (!out.positions.defined()) {
+          const int64_t t = b.positions.size(1);
+          out.positions = torch::arange(t, torch::kInt64).repeat({out.inputs.size(0), 1});
+        }
+        out.positions.index_copy_(/*dim=*/0, where, b.positions);  // [B, T]
+      }
       out.bad_samples += b.bad_samples;
     }
     return out;
@@ -197,8 +204,38 @@ void check_label_space(const DataSpec& named, const DataSpec& part, const std::s
   }
 }
 
+// A token part's vocabulary for messages: "a vocabulary of 256 tokens" where the part knows it
+// (bytes, a tokenizer's), else "token ids up to 999" (a token file's largest).
+std::string vocabulary_text(const DataSpec& spec) {
+  if (spec.vocabulary_known)
+    return "a vocabulary of " + std::to_string(spec.num_classes) + " tokens";
+  return "token ids up to " + std::to_string(spec.num_classes - 1);
+}
+
+// Token ids mean the same in every part: the parts that know their vocabulary (bytes, a
+// tokenizer's) have one size, and no part's ids reach past it. Token files that only show their
+// largest id may differ in it.
+void check_vocabularies(const std::vector<Splits>& parts, const std::vector<std::string>& names) {
+  size_t known = 0;
+  while (known < parts.size() && !parts[known].spec.vocabulary_known) ++known;
+  if (known == parts.size()) return;
+  const DataSpec& k = parts[known].spec;
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const DataSpec& s = parts[j].spec;
+    if (s.vocabulary_known ? s.num_classes == k.num_classes : s.num_classes <= k.num_classes) {
+      continue;
+    }
+    throw DataConfigError(
+        "data.mix", names[known] + " has " + vocabulary_text(k) + ", " + names[j] + " " +
+                        vocabulary_text(s) +
+                        ": a token id would mean another token in each; mix token sets made "
+                        "with one tokenizer (trainer tokenize --tokenizer; text read as bytes "
+                        "only with other text read as bytes, data.token_format)");
+  }
+}
+
 // The spec of the mix: the parts' samples must have one shape and kind; class labels one meaning
-// (check_label_space); token sets the largest vocabulary.
+// (check_label_space); token ids one meaning (check_vocabularies), the largest vocabulary.
 DataSpec combined_spec(const std::vector<Splits>& parts, const std::vector<std::string>& names) {
   size_t named = 0;  // the first part that names its classes, else the first
   while (named + 1 < parts.size() && parts[named].spec.class_names.empty()) ++named;
@@ -216,7 +253,10 @@ DataSpec combined_spec(const std::vector<Splits>& parts, const std::vector<std::
     if (j == named) continue;
     if (!s.sequence) check_label_space(spec, s, names[named], names[j]);
     spec.num_classes = std::max(spec.num_classes, s.num_classes);
+    spec.packed = spec.packed || s.packed;
+    spec.vocabulary_known = spec.vocabulary_known || s.vocabulary_known;
   }
+  if (spec.sequence) check_vocabularies(parts, names);
   return spec;
 }
 

@@ -119,6 +119,7 @@ Splits make_synthetic_tokens(const config::DataConfig& cfg, const DataContext& c
   splits.spec.sample_shape = {seq_len};
   splits.spec.num_classes = o.num_classes;
   splits.spec.sequence = true;
+  splits.spec.vocabulary_known = true;  // data.num_classes
   return splits;
 }
 

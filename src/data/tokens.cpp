@@ -272,6 +272,7 @@ Splits make_tokens(const config::DataConfig& cfg, const DataContext& ctx) {
   splits.spec.sequence = true;
   splits.spec.num_classes =
       train.width == 1 ? 256 : std::max(train.max_token(), val.max_token()) + 1;
+  splits.spec.vocabulary_known = train.width == 1;  // bytes; token ids: the largest seen + 1
   splits.train = std::make_shared<Tokens>(std::move(train), seq_len, /*random_windows=*/true);
   splits.val = std::make_shared<Tokens>(std::move(val), seq_len, /*random_windows=*/false);
   return splits;

@@ -118,13 +118,16 @@ std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::build_
   u->shard_numel = u->padded / world_;
   const auto on = torch::TensorOptions().device(device_);
   torch::NoGradGuard no_grad;
-  auto flat = torch::zeros({u->padded}, on.dtype(torch::kFloat));  // [padded]
-  for (const auto& s : u->slots) {
-    flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+  if (options_.fill) {
+    u->shard = filled_shard(*u, dtype);  // [S]
+  } else {
+    auto flat = torch::zeros({u->padded}, on.dtype(torch::kFloat));  // [padded]
+    for (const auto& s : u->slots) {
+      flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+    }
+    if (group_ && world_ > 1) group_->broadcast({flat}, /*root=*/0);  // rank 0's weights
+    u->shard = flat.narrow(0, rank_ * u->shard_numel, u->shard_numel).to(dtype, false, true);
   }
-  if (group_ && world_ > 1) group_->broadcast({flat}, /*root=*/0);  // rank 0's weights
-  u->shard = flat.narrow(0, rank_ * u->shard_numel, u->shard_numel).to(dtype, false, true);  // [S]
-  flat = torch::Tensor();
   u->full = torch::empty({u->padded}, on.dtype(gathered));
   for (auto& s : u->slots) s.param.set_data(u->full.narrow(0, s.offset, s.numel).view(s.shape));
   free_storage(u->full);
@@ -139,6 +142,16 @@ std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::build_
                                u->shard.narrow(0, a - begin, b - a), k == 0, index, a});
   }
   return u;
+}
+
+torch::Tensor FullyShardedDataParallel::filled_shard(const Unit& u, c10::ScalarType dtype) const {
+  auto shard = torch::zeros({u.shard_numel}, torch::TensorOptions().device(device_).dtype(dtype));
+  const int64_t begin = rank_ * u.shard_numel, end = begin + u.shard_numel;
+  for (const auto& s : u.slots) {
+    const int64_t a = std::max(begin, s.offset), b = std::min(end, s.offset + s.numel);
+    if (a < b) options_.fill(s.name, a - s.offset, shard.narrow(0, a - begin, b - a));
+  }
+  return shard;  // [S]: the padding zero, as the broadcast flat buffer's
 }
 
 void FullyShardedDataParallel::register_grad_hooks(size_t index) {

@@ -47,6 +47,12 @@ struct FsdpOptions {
   c10::ScalarType param_dtype = c10::kFloat;   // gathered parameters' dtype
   c10::ScalarType reduce_dtype = c10::kFloat;  // gradients' dtype in the reduce-scatter
   bool prefetch = true;                        // gather the next unit while one computes
+  // Where the parameters' values come from when set (a checkpoint's files) instead of rank 0's
+  // tensors: fill(name, first, dst) writes elements [first, first + dst.numel()) of parameter
+  // `name` flattened into `dst` (1-D, contiguous, the shard's dtype and device). Each rank then
+  // fills only its own shard, nothing is broadcast and the parameters' memory is never read (it
+  // may never have been written: models/deferred_init.h). Throws what `fill` throws.
+  std::function<void(const std::string& name, int64_t first, const torch::Tensor& dst)> fill;
 };
 
 using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -79,6 +85,7 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
   // of each unit on `device` and makes the parameters views of the unit's gathered buffer there,
   // freed: from now on they may be read only while gathered (in forward and backward, between
   // gather_root() and release_root(), or through pieces()), and their former memory is released.
+  // With options.fill, each rank's shards come from it instead (the buffers are still broadcast).
   // Every rank must construct it, in the same order.
   FullyShardedDataParallel(torch::nn::Module& model, std::vector<NamedParams> units,
                            const std::function<bool(const std::string&)>& decay, Group* group,
@@ -142,6 +149,8 @@ class FullyShardedDataParallel final : public DataParallelism, public nn::BlockH
   std::unique_ptr<Unit> build_unit(size_t index, NamedParams params,
                                    const std::function<bool(const std::string&)>& decay,
                                    bool frozen);
+  // This rank's shard [S] of `u` in `dtype`, its elements from options_.fill.
+  torch::Tensor filled_shard(const Unit& u, c10::ScalarType dtype) const;
   void register_grad_hooks(size_t unit);
   void start_gather(size_t unit);  // the unit's trainable and frozen buffers
   void wait_gather(size_t unit);

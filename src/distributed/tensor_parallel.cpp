@@ -11,6 +11,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// A target left out of the loss: PyTorch's ignore_index (losses::kIgnoreIndex,
+// data::kIgnoreTarget; distributed includes neither).
+constexpr int64_t kIgnoredTarget = -100;
+
 // The group travels through the autograd context as its address.
 Group& group_of(AutogradContext* ctx) {
   return *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt());
@@ -54,8 +58,10 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const auto exp = shifted.exp();                  // [N, V/tp]
     auto sum_exp = exp.sum(/*dim=*/1).contiguous();  // [N]
     group->all_reduce({target_logit, sum_exp}, Reduce::sum);
-    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), local, mine});
-    return sum_exp.log() - target_logit;  // [N]
+    // Targets left out (kIgnoreTarget): loss 0 and no gradient, as PyTorch's ignore_index.
+    const auto kept = targets.ne(kIgnoredTarget).to(logits.scalar_type());  // [N]
+    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), local, mine, kept});
+    return (sum_exp.log() - target_logit) * kept;  // [N]
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
@@ -63,7 +69,8 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const auto& local = saved[1];
     const auto& mine = saved[2];
     grad.scatter_add_(1, local.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
-    return {grad * grads[0].unsqueeze(1), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const auto scale = (grads[0] * saved[3]).unsqueeze(1);  // [N, 1]: 0 for targets left out
+    return {grad * scale, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 

@@ -36,7 +36,8 @@ torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Te
 // Megatron's vocabulary-parallel cross-entropy: the per-token loss [N] of `logits` [N, V / tp]
 // (this rank's vocabulary columns [first, first + V / tp)) against `targets` [N] (ids in the whole
 // vocabulary), without gathering the logits: the maximum, the target's logit and the sum of
-// exponentials are all-reduced over `group` (three all-reduces of N values). The backward needs
+// exponentials are all-reduced over `group` (three all-reduces of N values). Targets -100
+// (PyTorch's ignore_index, losses::kIgnoreIndex) have loss 0 and no gradient. The backward needs
 // no collective. Every rank of `group` must call this, in the same order.
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
                                            const torch::Tensor& targets, int64_t first,

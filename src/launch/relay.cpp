@@ -19,6 +19,7 @@ namespace {
 
 constexpr size_t kTailLines = 20;          // lines of each worker kept for a failure report
 constexpr size_t kMaxLineBytes = 1 << 16;  // a longer line without '\n' is passed on in pieces
+constexpr size_t kSharedLines = 64;        // stderr lines compared for repeats across ranks
 constexpr int kReadsPerWakeup = 16;        // reads of one pipe before the others get their turn
 
 }  // namespace
@@ -145,8 +146,25 @@ void OutputRelay::drain(Channel& c) {
   read_stream(c, c.err);
 }
 
+// A stderr line that another rank showed among the last kSharedLines stderr lines (the same
+// error from every rank, e.g. a configuration error found while building the data) is shown once;
+// the log files and tails keep every rank's copy.
+bool OutputRelay::shown_by_another_rank(const Channel& c, const Stream& s,
+                                        const std::string& line) {
+  if (&s != &c.err) return false;
+  const bool repeated = std::any_of(
+      shown_errors_.begin(), shown_errors_.end(),
+      [&](const std::pair<int, std::string>& e) { return e.first != c.rank && e.second == line; });
+  if (repeated) return true;
+  shown_errors_.emplace_back(c.rank, line);
+  if (shown_errors_.size() > kSharedLines) shown_errors_.pop_front();
+  return false;
+}
+
 void OutputRelay::emit(Channel& c, const Stream& s, std::string line) {
-  if (c.display.shown) *s.sink << c.display.prefix << line << '\n';
+  if (c.display.shown && !shown_by_another_rank(c, s, line)) {
+    *s.sink << c.display.prefix << line << '\n';
+  }
   if (c.log_file.open()) c.log_pending.append(line).push_back('\n');
   if (c.stdout_file.open() && &s == &c.out) c.stdout_pending.append(line).push_back('\n');
   c.tail.push_back(std::move(line));

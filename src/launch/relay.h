@@ -45,6 +45,9 @@ class OutputRelay {
   // partial lines after them.
   std::vector<std::string> last_lines(int local_rank);
 
+  // Whether the rank's lines go to the console (--local-ranks-filter).
+  bool shown(int local_rank) const { return channels_[local_rank].display.shown; }
+
   // After the last worker has exited: passes on what is left in the pipes, partial last lines
   // included, and closes the pipes and log files.
   void finish();
@@ -81,14 +84,16 @@ class OutputRelay {
   static void flush_log(Channel& c);
   void drain(Channel& c);
   void emit(Channel& c, const Stream& s, std::string line);
+  bool shown_by_another_rank(const Channel& c, const Stream& s, const std::string& line);
 
   const LaunchOptions& options_;   // the log dir and what the restart header names
   const int restart_;              // TORCHELASTIC_RESTART_COUNT
   std::ostream& out_;              // workers' stdout lines
   std::ostream& err_;              // workers' stderr lines
   std::vector<Channel> channels_;  // one per local rank
-  size_t first_polled_ = 0;        // the index of polled_[0] in the pollfds
-  std::vector<std::pair<Channel*, Stream*>> polled_;  // the owners of the appended pollfds
+  std::deque<std::pair<int, std::string>> shown_errors_;  // (rank, line): recent stderr shown
+  size_t first_polled_ = 0;                               // the index of polled_[0] in the pollfds
+  std::vector<std::pair<Channel*, Stream*>> polled_;      // the owners of the appended pollfds
 };
 
 }  // namespace trainer::launch

@@ -210,12 +210,16 @@ class Attempt {
     }
   }
 
-  // The failure line and the worker's last lines.
+  // The failure line and the worker's last lines; not those of a usage or configuration error
+  // (exit code 2) of a rank shown on the console, whose one line the relay has just shown.
   void report_failure(const Worker& w) {
     const std::vector<std::string> last = relay_.last_lines(w.local_rank);
     log_ << "trainer launch: " << worker_name(w) << " failed: " << describe_status(w.status)
          << "\n";
-    for (const auto& line : last) log_ << "  | " << line << "\n";
+    const bool usage = WIFEXITED(w.status) && WEXITSTATUS(w.status) == kUsageExitCode;
+    if (!usage || !relay_.shown(w.local_rank)) {
+      for (const auto& line : last) log_ << "  | " << line << "\n";
+    }
     const bool others =
         std::any_of(workers_.begin(), workers_.end(), [](const Worker& o) { return o.running; });
     if (others) {

@@ -10,41 +10,15 @@
 #include <cfloat>
 
 #include "losses/xent_kernel.h"
+#include "util/cuda_convert.cuh"
 
 namespace trainer::losses {
 namespace {
 
 constexpr int kThreads = 512;
 
-template <class T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) {
-  return __half2float(v);
-}
-
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half(v);
-}
+using cuda::from_float;
+using cuda::to_float;
 
 // (max, sum of exp(x - max)) merged with another such pair.
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
@@ -107,9 +81,9 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t t = targets[row];
     const float n = static_cast<float>(cols);
     // A target outside the classes makes the loss NaN (the step is then a bad one).
-    row_loss[row] = t < 0 || t >= cols ? NAN
-                                       : (1.0f - smoothing) * (lse - to_float(x[t])) +
-                                             smoothing * (lse - sum / n);
+    row_loss[row] = t < 0 || t >= cols
+                        ? NAN
+                        : (1.0f - smoothing) * (lse - to_float(x[t])) + smoothing * (lse - sum / n);
     lse_shared = lse;
   }
   __syncthreads();

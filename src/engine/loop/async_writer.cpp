@@ -3,6 +3,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <utility>
 
 #include "util/device.h"
@@ -18,6 +19,16 @@ torch::Tensor queued_copy(const torch::Tensor& t, bool& device) {
   auto out = torch::empty(t.sizes(), t.options().device(torch::kCPU).pinned_memory(true));
   out.copy_(t, /*non_blocking=*/true);
   return out;
+}
+
+// queued_copy of `t`, or the copy already made of the same tensor (a tied weight under its other
+// name), so that the copies share as the originals do and the checkpoint stores them once.
+torch::Tensor shared_copy(const torch::Tensor& t, std::map<const void*, torch::Tensor>& made,
+                          bool& device) {
+  if (!t.defined()) return t;
+  auto [it, fresh] = made.emplace(t.unsafeGetTensorImpl(), torch::Tensor());
+  if (fresh) it->second = queued_copy(t, device);
+  return it->second;
 }
 
 // Waits for the copies queued on the device: one host read.
@@ -52,15 +63,17 @@ void AsyncWriter::wait() {
 
 checkpoint::NamedTensors host_copy(const checkpoint::NamedTensors& tensors) {
   checkpoint::NamedTensors out;
+  std::map<const void*, torch::Tensor> made;
   bool device = false;
-  for (const auto& [name, t] : tensors) out.emplace_back(name, queued_copy(t, device));
+  for (const auto& [name, t] : tensors) out.emplace_back(name, shared_copy(t, made, device));
   if (device) wait_for_copies();
   return out;
 }
 
 std::vector<checkpoint::ShardPiece> host_copy(std::vector<checkpoint::ShardPiece> pieces) {
+  std::map<const void*, torch::Tensor> made;
   bool device = false;
-  for (auto& piece : pieces) piece.data = queued_copy(piece.data, device);
+  for (auto& piece : pieces) piece.data = shared_copy(piece.data, made, device);
   if (device) wait_for_copies();
   return pieces;
 }

@@ -32,7 +32,8 @@ class AsyncWriter {
 };
 
 // Copies of `tensors` in host memory that training cannot change: CPU tensors cloned, CUDA
-// tensors copied into pinned memory. Reads the device: waits for the copies to land.
+// tensors copied into pinned memory; a tensor given under several names (tied) copied once and
+// shared by them. Reads the device: waits for the copies to land.
 checkpoint::NamedTensors host_copy(const checkpoint::NamedTensors& tensors);
 std::vector<checkpoint::ShardPiece> host_copy(std::vector<checkpoint::ShardPiece> pieces);
 

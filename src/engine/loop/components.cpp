@@ -9,11 +9,13 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "checkpoint/hf_folder.h"
 #include "checkpoint/safetensors.h"
 #include "engine/loop/adapter_state.h"
 #include "engine/loop/hf_pretrained.h"
+#include "models/deferred_init.h"
 #include "nn/batch_norm.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -213,7 +215,19 @@ void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
       kept.empty() ? "" : ("; re-initialised (model.pretrained_skip_head): " + kept).c_str()));
 }
 
-void make_model(Components& c, const config::LoadedConfig& loaded) {
+// Whether the parameters stream from folder model.pretrained straight into what this rank keeps,
+// its FSDP shards or (dist.tp_size) its parts: the model built without writing its parameters
+// (models/deferred_init.h), so that no rank ever holds the whole model. Only where the files give
+// every parameter and nothing else changes them (LoRA adapters); not fsdp and tp together.
+bool streams_into_parts(const Components& c, const config::Config& cfg) {
+  return (cfg.dist.strategy == "fsdp") != (c.tp != nullptr) &&
+         checkpoint::is_directory(cfg.model.pretrained) && !cfg.model.pretrained_skip_head &&
+         !cfg.model.lora.enabled();
+}
+
+// The model, its weights loaded (under tp, this rank's parts); where they stream into the FSDP
+// shards (streams_into_parts), the reader make_fsdp fills them from instead.
+ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
   const auto& cfg = loaded.cfg;
   const auto& spec = c.splits.spec;
   c.input = models::InputSpec{spec.sample_shape,
@@ -224,12 +238,24 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
                      " classes, more than model.num_classes " +
                      std::to_string(c.input.num_classes) + "; use 0 to take the dataset's count");
   }
+  const bool stream = streams_into_parts(c, cfg);
   try {
+    models::DeferredInit deferred(stream);
     c.model = models::build_model(cfg.model, c.input);
   } catch (const models::ModelError& e) {
     config_error(loaded, e.key(), e.what());
   }
-  if (!cfg.model.pretrained.empty()) load_pretrained(c, loaded);
+  if (spec.packed && !c.model->takes_positions()) {
+    config_error(loaded, "data.pack",
+                 "model " + cfg.model.name +
+                     " cannot keep attention inside packed conversations; set data.pack: false");
+  }
+  ParameterFill fill;
+  if (stream) {
+    fill = hf_folder_fill(*c.model, loaded);
+  } else if (!cfg.model.pretrained.empty()) {
+    load_pretrained(c, loaded);
+  }
   if (cfg.model.lora.enabled()) add_lora(c, loaded);  // the base frozen, adapters attached
   if (c.tp) {
     try {
@@ -237,6 +263,10 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
       split_adapters(c);  // model.lora: each adapter as its layer splits
     } catch (const models::ModelError& e) {
       config_error(loaded, e.key(), e.what());
+    }
+    if (fill) {  // this rank's parts read from the files
+      fill_split_parameters(*c.model, fill, c.tp_plan, c.tp->rank(), c.tp->size());
+      fill = nullptr;
     }
   }
   if (cfg.dist.strategy != "fsdp") {
@@ -251,6 +281,7 @@ void make_model(Components& c, const config::LoadedConfig& loaded) {
   for (auto& p : models::unique_parameters(*c.model)) {
     if (p.requires_grad()) c.params.push_back(p);
   }
+  return fill;
 }
 
 // The model's parameters by unit: the root's (those in no block), then each block's.
@@ -271,8 +302,8 @@ std::vector<distributed::NamedParams> sharding_units(const models::NetImpl& mode
 }
 
 // dist.strategy fsdp: the parameters sharded over the group (or kept whole alone), the model's
-// blocks gathered one at a time.
-void make_fsdp(Components& c, const config::Config& cfg) {
+// blocks gathered one at a time. `fill`, when set, gives the shards' values (streams_into_parts).
+void make_fsdp(Components& c, const config::Config& cfg, ParameterFill fill) {
   const auto& d = cfg.dist;
   distributed::FsdpOptions o;
   o.reshard_after_forward = d.reshard_after_forward;
@@ -281,6 +312,7 @@ void make_fsdp(Components& c, const config::Config& cfg) {
                                                            : "float32");
   o.reduce_dtype = dtype_named(d.fsdp_reduce_dtype);
   o.prefetch = d.fsdp_prefetch;
+  o.fill = std::move(fill);
   std::set<std::string> decay;
   for (const auto& named : optim::split_parameters(*c.model, cfg.optim).decay) {
     decay.insert(named.first);
@@ -295,8 +327,8 @@ void make_fsdp(Components& c, const config::Config& cfg) {
 }
 
 // DDP or FSDP, and synchronised batch norm over the group.
-void make_parallel(Components& c, const config::LoadedConfig& loaded) {
-  if (loaded.cfg.dist.strategy == "fsdp") make_fsdp(c, loaded.cfg);
+void make_parallel(Components& c, const config::LoadedConfig& loaded, ParameterFill fill) {
+  if (loaded.cfg.dist.strategy == "fsdp") make_fsdp(c, loaded.cfg, std::move(fill));
   if (!c.group) return;
   const auto& d = loaded.cfg.dist;
   distributed::DdpOptions ddp;
@@ -325,14 +357,16 @@ void make_parallel(Components& c, const config::LoadedConfig& loaded) {
 }
 
 // The mean cross-entropy of vocabulary-parallel logits [..., K / tp] (this rank's classes)
-// against targets [...] in the whole vocabulary; the logits are never gathered.
+// against targets [...] in the whole vocabulary, over the targets kept (not kIgnoreIndex; 0 when
+// none is), as the registry's cross_entropy takes it; the logits are never gathered.
 losses::Loss vocabulary_parallel_loss(std::shared_ptr<distributed::GroupTensorParallel> tp) {
   return [tp](const torch::Tensor& logits, const torch::Tensor& targets) {
     const int64_t k = logits.size(-1);
-    return distributed::vocab_parallel_cross_entropy(logits.reshape({-1, k}).to(torch::kFloat),
-                                                     targets.reshape({-1}), tp->rank() * k,
-                                                     tp->group())
-        .mean();
+    const auto t = targets.reshape({-1});  // [N]
+    const auto token_losses = distributed::vocab_parallel_cross_entropy(
+        logits.reshape({-1, k}).to(torch::kFloat), t, tp->rank() * k, tp->group());  // [N]
+    // The sum over their count, at least 1: no host read.
+    return token_losses.sum() / t.ne(losses::kIgnoreIndex).sum().clamp_min(1).to(torch::kFloat);
   };
 }
 
@@ -397,8 +431,8 @@ Components build_components(const config::LoadedConfig& loaded, const distribute
   c.group = make_group(cfg, job, c.device);
   make_tensor_parallel(c, loaded);
   make_data(c, loaded, job);  // before the model: its input and output sizes come from the data
-  make_model(c, loaded);
-  make_parallel(c, loaded);
+  auto fill = make_model(c, loaded);
+  make_parallel(c, loaded, std::move(fill));
   make_training(c, cfg);
   return c;
 }

@@ -10,8 +10,9 @@
 
 namespace trainer::engine {
 
-EvalResult evaluate(Components& parts, int64_t& bad_samples, int64_t max_batches) {
-  return evaluate(parts, *parts.val_loader, bad_samples, max_batches);
+EvalResult evaluate(Components& parts, int64_t& bad_samples, int64_t max_batches,
+                    const EvalProgress& progress) {
+  return evaluate(parts, *parts.val_loader, bad_samples, max_batches, progress);
 }
 
 namespace {
@@ -41,10 +42,27 @@ void placeholder_forwards(Components& parts, int64_t count) {
   for (; count > 0; --count) parts.model->forward(placeholder);
 }
 
+// The model's logits of `batch` under autocast, every rank's classes under tensor parallelism:
+// [B, K] or [B, T, K]. Packed rows (data.pack) with their positions.
+torch::Tensor batch_logits(Components& parts, const data::Batch& batch) {
+  const auto& device = parts.device;
+  auto inputs = batch.inputs.to(device, /*non_blocking=*/true);  // [B, ...]
+  // [B, T] or undefined
+  const auto positions = batch.positions.defined()
+                             ? batch.positions.to(device, /*non_blocking=*/true)
+                             : torch::Tensor();
+  torch::Tensor logits;
+  {
+    nn::AutocastGuard autocast(device.type(), parts.precision.dtype, parts.precision.autocast);
+    logits = parts.model->forward_packed(inputs, positions);
+  }
+  return parts.whole_outputs(logits);
+}
+
 }  // namespace
 
 EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples,
-                    int64_t max_batches) {
+                    int64_t max_batches, const EvalProgress& progress) {
   torch::NoGradGuard no_grad;
   if (parts.fsdp) parts.fsdp->gather_root();
   const int64_t all = loader.batches_per_epoch();
@@ -63,24 +81,20 @@ EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_sample
     auto batch = loader.next();
     if (!batch) break;
     bad_samples += batch->bad_samples;
-    auto inputs = batch->inputs.to(device, /*non_blocking=*/true);  // [B, ...]
     // [N] with N = B, or B * T for sequences
     auto targets = batch->targets.to(device, /*non_blocking=*/true).flatten();
-    torch::Tensor logits;  // [B, K] or [B, T, K]
-    {
-      nn::AutocastGuard autocast(device.type(), parts.precision.dtype, parts.precision.autocast);
-      logits = model.forward(inputs);
-    }
-    logits = parts.whole_outputs(logits);  // tensor parallelism: every rank's classes
+    auto logits = batch_logits(parts, *batch);  // [B, K] or [B, T, K]
     logits = logits.to(torch::kFloat).reshape({targets.size(0), logits.size(-1)});  // [N, K]
     loss_sum += torch::nn::functional::cross_entropy(
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     const int64_t k = std::min<int64_t>(5, logits.size(1));
     auto topk = std::get<1>(logits.topk(k, /*dim=*/1));  // [N, k]
-    auto hit = topk.eq(targets.unsqueeze(1));            // [N, k]; an ignored target (-100) hits none
+    auto hit = topk.eq(targets.unsqueeze(1));  // [N, k]; an ignored target (-100) hits none
     top1 += hit.select(/*dim=*/1, /*index=*/0).sum();
     top5 += hit.any(/*dim=*/1).sum();
-    predictions += targets.ne(data::kIgnoreTarget).sum();  // cross_entropy leaves the ignored out too
+    predictions +=
+        targets.ne(data::kIgnoreTarget).sum();  // cross_entropy leaves the ignored out too
+    if (progress) progress(read + 1, batches);
   }
   placeholder_forwards(parts, extra);
   if (parts.fsdp) parts.fsdp->release_root();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "engine/loop/components.h"
 
@@ -22,10 +23,14 @@ struct EvalResult {
 // training mode. Adds the unreadable samples it met to `bad_samples`. Every rank of a group must
 // call this, in the same order (an all-reduce); synchronises the device (reads the sums).
 // `max_batches` > 0: each rank reads at most that many of its batches (run.eval_batches).
-EvalResult evaluate(Components& parts, int64_t& bad_samples, int64_t max_batches = 0);
+// `progress`, when given, is told after each batch how many of this rank's batches are done, of
+// how many.
+using EvalProgress = std::function<void(int64_t done, int64_t total)>;
+EvalResult evaluate(Components& parts, int64_t& bad_samples, int64_t max_batches = 0,
+                    const EvalProgress& progress = nullptr);
 
 // The same over `loader` (e.g. one over the training split) instead of the validation split's.
 EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples,
-                    int64_t max_batches = 0);
+                    int64_t max_batches = 0, const EvalProgress& progress = nullptr);
 
 }  // namespace trainer::engine

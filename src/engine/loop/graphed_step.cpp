@@ -102,6 +102,9 @@ void GraphedStep::copy_in(const std::vector<data::Batch>& micro_batches) {
     for (const auto& b : micro_batches) {
       static_.push_back(data::Batch{torch::empty_like(b.inputs, parts_.device),
                                     torch::empty_like(b.targets, parts_.device), 0});
+      if (b.positions.defined()) {  // data.pack's, [B, T]
+        static_.back().positions = torch::empty_like(b.positions, parts_.device);
+      }
     }
   }
   for (size_t m = 0; m < micro_batches.size(); ++m) {
@@ -115,6 +118,9 @@ void GraphedStep::copy_in(const std::vector<data::Batch>& micro_batches) {
     }
     static_[m].inputs.copy_(b.inputs, /*non_blocking=*/true);
     static_[m].targets.copy_(b.targets, /*non_blocking=*/true);
+    if (static_[m].positions.defined()) {
+      static_[m].positions.copy_(b.positions, /*non_blocking=*/true);
+    }
   }
 }
 

@@ -5,8 +5,10 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -222,29 +224,119 @@ void copy_planned(const checkpoint::HfWeights& w, const LoadPlan& plan,
   }
 }
 
-}  // namespace
-
-void load_hf_folder(models::NetImpl& model, const config::LoadedConfig& loaded) {
+// Folder model.pretrained opened and checked against the model: ConfigError before anything is
+// read when it does not fit.
+LoadPlan checked_plan(const models::NetImpl& model, const config::LoadedConfig& loaded,
+                      checkpoint::HfWeights& weights) {
   const auto& m = loaded.cfg.model;
-  checkpoint::HfWeights weights;
   try {
     weights = checkpoint::open_hf_weights(m.pretrained);
   } catch (const checkpoint::FormatError& e) {
     fail(loaded, e.what());
   }
   std::vector<std::string> problems;
-  const auto plan = plan_load(model, weights, m.pretrained_skip_head, problems);
+  auto plan = plan_load(model, weights, m.pretrained_skip_head, problems);
   if (!problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
     fail(loaded, m.pretrained + " does not fit model " + m.name + ": " + all);
   }
-  torch::NoGradGuard no_grad;
-  copy_planned(weights, plan, loaded, models::model_registry().get(m.name).untie_hint);
-  log::info(strprintf("initialised from %s: %zu tensors in %zu files (%.1f MB)%s%s",
-                      m.pretrained.c_str(), weights.tensors.size(), weights.files.size(),
-                      static_cast<double>(weights.bytes) / 1e6,
+  return plan;
+}
+
+void log_loaded(const config::LoadedConfig& loaded, const checkpoint::HfWeights& weights,
+                const LoadPlan& plan, const char* how) {
+  log::info(strprintf("initialised from %s: %zu tensors in %zu files (%.1f MB)%s%s%s",
+                      loaded.cfg.model.pretrained.c_str(), weights.tensors.size(),
+                      weights.files.size(), static_cast<double>(weights.bytes) / 1e6, how,
                       plan.kept.empty() ? "" : "; kept as built: ", listed(plan.kept).c_str()));
+}
+
+// The names of a tied tensor in the files hold equal values (compared as the model holds them).
+void check_tied_in_files(const checkpoint::HfWeights& w, const LoadPlan& plan,
+                         const config::LoadedConfig& loaded, const std::string& untie_hint) {
+  for (const auto& [name, loaded_as] : plan.tied_again) {
+    const auto& where = w.tensors.at(name);
+    const auto& first = w.tensors.at(loaded_as);
+    const auto dtype = plan.into.at(loaded_as).scalar_type();
+    const auto a = w.files[where.file].read(*where.entry).to(dtype);
+    if (!torch::equal(a, w.files[first.file].read(*first.entry).to(dtype))) {
+      fail(loaded, w.files[where.file].path() + ": " + name + " and " + loaded_as +
+                       " differ, but they are one tensor in the model (tied)" +
+                       (untie_hint.empty() ? "" : "; " + untie_hint));
+    }
+  }
+}
+
+}  // namespace
+
+void load_hf_folder(models::NetImpl& model, const config::LoadedConfig& loaded) {
+  checkpoint::HfWeights weights;
+  const auto plan = checked_plan(model, loaded, weights);
+  torch::NoGradGuard no_grad;
+  copy_planned(weights, plan, loaded,
+               models::model_registry().get(loaded.cfg.model.name).untie_hint);
+  log_loaded(loaded, weights, plan, "");
+}
+
+ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedConfig& loaded) {
+  auto weights = std::make_shared<checkpoint::HfWeights>();
+  const auto plan = checked_plan(model, loaded, *weights);
+  torch::NoGradGuard no_grad;
+  check_tied_in_files(*weights, plan, loaded,
+                      models::model_registry().get(loaded.cfg.model.name).untie_hint);
+  std::map<const void*, std::string> file_name;  // model tensor -> the file tensor filling it
+  for (const auto& [name, t] : plan.into) file_name[t.unsafeGetTensorImpl()] = name;
+  std::map<std::string, checkpoint::HfWeights::Where> source;  // every name of a model tensor
+  for (const auto& [name, t] : models::state_dict(model)) {
+    const auto it = file_name.find(t.unsafeGetTensorImpl());
+    if (it != file_name.end()) source[name] = weights->tensors.at(it->second);
+  }
+  for (const auto& [name, p] : models::unique_named_parameters(model)) {
+    if (!source.count(name)) {
+      throw std::logic_error("hf_folder_fill: parameter " + name + " is in no file of " +
+                             loaded.cfg.model.pretrained + " (model.pretrained_skip_head?)");
+    }
+  }
+  log_loaded(loaded, *weights, plan, ", each process reading the part it keeps");
+  // Converting reads go through buffers of 8 MB: what a rank holds beyond its parts stays small.
+  constexpr size_t kChunk = size_t{8} << 20;
+  return [weights, source](const std::string& name, int64_t first, const torch::Tensor& dst) {
+    const auto& where = source.at(name);
+    const auto& file = weights->files[where.file];
+    if (dst.device().is_cpu()) return file.read_range_into(*where.entry, first, dst, kChunk);
+    auto host = torch::empty({dst.numel()}, dst.options().device(torch::kCPU));  // [n]
+    file.read_range_into(*where.entry, first, host, kChunk);
+    dst.copy_(host);
+  };
+}
+
+void fill_split_parameters(models::NetImpl& model, const ParameterFill& fill,
+                           const nn::SplitPlan& plan, int rank, int parts) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : models::unique_named_parameters(model)) {
+    const auto flat = p.view({-1});  // the part, contiguous (keep_parts)
+    const auto it = plan.find(name);
+    if (it == plan.end()) {
+      fill(name, 0, flat);
+      continue;
+    }
+    // The part is [outer, groups x each, inner] of the whole [outer, groups x block, inner]:
+    // per outer index and group, `each` x inner elements in a row of the file.
+    const auto split = it->second;
+    const int64_t each = p.size(split.dim) / split.groups, block = each * parts;
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < p.dim(); ++d) {
+      if (d < split.dim) outer *= p.size(d);
+      if (d > split.dim) inner *= p.size(d);
+    }
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t g = 0; g < split.groups; ++g) {
+        const int64_t from = ((o * split.groups + g) * block + rank * each) * inner;
+        fill(name, from, flat.narrow(0, (o * split.groups + g) * each * inner, each * inner));
+      }
+    }
+  }
 }
 
 void apply_hf_folder_config(config::LoadedConfig& loaded) {

@@ -3,8 +3,12 @@
 // stream into the built model one tensor at a time, never the whole folder in memory.
 #pragma once
 
+#include <functional>
+#include <string>
+
 #include "config/loader.h"
 #include "models/model.h"
+#include "nn/tensor_parallel.h"
 
 namespace trainer::engine {
 
@@ -24,5 +28,26 @@ void apply_hf_folder_config(config::LoadedConfig& loaded);
 // keep their values; with model.pretrained_skip_head, so do the head's tensors the files lack or
 // give another shape.
 void load_hf_folder(models::NetImpl& model, const config::LoadedConfig& loaded);
+
+// What a rank reads of a parameter: elements [first, first + dst.numel()) of parameter `name`
+// (any of a tied tensor's names) flattened, into `dst` (1-D, contiguous, any device), converted
+// to its dtype. distributed::FsdpOptions::fill.
+using ParameterFill =
+    std::function<void(const std::string& name, int64_t first, const torch::Tensor& dst)>;
+
+// load_hf_folder for a model whose parameters are not written yet (models/deferred_init.h) and
+// are filled where they are kept (each rank its FSDP shards): the same checks and ConfigErrors,
+// before anything is read, and the names of a tied tensor compared in the files; then nothing is
+// copied but a reader of the folder's tensors by the model's parameter names is returned (it
+// keeps the files open). Every parameter must be in the files (not with
+// model.pretrained_skip_head). Reads that fail throw FormatError (exit 1).
+ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedConfig& loaded);
+
+// Fills every parameter of `model`, split by `plan` over `parts` tensor-parallel ranks
+// (NetImpl::split_over), with rank `rank`'s part of the whole tensor `fill` reads: each part
+// read from the files row range by row range, the whole never in memory. Throws what `fill`
+// throws.
+void fill_split_parameters(models::NetImpl& model, const ParameterFill& fill,
+                           const nn::SplitPlan& plan, int rank, int parts);
 
 }  // namespace trainer::engine

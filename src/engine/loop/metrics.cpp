@@ -121,10 +121,7 @@ Progress::Progress(const std::string& mode)
 
 void Progress::update(int64_t step, int64_t total_steps, int64_t epoch, double loss,
                       double samples_per_sec, double eta_seconds) {
-  if (!active_) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (step != total_steps && drawn_ && now - last_draw_ < std::chrono::milliseconds(200)) return;
-  last_draw_ = now;
+  if (!active_ || !due(step == total_steps)) return;
   constexpr int kWidth = 24;
   const double frac = total_steps > 0 ? static_cast<double>(step) / total_steps : 0.0;
   const int filled = static_cast<int>(std::lround(frac * kWidth));
@@ -137,6 +134,25 @@ void Progress::update(int64_t step, int64_t total_steps, int64_t epoch, double l
                " loss %s %.0f samples/s ETA %s",
                epoch, bar.c_str(), step, total_steps, loss_text.c_str(), samples_per_sec,
                format_duration(eta_seconds).c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+bool Progress::due(bool last) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!last && drawn_ && now - last_draw_ < std::chrono::milliseconds(200)) return false;
+  last_draw_ = now;
+  return true;
+}
+
+void Progress::evaluation(const std::string& what, int64_t done, int64_t total) {
+  if (!active_ || !due(done == total)) return;
+  constexpr int kWidth = 24;
+  const double frac = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 0.0;
+  std::string bar(static_cast<size_t>(std::lround(frac * kWidth)), '#');
+  bar.resize(kWidth, '.');
+  std::fprintf(stderr, "\r\033[K%s [%s] %" PRId64 "/%" PRId64 " batches", what.c_str(), bar.c_str(),
+               done, total);
   std::fflush(stderr);
   drawn_ = true;
 }
@@ -282,6 +298,13 @@ void MetricsLog::train(int64_t epoch) {
     const double tokens_per_sec = last_sps_ * static_cast<double>(spec.sample_shape[0]);
     record["tokens_per_sec"] = tokens_per_sec;
     line += strprintf(" %.0f tokens/s", tokens_per_sec);
+  }
+  if (flops_per_sample_ > 0 && peak_tflops_ > 0) {  // every rank drives one device
+    const double devices = parts_.group ? parts_.group->world_size() : 1;
+    const double tflops = flops_per_sample_ * last_sps_ / devices / 1e12;
+    record["tflops"] = tflops;
+    record["mfu"] = tflops / peak_tflops_;
+    line += strprintf(" MFU %.3g%%", 100.0 * tflops / peak_tflops_);
   }
   line += " ETA " + format_duration(eta());
   add_gpu_readings(record, line);

@@ -65,10 +65,14 @@ class Progress {
   // Redraws the bar; throttled to a few redraws per second.
   void update(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_sec,
               double eta_seconds);
+  // Redraws the bar for an evaluation: `what` (e.g. "eval"), `done` of `total` batches.
+  void evaluation(const std::string& what, int64_t done, int64_t total);
   // Clears the bar so other output starts on a clean line.
   void clear();
 
  private:
+  // Whether to redraw now: a few times per second, and always at the end (`last`).
+  bool due(bool last);
   bool active_ = false;
   bool drawn_ = false;
   std::chrono::steady_clock::time_point last_draw_{};
@@ -104,8 +108,20 @@ class MetricsLog {
   // Writes an evaluation's record and log line; `split` names it ("val", or "val_ema" for
   // train.ema's average).
   void eval(const EvalResult& result, int64_t epoch, const std::string& split = "val");
+  // Language models: the model FLOPs of one training sample (forward and backward) and one
+  // device's peak TFLOP/s, which give the train records' `tflops` (per device) and `mfu`.
+  void set_utilisation(double flops_per_sample, double peak_tflops) {
+    flops_per_sample_ = flops_per_sample;
+    peak_tflops_ = peak_tflops;
+  }
   // Redraws the progress bar.
   void progress(int64_t epoch);
+  // The evaluation's progress bar (engine::evaluate's `progress`), `split` naming it.
+  EvalProgress eval_progress(const std::string& split) {
+    return [this, split](int64_t done, int64_t total) {
+      progress_.evaluation(split == "val" ? "eval" : "eval (ema)", done, total);
+    };
+  }
   // Clears the progress bar so that other output starts on a clean line.
   void clear() { progress_.clear(); }
 
@@ -138,6 +154,7 @@ class MetricsLog {
   int64_t window_cuda_peak_ = 0;  // the most bytes the window's steps held in tensors (CUDA)
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();  // the last window's mean
   double last_sps_ = 0.0;                                        // and samples per second
+  double flops_per_sample_ = 0.0, peak_tflops_ = 0.0;            // 0: no MFU
 };
 
 }  // namespace trainer::engine

@@ -3,7 +3,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "engine/loop/tensor_parallel_state.h"
 #include "nn/autocast.h"
@@ -16,6 +18,74 @@ namespace {
 void begin(StepObserver* observer, Phase phase) {
   if (observer) observer->begin(phase);
 }
+
+// The targets of host `targets` [B, T] that train (not kIgnoreIndex), counted on the host.
+double trained_targets(const torch::Tensor& targets) {
+  const auto t = targets.to(torch::kLong).contiguous();  // itself when it is already
+  const int64_t* v = t.data_ptr<int64_t>();
+  return static_cast<double>(
+      std::count_if(v, v + t.numel(), [](int64_t id) { return id != losses::kIgnoreIndex; }));
+}
+
+// Language-model steps (targets [B, T]): what each micro-batch's mean loss is multiplied by, its
+// trained targets (not kIgnoreIndex) over those of the whole step on every data-parallel rank,
+// times the ranks (DDP and fsdp average their gradients). The averaged gradients are then those
+// of the mean over every trained token of the step however the tokens fall into micro-batches
+// and ranks, as transformers' Trainer (num_items_in_batch) and TRL normalise. Counted on the
+// host from host batches (a graphed step's are on the device already: counted there) and summed
+// over the data-parallel group by one all-reduce, started here and awaited by the first scale().
+// Every rank of the group must construct it, in the same order.
+class TokenShares {
+ public:
+  TokenShares(const std::vector<data::Batch>& micro_batches, const Components& parts)
+      : ranks_(parts.data_parallel_size()) {
+    on_host_ = std::all_of(micro_batches.begin(), micro_batches.end(),
+                           [](const data::Batch& b) { return b.targets.device().is_cpu(); });
+    torch::Tensor local;  // [] float64 on the device: a graphed step's count
+    for (const auto& b : micro_batches) {
+      if (on_host_) {
+        host_.push_back(trained_targets(b.targets));
+        host_total_ += host_.back();
+      } else {
+        device_.push_back(b.targets.ne(losses::kIgnoreIndex).sum().to(torch::kDouble));
+        local = local.defined() ? local + device_.back() : device_.back();
+      }
+    }
+    distributed::Group* group = ranks_ > 1 ? parts.data_group() : nullptr;
+    if (!on_host_) total_ = local;
+    if (!group) return;
+    if (on_host_) {
+      total_ = torch::full({}, host_total_,
+                           torch::TensorOptions(torch::kDouble).device(group->device()));
+    }
+    pending_.emplace(group->all_reduce_async({total_}, distributed::Reduce::sum));
+  }
+
+  // `loss`, micro-batch m's mean, times its share; float32 as it is.
+  torch::Tensor scale(const torch::Tensor& loss, size_t m) {
+    if (pending_) {
+      pending_->wait();
+      pending_.reset();
+      if (total_.is_cpu() && on_host_) {  // a host group's sum: the host's (no operator)
+        host_total_ = *total_.data_ptr<double>();
+        total_ = torch::Tensor();
+      }
+    }
+    if (!total_.defined()) return loss * (host_[m] * ranks_ / std::max(host_total_, 1.0));
+    const auto share = on_host_ ? total_.clamp_min(1).reciprocal() * (host_[m] * ranks_)
+                                : device_[m] * ranks_ / total_.clamp_min(1);  // [] float64
+    return loss * share.to(loss.device(), loss.scalar_type());
+  }
+
+ private:
+  double ranks_;                       // the data-parallel ranks
+  bool on_host_ = true;                // the batches' targets are on the host
+  std::vector<double> host_;           // each micro-batch's trained targets (host batches)
+  double host_total_ = 0;              // the step's, on this rank (then on every rank)
+  std::vector<torch::Tensor> device_;  // each micro-batch's (a graphed step's), [] float64
+  torch::Tensor total_;                // the step's as a tensor (to be) summed over the ranks
+  std::optional<distributed::Pending> pending_;
+};
 
 }  // namespace
 
@@ -176,18 +246,32 @@ torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_
   // Gradients dropped (set to none) rather than zeroed; under DDP they are views of its buckets,
   // which zeroing cannot detach.
   for (auto& param : p.params) param.mutable_grad().reset();
-  torch::Tensor step_loss;  // the sum of the micro-batches' losses / accum
+  // The step's mean loss: of its samples (the micro-batches' means / accum), or a language
+  // model's of its trained tokens (on each rank its tokens' share times the data-parallel ranks;
+  // the ranks' average is the step's).
+  torch::Tensor step_loss;
+  std::optional<TokenShares> shares;  // targets [B, T]
+  if (!micro_batches.empty() && micro_batches[0].targets.dim() > 1) {
+    shares.emplace(micro_batches, p);
+  }
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const bool sync = m + 1 == micro_batches.size();  // DDP averages on the last backward only
     begin(observer, Phase::forward);
     auto inputs = micro_batches[m].inputs.to(p.device, /*non_blocking=*/true);    // [B, ...]
     auto targets = micro_batches[m].targets.to(p.device, /*non_blocking=*/true);  // [B] or [B, T]
+    const auto& packed = micro_batches[m].positions;  // [B, T] (data.pack) or undefined
+    const auto positions =
+        packed.defined() ? packed.to(p.device, /*non_blocking=*/true) : torch::Tensor();
     if (parallel) parallel->before_forward(/*first=*/m == 0, sync);
     torch::Tensor loss;  // float32 scalar
     {
       nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
-      loss = p.loss(p.model->forward(inputs), targets);
-      if (accum > 1) loss = loss / accum;
+      loss = p.loss(p.model->forward_packed(inputs, positions), targets);
+      if (shares) {
+        loss = shares->scale(loss, m);
+      } else if (accum > 1) {
+        loss = loss / accum;
+      }
     }
     step_loss = m == 0 ? loss.detach() : step_loss + loss.detach();
     if (parallel) parallel->after_forward(loss, sync);

@@ -164,7 +164,11 @@ class TrainStep final : public Stepper {
   const torch::Tensor& last_loss() const override { return loss_; }
 
   // Clears the gradients, then forward and backward of each micro-batch; returns the mean loss,
-  // a device scalar. Reads nothing to the host (a group's flags are only started).
+  // a device scalar. A language model's (targets [B, T]) is the mean over the trained tokens of
+  // the whole step: each token's loss over their count on every data-parallel rank (counted on
+  // the host, summed by one all-reduce over the data-parallel group) times the ranks, which DDP
+  // and fsdp average. Reads nothing to the host (a group's flags are only started). Every rank of
+  // a group must call this, in the same order.
   torch::Tensor forward_backward(const std::vector<data::Batch>& micro_batches, bool stop_requested,
                                  StepObserver* observer);
 

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <cinttypes>
+#include <map>
+#include <tuple>
 #include <utility>
 
 #include "util/format.h"
@@ -66,9 +68,15 @@ torch::Tensor tensor_parallel_grad_norm(const Components& parts) {
 
 checkpoint::NamedTensors joined_over_group(const Components& parts,
                                            checkpoint::NamedTensors tensors) {
+  // A tied tensor joined once, shared by its names (the checkpoint stores it once).
+  std::map<std::tuple<const void*, int64_t, int64_t>, torch::Tensor> joined;
   for (auto& [name, t] : tensors) {
     if (const auto split = split_of(parts.tp_plan, name, t.dim())) {
-      t = distributed::join_over(t, *split, *parts.tp_group);
+      const auto key = std::make_tuple(static_cast<const void*>(t.unsafeGetTensorImpl()),
+                                       split->dim, split->groups);
+      auto [it, fresh] = joined.emplace(key, torch::Tensor());
+      if (fresh) it->second = distributed::join_over(t, *split, *parts.tp_group);
+      t = it->second;
     }
   }
   return tensors;

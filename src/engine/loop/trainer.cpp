@@ -12,6 +12,7 @@
 #include "engine/loop/metrics.h"
 #include "engine/loop/profile_window.h"
 #include "engine/loop/trainer_state.h"
+#include "engine/measure/flops.h"
 #include "engine/measure/op_count.h"
 #include "util/device.h"
 #include "util/format.h"
@@ -68,6 +69,7 @@ class Run {
   }
 
   bool steps_left() const { return s_.state.step < s_.parts.total_steps; }
+  MetricsLog& log() { return log_; }
 
   // Trains one step and logs, evaluates and checkpoints as configured; false when the run ends
   // here (a stop, train.stop_at_step or train.stop_at_top1).
@@ -245,19 +247,20 @@ class Run {
     if (back_to < 0) {
       give_up(outcome, "with every kept checkpoint gone back to already");
     }
-    log::warn(strprintf("step %" PRId64
-                        ": the loss is inf/NaN; train.rollback_on_nan: back to the checkpoint of "
-                        "step %" PRId64 ", the data of steps %" PRId64 " to %" PRId64
-                        " skipped (rollback %" PRId64 " of this run; %" PRId64
-                        " steps lost since the last checkpoint written, train.max_bad_steps %" PRId64
-                        ")",
-                        outcome.step, back_to, back_to + 1, undone_through_, s_.state.rollbacks,
-                        s_.checkpointer.lost_steps(), train.max_bad_steps));
+    log::warn(
+        strprintf("step %" PRId64
+                  ": the loss is inf/NaN; train.rollback_on_nan: back to the checkpoint of "
+                  "step %" PRId64 ", the data of steps %" PRId64 " to %" PRId64
+                  " skipped (rollback %" PRId64 " of this run; %" PRId64
+                  " steps lost since the last checkpoint written, train.max_bad_steps %" PRId64 ")",
+                  outcome.step, back_to, back_to + 1, undone_through_, s_.state.rollbacks,
+                  s_.checkpointer.lost_steps(), train.max_bad_steps));
     if (s_.checkpointer.lost_steps() >= train.max_bad_steps) {
-      give_up(outcome, strprintf("with %" PRId64
-                                 " steps lost since the last checkpoint written (train.max_bad_steps "
-                                 "%" PRId64 ")",
-                                 s_.checkpointer.lost_steps(), train.max_bad_steps));
+      give_up(outcome,
+              strprintf("with %" PRId64
+                        " steps lost since the last checkpoint written (train.max_bad_steps "
+                        "%" PRId64 ")",
+                        s_.checkpointer.lost_steps(), train.max_bad_steps));
     }
     return true;
   }
@@ -267,7 +270,8 @@ class Run {
   [[noreturn]] void give_up(const StepOutcome& outcome, const std::string& why) {
     s_.checkpointer.wait();
     throw std::runtime_error(strprintf(
-        "step %" PRId64 ": the training loss is inf/NaN again %s; train.rollback_on_nan gives up. "
+        "step %" PRId64
+        ": the training loss is inf/NaN again %s; train.rollback_on_nan gives up. "
         "The checkpoints in %s are kept as they were; lower optim.lr, set train.clip_grad_norm, "
         "or use amp.dtype bfloat16",
         outcome.step, why.c_str(), (cfg_.run.dir + "/checkpoints").c_str()));
@@ -296,13 +300,15 @@ class Run {
     settle();
     log_.clear();
     const int64_t limit = cfg_.run.eval_batches;
-    last_eval_ = result_.last_eval = engine::evaluate(s_.parts, s_.state.bad_samples, limit);
+    last_eval_ = result_.last_eval =
+        engine::evaluate(s_.parts, s_.state.bad_samples, limit, log_.eval_progress("val"));
     s_.state.last_eval_step = s_.state.step;
     log_.eval(last_eval_, epoch);
     if (s_.average) {  // train.ema's average, with the model's buffers
       WeightAverage::Swapped swapped(*s_.average);
       int64_t seen = 0;  // its unreadable samples are the evaluation's above, counted there
-      log_.eval(engine::evaluate(s_.parts, seen, limit), epoch, "val_ema");
+      log_.eval(engine::evaluate(s_.parts, seen, limit, log_.eval_progress("val_ema")), epoch,
+                "val_ema");
     }
     const double target = cfg_.train.stop_at_top1;
     if (!last_eval_.sequence && target > 0.0 && last_eval_.top1 >= target) {
@@ -333,6 +339,29 @@ class Run {
 
 }  // namespace
 
+// Language models: the model FLOPs of a training sample (3 x the forward's matrix products, as
+// trainer bench counts a step; under dist.tp_size a rank's share times the group's ranks) and the
+// device's matrix-product rate in the compute dtype, measured as bench measures it, for the train
+// records' MFU. Every rank must call this, in the same order (fsdp and tensor parallelism gather
+// in the forward).
+static void measure_utilisation(Trainer& trainer, const Trainer::State& s, MetricsLog& log) {
+  const auto& p = s.parts;
+  if (!p.splits.spec.sequence) return;
+  const double per_sample = 3.0 * static_cast<double>(trainer.forward_flops()) * p.tp_size() /
+                            static_cast<double>(s.loaded.cfg.data.batch_size);
+  const c10::ScalarType dtype = p.precision.autocast ? p.precision.dtype : torch::kFloat;
+  const double peak = matmul_peak_tflops(p.device, dtype);
+  log.set_utilisation(per_sample, peak);
+  if (s.job.rank != 0) return;
+  log::info(
+      strprintf("model FLOPs %.6g per sample; MFU against %.6g TFLOP/s, this device's "
+                "measured %s matrix-product rate (as trainer bench measures it)",
+                per_sample, peak,
+                dtype == torch::kBFloat16 ? "bfloat16"
+                : dtype == torch::kHalf   ? "float16"
+                                          : "float32"));
+}
+
 Trainer::Trainer(const config::LoadedConfig& loaded, const distributed::DistEnv& job)
     : s_(std::make_unique<State>(loaded, job)) {}
 
@@ -340,6 +369,7 @@ Trainer::~Trainer() = default;
 
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   Run run(*s_, stop);
+  measure_utilisation(*this, *s_, run.log());
   StepBatches batches(*s_->parts.train_loader, s_->state, s_->parts.steps_per_epoch,
                       s_->loaded.cfg.train.grad_accum_steps);
   while (run.steps_left()) {
@@ -415,7 +445,8 @@ std::string Trainer::summary() const {
     for (const auto& [name, param] : models::unique_named_parameters(*p.model)) {
       whole += p.tp_plan.count(name) ? param.numel() * p.tp_size() : param.numel();
     }
-    out << strprintf("parameters of the whole model: %" PRId64 " (above: this rank's parts of "
+    out << strprintf("parameters of the whole model: %" PRId64
+                     " (above: this rank's parts of "
                      "the layers split over dist.tp_size %d)\n",
                      whole, p.tp_size());
   }
@@ -439,7 +470,12 @@ std::string Trainer::last_checkpoint() const {
 }
 
 EvalResult Trainer::evaluate() {
-  return engine::evaluate(s_->parts, s_->state.bad_samples);
+  Progress bar(s_->job.rank == 0 ? s_->loaded.cfg.run.progress : "never");
+  const auto r =
+      engine::evaluate(s_->parts, s_->state.bad_samples, /*max_batches=*/0,
+                       [&](int64_t done, int64_t total) { bar.evaluation("eval", done, total); });
+  bar.clear();
+  return r;
 }
 
 torch::nn::Module& Trainer::model() {

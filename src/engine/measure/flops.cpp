@@ -1,9 +1,14 @@
 #include "engine/measure/flops.h"
 
 #include <ATen/record_function.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -18,10 +23,13 @@ enum class Kind { none, matmul, addmm, linear, conv, attention };
 
 Kind kind_of(const char* name) {
   static const std::pair<const char*, Kind> kinds[] = {
-      {"aten::mm", Kind::matmul},       {"aten::bmm", Kind::matmul},
-      {"aten::addmm", Kind::addmm},     {"aten::baddbmm", Kind::addmm},
+      {"aten::mm", Kind::matmul},
+      {"aten::bmm", Kind::matmul},
+      {"aten::addmm", Kind::addmm},
+      {"aten::baddbmm", Kind::addmm},
       {nn::kAlignedLinear, Kind::linear},
-      {"aten::conv2d", Kind::conv},     {"aten::scaled_dot_product_attention", Kind::attention}};
+      {"aten::conv2d", Kind::conv},
+      {"aten::scaled_dot_product_attention", Kind::attention}};
   for (const auto& [n, k] : kinds) {
     if (std::strcmp(name, n) == 0) return k;
   }
@@ -130,6 +138,35 @@ int64_t count_flops(const std::function<void()>& fn) {
   at::removeCallback(handle);
   total = nullptr;
   return counted;
+}
+
+namespace {
+
+void sync(torch::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : 0);
+}
+
+}  // namespace
+
+double matmul_peak_tflops(torch::Device device, c10::ScalarType dtype) {
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  // Values from no random generator: a training run measures this without changing its draws.
+  const auto a = torch::linspace(-1.0, 1.0, n * n, torch::TensorOptions().device(device))
+                     .view({n, n})
+                     .to(dtype);      // [n, n]
+  const auto b = a.t().contiguous();  // [n, n]
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 7; ++i) {
+    sync(device);
+    const auto start = std::chrono::steady_clock::now();
+    const auto c = torch::mm(a, b);  // [n, n]
+    sync(device);
+    if (i >= 2)
+      best = std::min(
+          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best /
+         1e12;
 }
 
 }  // namespace trainer::engine

@@ -226,23 +226,6 @@ std::string device_name(torch::Device device) {
   return name.empty() ? device.str() : name;
 }
 
-double matmul_peak_tflops(torch::Device device, c10::ScalarType dtype) {
-  const int64_t n = device.is_cuda() ? 8192 : 1024;
-  const auto options = torch::TensorOptions().device(device).dtype(dtype);
-  const auto a = torch::randn({n, n}, options);  // [n, n]
-  const auto b = torch::randn({n, n}, options);  // [n, n]
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 7; ++i) {
-    synchronize(device);
-    const auto start = Clock::now();
-    const auto c = torch::mm(a, b);  // [n, n]
-    synchronize(device);
-    if (i >= 2) best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best /
-         1e12;
-}
-
 BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
   const auto& cfg = trainer.config();
   const torch::Device device = trainer.device();

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/loop/trainer.h"
+#include "engine/measure/flops.h"  // matmul_peak_tflops
 
 namespace trainer::engine {
 
@@ -66,10 +67,6 @@ struct BenchResult {
 // launched job every rank must run it, in the same order; the figures are this process's but for
 // the job's throughput. Synchronises the device before and after the timed steps.
 BenchResult run_bench(Trainer& trainer, const BenchOptions& options);
-
-// TFLOP/s of an n x n by n x n matrix product in `dtype` on `device`, the best of 5 after 2
-// untimed: n = 8192 on a GPU, 1024 on the CPU. Synchronises the device around each product.
-double matmul_peak_tflops(torch::Device device, c10::ScalarType dtype);
 
 // The CPU's model name, or the GPU's product name as NVML reports it.
 std::string device_name(torch::Device device);

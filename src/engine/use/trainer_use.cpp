@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "engine/loop/batches.h"
+#include "engine/loop/metrics.h"
 #include "engine/loop/trainer.h"
 #include "engine/loop/trainer_state.h"
 #include "engine/use/probes.h"
@@ -144,7 +145,12 @@ EvalResult Trainer::evaluate_train_split() {
   o.rank = data ? data->rank() : 0;
   o.world_size = data ? data->world_size() : 1;
   data::Loader loader(p.splits.train, o);
-  return engine::evaluate(p, loader, s_->state.bad_samples);
+  Progress bar(s_->job.rank == 0 ? cfg.run.progress : "never");
+  const auto r = engine::evaluate(
+      p, loader, s_->state.bad_samples, /*max_batches=*/0,
+      [&](int64_t done, int64_t total) { bar.evaluation("eval (train split)", done, total); });
+  bar.clear();
+  return r;
 }
 
 int64_t Trainer::forward_flops() {
