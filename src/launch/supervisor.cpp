@@ -243,8 +243,11 @@ class Attempt {
       return result;
     }
     if (first_bad_ == nullptr) return result;
-    const bool usage =
-        WIFEXITED(first_bad_->status) && WEXITSTATUS(first_bad_->status) == kUsageExitCode;
+    // A usage or configuration error of any worker, even one reaped after a peer that failed on
+    // its exit (a process group that could not be formed): exit 2, no restart.
+    const bool usage = std::any_of(workers_.begin(), workers_.end(), [](const Worker& o) {
+      return !o.running && WIFEXITED(o.status) && WEXITSTATUS(o.status) == kUsageExitCode;
+    });
     result.exit_code = usage ? kUsageExitCode : 1;
     result.restartable = !usage && !result.stop_signal;
     if (usage) result.no_restart = "exit code 2 is a usage or configuration error";
