@@ -14,7 +14,7 @@
 
 #include "models/builtin.h"
 #include "models/cached_decoder.h"
-#include "nn/aligned_linear.h"
+#include "nn/aligned_head.h"
 
 namespace trainer::models {
 namespace {
@@ -235,28 +235,7 @@ class GptTransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptTransformer);
 
-// The bias-free output layer: its weight [vocab, C] is the token embedding's (tied: owned by
-// another module) or its own.
-class GptHeadImpl : public torch::nn::Module {
- public:
-  GptHeadImpl(torch::Tensor weight, bool tied) : tied_(tied) {
-    this->weight = register_parameter("weight", std::move(weight));
-  }
-
-  // x [..., C] -> [..., vocab], rows 64-element aligned (nn/aligned_linear.h).
-  torch::Tensor forward(const torch::Tensor& x) { return nn::aligned_linear(x, weight); }
-
-  void pretty_print(std::ostream& stream) const override {
-    stream << "Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0)
-           << ", bias=false" << (tied_ ? ", tied" : "") << ")";
-  }
-
-  torch::Tensor weight;
-
- private:
-  bool tied_;
-};
-TORCH_MODULE(GptHead);
+using GptHead = nn::AlignedHead;
 
 class GptImpl : public NetImpl {
  public:
@@ -336,9 +315,9 @@ class GptImpl : public NetImpl {
     const int n = tp->size();
     check_tp_split("model.n_head", n_head_, n);
     check_tp_split("the MLP's width (4 x model.n_embd)",
-                 transformer->blocks[0]->mlp->c_fc->weight.size(0), n);
+                   transformer->blocks[0]->mlp->c_fc->weight.size(0), n);
     check_tp_split("model.vocab_size", vocabulary(), n,
-                 " or a vocabulary padded to a multiple of it (GPT-2's 50257 padded: 50304)");
+                   " or a vocabulary padded to a multiple of it (GPT-2's 50257 padded: 50304)");
     nn::SplitPlan plan{{"transformer.wte.weight", {0, 1}}, {"lm_head.weight", {0, 1}}};
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
       const std::string p = "transformer.h." + std::to_string(i) + ".";
@@ -397,7 +376,6 @@ class GptImpl : public NetImpl {
     return tp_ ? tp_->embedding(x, transformer->wte->weight) : transformer->wte->forward(x);
   }
 
-
   int64_t block_size_;
   int64_t n_head_;
   double dropout_;
@@ -406,7 +384,6 @@ class GptImpl : public NetImpl {
   GptHead lm_head{nullptr};
 };
 TORCH_MODULE(Gpt);
-
 
 }  // namespace
 

@@ -27,7 +27,7 @@
 #include "models/cached_decoder.h"
 #include "models/deferred_init.h"
 #include "models/llama_layers.h"
-#include "nn/aligned_linear.h"
+#include "nn/aligned_head.h"
 
 namespace trainer::models {
 namespace {
@@ -66,27 +66,7 @@ class LlamaStackImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaStack);
 
-// The bias-free output layer: its weight [vocab, C] is the token embedding's (tied) or its own.
-class LlamaHeadImpl : public torch::nn::Module {
- public:
-  LlamaHeadImpl(torch::Tensor weight, bool tied) : tied_(tied) {
-    this->weight = register_parameter("weight", std::move(weight));
-  }
-
-  // x [..., C] -> [..., vocab], rows 64-element aligned (nn/aligned_linear.h).
-  torch::Tensor forward(const torch::Tensor& x) { return nn::aligned_linear(x, weight); }
-
-  void pretty_print(std::ostream& stream) const override {
-    stream << "Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0)
-           << ", bias=false" << (tied_ ? ", tied" : "") << ")";
-  }
-
-  torch::Tensor weight;
-
- private:
-  bool tied_;
-};
-TORCH_MODULE(LlamaHead);
+using LlamaHead = nn::AlignedHead;
 
 // The sizes a model of options `o` reading `input` needs; ModelError naming the key otherwise.
 void check_options(const LlamaOptions& o, const InputSpec& input, int64_t vocab) {
@@ -199,7 +179,7 @@ class LlamaImpl : public NetImpl {
     }
     check_tp_split("model.intermediate_size", model->blocks[0]->mlp->gate_proj->weight.size(0), n);
     check_tp_split("model.vocab_size", vocabulary(), n,
-                 " or a vocabulary padded to a multiple of it");
+                   " or a vocabulary padded to a multiple of it");
     nn::SplitPlan plan{{"model.embed_tokens.weight", {0, 1}}, {"lm_head.weight", {0, 1}}};
     for (size_t i = 0; i < model->blocks.size(); ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -271,7 +251,6 @@ class LlamaImpl : public NetImpl {
                 torch::cat({-sin, sin}, /*dim=*/-1).to(dtype).unsqueeze(-2)};
   }
 
-
   int64_t block_size_;
   int64_t n_head_, n_kv_head_;
   torch::Tensor inv_freq_;                  // [hd / 2] float32, on the device last used
@@ -280,7 +259,6 @@ class LlamaImpl : public NetImpl {
   LlamaHead lm_head{nullptr};
 };
 TORCH_MODULE(Llama);
-
 
 }  // namespace
 
