@@ -61,7 +61,7 @@ class CachedDecoder final : public Decoder {
  private:
   Net& net_;
   bool use_cache_;
-  torch::Tensor history_;               // [B, L] every token given since reset(), cropped
+  torch::Tensor history_;              // [B, L] every token given since reset(), cropped
   std::vector<KeyValueCache> caches_;  // per block
   int64_t cached_ = 0;                 // positions in the caches
 };

@@ -7,14 +7,19 @@
 // lm_head's weight is tied to transformer.wte.weight (model.tie_embeddings, the default): the same
 // tensor, registered under both names (as in a PyTorch state_dict), so Module::parameters() lists
 // it twice; parameter_count() counts it once. Untied, lm_head has a weight of its own.
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "models/builtin.h"
 #include "models/cached_decoder.h"
+#include "models/decoder.h"
 #include "nn/aligned_head.h"
+#include "nn/fused_gpt_ops.h"
+#include "nn/fused_ops.h"
 
 namespace trainer::models {
 namespace {
@@ -29,6 +34,9 @@ struct GptOptions {
   bool bias = true;            // biases in linear layers and layer norms
   double dropout = 0.0;        // dropout rate on embeddings, attention and residuals
   bool tie_embeddings = true;  // lm_head's weight is transformer.wte's (GPT-2's tie)
+  // auto (the fused kernels and the chunked output loss on a GPU) | on (the chunked output loss on
+  // the CPU too) | off
+  std::string fused_kernels = "off";
 
   template <class V>
   void visit(V& v) {
@@ -40,6 +48,7 @@ struct GptOptions {
     v("bias", bias);
     v("dropout", dropout);
     v("tie_embeddings", tie_embeddings);
+    v("fused_kernels", fused_kernels);
   }
   void validate(config::Checks& c) const {
     c.at_least("n_layer", n_layer, 1);
@@ -52,7 +61,12 @@ struct GptOptions {
     c.at_least("block_size", block_size, 1);
     c.at_least("vocab_size", vocab_size, 0);
     c.fraction("dropout", dropout);
+    // llama's values too: the key is shared, and every model's checks see it.
+    c.one_of("fused_kernels", fused_kernels, {"auto", "on", "off"});
   }
+  // Whether LayerNorm, its residual add and the MLP's bias + GELU take nn/fused_gpt_ops.h's
+  // kernels where their tensors allow (CUDA).
+  bool fused() const { return fused_kernels != "off"; }
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -61,16 +75,40 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // LayerNorm over the last dimension whose bias is optional (torch::nn::LayerNorm always has one).
+// `fused`: on a CUDA device one kernel each way (nn/fused_gpt_ops.h), giving what ATen's gives:
+// the dtype (float32 under autocast, whose layer_norm runs in float32) and the values within
+// rounding.
 class GptLayerNormImpl : public torch::nn::Module {
  public:
-  GptLayerNormImpl(int64_t dim, bool bias) : dim_(dim) {
+  GptLayerNormImpl(int64_t dim, bool bias, bool fused = false) : dim_(dim), fused_(fused) {
     weight = register_parameter("weight", torch::ones({dim}));
     if (bias) this->bias = register_parameter("bias", torch::zeros({dim}));
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
     // x: [..., C]; an undefined bias means none.
-    return torch::layer_norm(x, {dim_}, weight, bias, /*eps=*/1e-5);
+    if (fused_ && x.is_cuda()) {
+      const auto [w, b] = kernel_params(x, x.scalar_type());
+      if (w.defined() && nn::fused_layer_norm_supports(x, w, b)) {
+        return nn::fused_layer_norm(x, w, b, kEps);  // [..., C]
+      }
+    }
+    return torch::layer_norm(x, {dim_}, weight, bias, kEps);  // [..., C]
+  }
+
+  // {x + residual, forward(x + residual)}: the sum for the next residual and its norm, [..., C]
+  // each; with `fused` on a CUDA device the add and the norm are one kernel.
+  std::pair<torch::Tensor, torch::Tensor> forward_add(const torch::Tensor& x,
+                                                      const torch::Tensor& residual) {
+    if (fused_ && x.is_cuda()) {
+      const auto type = torch::promote_types(x.scalar_type(), residual.scalar_type());
+      const auto [w, b] = kernel_params(x, type);
+      if (w.defined() && nn::fused_add_layer_norm_supports(x, residual, w, b)) {
+        return nn::fused_add_layer_norm(x, residual, w, b, kEps);
+      }
+    }
+    auto sum = x + residual;  // [..., C]
+    return {sum, forward(sum)};
   }
 
   void pretty_print(std::ostream& stream) const override {
@@ -81,7 +119,23 @@ class GptLayerNormImpl : public torch::nn::Module {
   torch::Tensor bias;
 
  private:
+  static constexpr double kEps = 1e-5;
+
+  // The weight and bias the kernel takes to normalise an input of `type` as ATen's layer_norm
+  // does: under autocast on x's device ATen's runs in float32 (the input and parameters cast), so
+  // float32 ones; otherwise only parameters of the input's dtype (ATen's mixed cases stay
+  // ATen's): {undefined, undefined} else.
+  std::pair<torch::Tensor, torch::Tensor> kernel_params(const torch::Tensor& x,
+                                                        torch::ScalarType type) const {
+    if (at::autocast::is_autocast_enabled(x.device().type())) {
+      return {weight.to(torch::kFloat), bias.defined() ? bias.to(torch::kFloat) : bias};
+    }
+    if (weight.scalar_type() != type) return {};
+    return {weight, bias};
+  }
+
   int64_t dim_;
+  bool fused_;
 };
 TORCH_MODULE(GptLayerNorm);
 
@@ -159,7 +213,7 @@ TORCH_MODULE(GptAttention);
 
 class GptMlpImpl : public torch::nn::Module {
  public:
-  explicit GptMlpImpl(const GptOptions& cfg) : dropout_(cfg.dropout) {
+  explicit GptMlpImpl(const GptOptions& cfg) : dropout_(cfg.dropout), fused_(cfg.fused()) {
     c_fc = register_module("c_fc", linear(cfg.n_embd, 4 * cfg.n_embd, cfg.bias));
     c_proj = register_module("c_proj", linear(4 * cfg.n_embd, cfg.n_embd, cfg.bias));
   }
@@ -168,8 +222,7 @@ class GptMlpImpl : public torch::nn::Module {
   // computes 4C' = 4C / tp of the hidden units.
   torch::Tensor forward(const torch::Tensor& x) {
     // x: [B, T, C]
-    auto h = tp ? c_fc->column_parallel(*tp, x) : apply_linear(c_fc, x);
-    h = torch::gelu(h, /*approximate=*/"tanh");  // [B, T, 4C']
+    const auto h = hidden(x);  // [B, T, 4C']
     return drop(tp ? c_proj->row_parallel(*tp, h) : apply_linear(c_proj, h), dropout_,
                 is_training());  // [B, T, C]
   }
@@ -179,31 +232,50 @@ class GptMlpImpl : public torch::nn::Module {
   std::shared_ptr<nn::TensorParallel> tp;  // the group c_fc and c_proj split over; null: whole
 
  private:
+  // gelu_tanh(c_fc(x)): [B, T, C] -> [B, T, 4C']. With model.fused_kernels on a CUDA device and
+  // c_fc a whole layer without a LoRA adapter, c_fc's product without its bias, then the bias add
+  // and the GELU in one kernel each way (nn/fused_gpt_ops.h; under autocast the bias cast to the
+  // product's dtype, as autocast's linear casts it).
+  torch::Tensor hidden(const torch::Tensor& x) {
+    if (fused_ && !tp && !c_fc->adapted() && x.is_cuda() && nn::fused_kernels_built()) {
+      const auto h = torch::linear(x, c_fc->weight);  // [B, T, 4C]
+      const auto& bias = c_fc->bias;
+      const auto b = bias.defined() ? bias.to(h.scalar_type()) : bias;
+      if (nn::fused_bias_gelu_supports(h, b)) return nn::fused_bias_gelu(h, b);
+      return torch::gelu(b.defined() ? h + b : h, /*approximate=*/"tanh");
+    }
+    const auto h = tp ? c_fc->column_parallel(*tp, x) : apply_linear(c_fc, x);
+    return torch::gelu(h, /*approximate=*/"tanh");
+  }
+
   double dropout_;
+  bool fused_;
 };
 TORCH_MODULE(GptMlp);
 
-// Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+// Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). With model.fused_kernels
+// on a CUDA device the LayerNorms, the add before ln_2 and the MLP's bias + GELU are fused kernels.
 class GptBlockImpl : public torch::nn::Module {
  public:
   explicit GptBlockImpl(const GptOptions& cfg) {
-    ln_1 = register_module("ln_1", GptLayerNorm(cfg.n_embd, cfg.bias));
+    ln_1 = register_module("ln_1", GptLayerNorm(cfg.n_embd, cfg.bias, cfg.fused()));
     attn = register_module("attn", GptAttention(cfg));
-    ln_2 = register_module("ln_2", GptLayerNorm(cfg.n_embd, cfg.bias));
+    ln_2 = register_module("ln_2", GptLayerNorm(cfg.n_embd, cfg.bias, cfg.fused()));
     mlp = register_module("mlp", GptMlp(cfg));
   }
 
   // mask: packed rows' block-causal mask [B, 1, T, T], or undefined (causal).
   torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask = {}) {
-    // x: [B, T, C]
-    x = x + attn->forward(ln_1->forward(x), mask);  // [B, T, C]
-    x = x + mlp->forward(ln_2->forward(x));         // [B, T, C]
-    return x;
+    // x: [B, T, C]; the attention's residual add and ln_2 after it are one kernel where fused:
+    // h = x + attn(...), [B, T, C] each.
+    auto [h, normed] = ln_2->forward_add(x, attn->forward(ln_1->forward(x), mask));
+    return h + mlp->forward(normed);  // [B, T, C]
   }
 
   torch::Tensor forward_cached(torch::Tensor x, std::pair<torch::Tensor, torch::Tensor>& cache) {
-    x = x + attn->forward_cached(ln_1->forward(x), cache);  // [B, T, C]
-    return x + mlp->forward(ln_2->forward(x));              // [B, T, C]
+    auto [h, normed] =
+        ln_2->forward_add(x, attn->forward_cached(ln_1->forward(x), cache));  // [B, T, C] x 2
+    return h + mlp->forward(normed);                                          // [B, T, C]
   }
 
   GptLayerNorm ln_1{nullptr};
@@ -224,7 +296,7 @@ class GptTransformerImpl : public torch::nn::Module {
       blocks.push_back(GptBlock(cfg));
       h->push_back(blocks.back());
     }
-    ln_f = register_module("ln_f", GptLayerNorm(cfg.n_embd, cfg.bias));
+    ln_f = register_module("ln_f", GptLayerNorm(cfg.n_embd, cfg.bias, cfg.fused()));
   }
 
   torch::nn::Embedding wte{nullptr};
@@ -237,10 +309,13 @@ TORCH_MODULE(GptTransformer);
 
 using GptHead = nn::AlignedHead;
 
-class GptImpl : public NetImpl {
+class GptImpl : public DecoderImpl {
  public:
   GptImpl(const GptOptions& cfg, const nn::CheckpointPolicy& policy, const InputSpec& input)
-      : block_size_(cfg.block_size), n_head_(cfg.n_head), dropout_(cfg.dropout) {
+      : DecoderImpl(cfg.fused_kernels),
+        block_size_(cfg.block_size),
+        n_head_(cfg.n_head),
+        dropout_(cfg.dropout) {
     runner_ = nn::BlockRunner(policy);
     const int64_t vocab = cfg.vocab_size > 0 ? cfg.vocab_size : input.num_classes;
     if (vocab <= 0) {
@@ -262,13 +337,9 @@ class GptImpl : public NetImpl {
     init_weights(cfg.n_layer);
   }
 
-  torch::Tensor forward(torch::Tensor x) override { return forward_packed(std::move(x), {}); }
-
-  bool takes_positions() const override { return true; }
-
   // Packed rows (positions [B, T] defined): each token's position embedding that of its position
   // within its document, attention block-causal (models/builtin.h), the mask made once.
-  torch::Tensor forward_packed(torch::Tensor x, const torch::Tensor& positions) override {
+  torch::Tensor hidden(torch::Tensor x, const torch::Tensor& positions) override {
     // x: [B, T] token ids
     TORCH_CHECK(x.dim() == 2, "gpt expects token ids [B, T]; got ", x.dim(), " dims");
     const int64_t T = x.size(1);
@@ -288,8 +359,7 @@ class GptImpl : public NetImpl {
           [block, mask](const torch::Tensor& in) { return block->forward(in, mask); },
           h);  // [B, T, C]
     }
-    h = transformer->ln_f->forward(h);                   // [B, T, C]
-    return lm_head->forward(tp_ ? tp_->copy_in(h) : h);  // [B, T, vocab'] (vocab / tp under tp)
+    return transformer->ln_f->forward(h);  // [B, T, C]
   }
 
   // Decoding (eval mode): the logits [B, vocab] of the last of the new tokens x [B, T], which
@@ -304,7 +374,7 @@ class GptImpl : public NetImpl {
       h = transformer->blocks[i]->forward_cached(h, caches[i]);  // [B, T, C]
     }
     h = transformer->ln_f->forward(h.select(/*dim=*/1, /*index=*/T - 1));  // [B, C]
-    return lm_head->forward(tp_ ? tp_->copy_in(h) : h);                    // [B, vocab']
+    return logits(h);                                                      // [B, vocab']
   }
 
   // Megatron-LM's splits: attention column-parallel by heads (c_attn's query, key and value rows
@@ -379,9 +449,7 @@ class GptImpl : public NetImpl {
   int64_t block_size_;
   int64_t n_head_;
   double dropout_;
-  std::shared_ptr<nn::TensorParallel> tp_;  // the group the layers split over; null: whole
   GptTransformer transformer{nullptr};
-  GptHead lm_head{nullptr};
 };
 TORCH_MODULE(Gpt);
 

@@ -57,7 +57,8 @@ NamedWeights from_hf(const NamedWeights& weights) {
   }
   // The file's head where it stores one (an untied model's, or a tied one's copy), else wte's:
   // loading checks that a tied model gets equal tensors.
-  if (head.defined() || wte.defined()) out.emplace_back("lm_head.weight", head.defined() ? head : wte);
+  if (head.defined() || wte.defined())
+    out.emplace_back("lm_head.weight", head.defined() ? head : wte);
   return out;
 }
 
@@ -87,7 +88,8 @@ std::pair<NamedWeights, nlohmann::json> to_hf(const NamedWeights& weights,
                                               const std::map<std::string, std::string>& config) {
   NamedWeights out;
   int64_t layers = 0, vocab = 0, positions = 0, width = 0;
-  const bool tied = !config.count("model.tie_embeddings") || config.at("model.tie_embeddings") != "false";
+  const bool tied =
+      !config.count("model.tie_embeddings") || config.at("model.tie_embeddings") != "false";
   for (const auto& [name, t] : weights) {
     // Tied to wte: from_pretrained ties it again.
     if (name == "lm_head.weight" && tied) continue;

@@ -25,6 +25,7 @@
 
 #include "models/builtin.h"
 #include "models/cached_decoder.h"
+#include "models/decoder.h"
 #include "models/deferred_init.h"
 #include "models/llama_layers.h"
 #include "nn/aligned_head.h"
@@ -103,11 +104,15 @@ void check_options(const LlamaOptions& o, const InputSpec& input, int64_t vocab)
   }
 }
 
-class LlamaImpl : public NetImpl {
+class LlamaImpl : public DecoderImpl {
  public:
   LlamaImpl(const LlamaOptions& o, const nn::CheckpointPolicy& policy, const InputSpec& input)
-      : block_size_(o.block_size), n_head_(o.n_head), n_kv_head_(o.kv_heads()) {
+      : DecoderImpl(o.fused_kernels),
+        block_size_(o.block_size),
+        n_head_(o.n_head),
+        n_kv_head_(o.kv_heads()) {
     runner_ = nn::BlockRunner(policy);
+    fused_rotary_ = o.fused();
     const int64_t vocab = o.vocab_size > 0 ? o.vocab_size : input.num_classes;
     check_options(o, input, vocab);
     inv_freq_ = inverse_frequencies(o);
@@ -118,13 +123,9 @@ class LlamaImpl : public NetImpl {
     init_weights();
   }
 
-  torch::Tensor forward(torch::Tensor x) override { return forward_packed(std::move(x), {}); }
-
-  bool takes_positions() const override { return true; }
-
   // Packed rows (positions [B, T] defined): each token rotated by its position within its
   // document, attention block-causal (models/builtin.h), both made once for every block.
-  torch::Tensor forward_packed(torch::Tensor x, const torch::Tensor& positions) override {
+  torch::Tensor hidden(torch::Tensor x, const torch::Tensor& positions) override {
     // x: [B, T] token ids
     TORCH_CHECK(x.dim() == 2, "llama expects token ids [B, T]; got ", x.dim(), " dims");
     const int64_t T = x.size(1);
@@ -146,8 +147,7 @@ class LlamaImpl : public NetImpl {
           [block, rope, mask](const torch::Tensor& in) { return block->forward(in, rope, mask); },
           h);  // [B, T, C]
     }
-    h = model->norm->forward(h);                         // [B, T, C]
-    return lm_head->forward(tp_ ? tp_->copy_in(h) : h);  // [B, T, vocab'] (vocab / tp under tp)
+    return model->norm->forward(h);  // [B, T, C]
   }
 
   // Decoding (eval mode): the logits [B, vocab] of the last of the new tokens x [B, T], which
@@ -162,7 +162,7 @@ class LlamaImpl : public NetImpl {
       h = model->blocks[i]->forward_cached(h, rope, caches[i]);  // [B, T, C]
     }
     h = model->norm->forward(h.select(/*dim=*/1, /*index=*/T - 1));  // [B, C]
-    return lm_head->forward(tp_ ? tp_->copy_in(h) : h);              // [B, vocab']
+    return logits(h);                                                // [B, vocab']
   }
 
   // Megatron-LM's splits: q_proj, k_proj and v_proj column-parallel by heads (this rank's query
@@ -229,6 +229,7 @@ class LlamaImpl : public NetImpl {
   // The rotation of positions [start, start + T) (llama::Rope), computed in float32 on the device
   // of `h` and cast to its dtype.
   Rope rotation(int64_t start, int64_t T, const torch::Tensor& h) {
+    if (fused_tables(h)) return tables_rope(start + T, {}, start, h);
     if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
     const auto pos = torch::arange(start, start + T, inv_freq_.options());  // [T]
     return rope_of(torch::outer(pos, inv_freq_), h);                        // [T, 1, hd] each
@@ -237,6 +238,7 @@ class LlamaImpl : public NetImpl {
   // The rotation of each token by its packed position, positions [B, T] (int64, on h's device):
   // the products of rotation()'s for the same positions. [B, T, 1, hd] each.
   Rope rotation_at(const torch::Tensor& positions, const torch::Tensor& h) {
+    if (fused_tables(h)) return tables_rope(positions.size(1), positions, 0, h);
     if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
     const auto pos = positions.to(inv_freq_.scalar_type()).unsqueeze(-1);  // [B, T, 1]
     return rope_of(pos * inv_freq_, h);                                    // [B, T, 1, hd] each
@@ -245,18 +247,42 @@ class LlamaImpl : public NetImpl {
   // cos and half-negated sin of the angles freqs [..., hd / 2] (float32), in h's dtype, a head
   // dimension inserted before the last: [..., 1, hd] each.
   static Rope rope_of(const torch::Tensor& freqs, const torch::Tensor& h) {
-    const auto cos = freqs.cos(), sin = freqs.sin();  // [..., hd / 2]
-    const auto dtype = h.scalar_type();
-    return Rope{torch::cat({cos, cos}, /*dim=*/-1).to(dtype).unsqueeze(-2),
-                torch::cat({-sin, sin}, /*dim=*/-1).to(dtype).unsqueeze(-2)};
+    return llama::rope_of(freqs.cos(), freqs.sin(), h.scalar_type());
+  }
+
+  // Whether the blocks rotate by the fused kernel's tables: model.fused_kernels on a CUDA device,
+  // in a build with the kernels.
+  bool fused_tables(const torch::Tensor& h) const {
+    return fused_rotary_ && h.is_cuda() && nn::fused_kernels_built();
+  }
+
+  // The rotation as the fused kernel's tables (llama::Rope::tables): tokens at `positions` [B, T]
+  // (undefined: start, start + 1, ...), the tables covering at least `rows` positions and the
+  // block size, computed on h's device once (the same float32 angles, cos and sin as rotation()'s).
+  Rope tables_rope(int64_t rows, const torch::Tensor& positions, int64_t start,
+                   const torch::Tensor& h) {
+    if (!cos_table_.defined() || cos_table_.device() != h.device() || cos_table_.size(0) < rows) {
+      if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
+      const auto pos = torch::arange(0, std::max(rows, block_size_), inv_freq_.options());
+      const auto freqs = torch::outer(pos, inv_freq_);  // [rows, hd / 2]
+      cos_table_ = freqs.cos();
+      sin_table_ = freqs.sin();
+    }
+    Rope rope;
+    rope.tables.cos = cos_table_;
+    rope.tables.sin = sin_table_;
+    if (positions.defined()) rope.tables.positions = positions.to(h.device(), torch::kLong);
+    rope.tables.start = start;
+    rope.tables.dtype = h.scalar_type();
+    return rope;
   }
 
   int64_t block_size_;
   int64_t n_head_, n_kv_head_;
-  torch::Tensor inv_freq_;                  // [hd / 2] float32, on the device last used
-  std::shared_ptr<nn::TensorParallel> tp_;  // the group the layers split over; null: whole
+  torch::Tensor inv_freq_;               // [hd / 2] float32, on the device last used
+  bool fused_rotary_ = false;            // model.fused_kernels: rotary by tables_rope()
+  torch::Tensor cos_table_, sin_table_;  // with it: [rows, hd / 2] float32, row p position p's
   LlamaStack model{nullptr};
-  LlamaHead lm_head{nullptr};
 };
 TORCH_MODULE(Llama);
 

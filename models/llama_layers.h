@@ -14,6 +14,7 @@
 
 #include "models/builtin.h"
 #include "nn/fused_ops.h"
+#include "nn/fused_rotary_ops.h"
 
 namespace trainer::models::llama {
 
@@ -38,7 +39,8 @@ struct LlamaOptions {
   bool qkv_bias = false;                 // biases in q_proj, k_proj and v_proj (Qwen 2)
   bool qk_norm = false;                  // per-head RMSNorm of queries and keys (Qwen 3)
   bool tie_embeddings = true;            // lm_head's weight is model.embed_tokens'
-  std::string fused_kernels = "off";     // auto (the fused CUDA kernels on a GPU) | off
+  std::string fused_kernels = "off";  // auto (fused kernels on a GPU) | on (also the CPU's) | off:
+                                      // as gpt's, whose checks cover it
 
   template <class V>
   void visit(V& v) {
@@ -83,11 +85,11 @@ struct LlamaOptions {
                                          std::to_string(rope_low_freq_factor) + ")");
     }
     c.at_least("rope_original_context", rope_original_context, 1);
-    c.one_of("fused_kernels", fused_kernels, {"auto", "off"});
   }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_width() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
-  // Whether RMSNorm and SwiGLU take nn/fused_ops.h's kernels where their tensors allow (CUDA).
+  // Whether RMSNorm, SwiGLU and the rotary embeddings take the fused kernels (nn/fused_ops.h,
+  // nn/fused_rotary_ops.h) where their tensors allow (CUDA).
   bool fused() const { return fused_kernels != "off"; }
 };
 
@@ -116,9 +118,33 @@ inline torch::Tensor inverse_frequencies(const LlamaOptions& o) {
 // computes cos and sin in float32 and casts them to its hidden states'): cos [T, 1, head_dim] and
 // sin [T, 1, head_dim] with its first half negated (what rotate() multiplies by); of packed rows'
 // positions [B, T] (data::Batch::positions), each token's own: [B, T, 1, head_dim] each.
+// With model.fused_kernels on a CUDA device the rotation is `tables` instead (cos and sin
+// undefined): every position's float32 cos and sin, and the row each token reads, for the fused
+// kernel (nn/fused_rotary_ops.h).
 struct Rope {
+  Rope() = default;
+  Rope(torch::Tensor cos_, torch::Tensor sin_) : cos(std::move(cos_)), sin(std::move(sin_)) {}
+
   torch::Tensor cos, sin;
+  nn::RotaryTables tables;
 };
+
+// The Rope of the cosines and sines [..., head_dim / 2] (float32) of the tokens' angles, cast to
+// `dtype`: [..., 1, head_dim] each.
+inline Rope rope_of(const torch::Tensor& cos, const torch::Tensor& sin, torch::ScalarType dtype) {
+  return Rope{torch::cat({cos, cos}, /*dim=*/-1).to(dtype).unsqueeze(-2),
+              torch::cat({-sin, sin}, /*dim=*/-1).to(dtype).unsqueeze(-2)};
+}
+
+// The rows of `tables` that T tokens read, as the Rope above: [T, 1, hd] or [B, T, 1, hd] each.
+inline Rope rope_of(const nn::RotaryTables& tables, int64_t T) {
+  const auto& p = tables.positions;
+  auto rows = [&](const torch::Tensor& table) {  // [T, hd / 2] or [B, T, hd / 2]
+    return p.defined() ? table.index_select(0, p.flatten()).view({p.size(0), T, -1})
+                       : table.narrow(0, tables.start, T);
+  };
+  return rope_of(rows(tables.cos), rows(tables.sin), tables.dtype);
+}
 
 // q or k [B, T, H, hd] rotated as transformers' apply_rotary_pos_emb rotates them, x * cos +
 // rotate_half(x) * sin with rotate_half(x) = [-x2, x1]: here [x2, x1] times the half-negated sin,
@@ -128,6 +154,16 @@ inline torch::Tensor rotate(const torch::Tensor& x, const Rope& rope) {
   const int64_t half = x.size(-1) / 2;
   const auto swapped = torch::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * rope.cos + swapped * rope.sin;  // [B, T, H, hd]
+}
+
+// q [B, T, nh, hd] and k [B, T, nkv, hd] rotated by `rope`: by the fused kernel in one pass when
+// rope holds its tables and the kernel takes q and k, else by rotate(). Each [B, T, h, hd].
+inline std::pair<torch::Tensor, torch::Tensor> rotate_qk(const torch::Tensor& q,
+                                                         const torch::Tensor& k, const Rope& rope) {
+  if (!rope.tables.cos.defined()) return {rotate(q, rope), rotate(k, rope)};
+  if (nn::fused_rotary_supports(q, k, rope.tables)) return nn::fused_rotary(q, k, rope.tables);
+  const Rope aten = rope_of(rope.tables, q.size(1));
+  return {rotate(q, aten), rotate(k, aten)};
 }
 
 // transformers' LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, cast back, times the weight.
@@ -239,7 +275,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }
-    return {rotate(q, rope).transpose(1, 2), rotate(k, rope).transpose(1, 2),
+    std::tie(q, k) = rotate_qk(q, k, rope);
+    return {q.transpose(1, 2), k.transpose(1, 2),
             heads(apply_column(v_proj, tp, x, in)).transpose(1, 2)};
   }
   // [B, T, h * hd] -> [B, T, h, hd]

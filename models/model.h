@@ -45,6 +45,15 @@ class NetImpl : public torch::nn::Module {
   // ModelError (key data.pack) for positions when the model does not take them.
   virtual torch::Tensor forward_packed(torch::Tensor x, const torch::Tensor& positions);
 
+  // The weight [V, C] of a language model's output layer when it is a plain product
+  // (logits = hidden · weightᵀ, no bias), so that a loss may take the hidden states and the
+  // weight instead of the logits (losses/output_loss.h); undefined when the model has no such
+  // layer (its rows split over a tensor-parallel group included).
+  virtual torch::Tensor output_weight() const { return {}; }
+  // forward_packed up to its output layer: the hidden states [B, T, C] it multiplies by
+  // output_weight(). Throws std::logic_error when output_weight() is undefined.
+  virtual torch::Tensor forward_hidden(torch::Tensor x, const torch::Tensor& positions);
+
   // The blocks in forward order (transformer layers, residual blocks): the units sharded training
   // gathers one at a time. None for models without blocks.
   virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() const { return {}; }

@@ -42,6 +42,10 @@ torch::Tensor NetImpl::forward_packed(torch::Tensor x, const torch::Tensor& posi
                    "false (llama and gpt take packed rows)");
 }
 
+torch::Tensor NetImpl::forward_hidden(torch::Tensor /*x*/, const torch::Tensor& /*positions*/) {
+  throw std::logic_error("this model's output layer is not a plain product (no output_weight)");
+}
+
 NamedWeights to_trainer_layout(const std::string& name, const NamedWeights& weights) {
   const auto& hf = model_registry().get(name).hf;
   return hf && hf->matches(weights) ? hf->to_trainer(weights) : weights;

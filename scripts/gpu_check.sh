@@ -40,6 +40,12 @@
 #                            and doctor --perf's verdict on the job
 #   gpt2_ckpt_async          gpt2_bf16 trained 90 steps with a checkpoint every 30, synchronous and
 #                            with run.checkpoint_async: the save time against the time blocked
+#   kernels                  trainer bench --kernels: each fused kernel's GB/s against the
+#                            device's copy rate, and its speedup over ATen's operators
+#   gpt2_bf16_fused          gpt2_bf16 with model.fused_kernels=auto (fused LayerNorm + residual,
+#                            bias + GELU, the chunked output layer and loss)
+#   fused_losses             100 deterministic steps of gpt2 (batch 8) with model.fused_kernels
+#                            off and auto: the two loss curves
 #   gpt2_bf16_tp1            gpt2_bf16 with dist.tp_size=1 under `trainer launch --nproc-per-node 1`
 #                            (an NCCL group of one): against gpt2_bf16's PyTorch eager
 # Before the cases, `trainer doctor --perf --quick --json`: the GPU's matmul TFLOP/s per dtype,
@@ -374,6 +380,9 @@ CASES=(
   "graph_losses|gpu_resnet50.yaml|0|100|30|losses|data.batch_size=32|deterministic=true|run.checkpoint_every=25"
   "r50_bf16_b32_compile|gpu_resnet50.yaml|10|50|90|compile|data.batch_size=32"
   "gpt2_bf16_compile|gpu_gpt2.yaml|5|20|90|compile"
+  "gpt2_bf16_fused|gpu_gpt2.yaml|5|20|25|trainer|model.fused_kernels=auto"
+  "kernels|gpu_gpt2.yaml|0|0|30|kernels"
+  "fused_losses|gpu_gpt2.yaml|0|100|60|fused_losses|data.batch_size=8|deterministic=true"
   "r50_bf16_b256_compile|gpu_resnet50.yaml|8|25|90|compile"
   "gpt2_ckpt|gpu_gpt2.yaml|5|20|25|trainer|model.checkpointing=blocks"
   "ddp_ws1|gpu_resnet50.yaml|8|25|30|launch"
@@ -426,10 +435,19 @@ run_bench() {
     losses) two_curves "$base" "$config" "$steps" "$limit" train.cuda_graph "false true" 0 \
               "${sets[@]}"
             return 0 ;;
+    fused_losses) two_curves "$base" "$config" "$steps" "$limit" model.fused_kernels "off auto" 0 \
+                    "${sets[@]}"
+                  return 0 ;;
     fsdp_losses) two_curves "$base" "$config" "$steps" "$limit" dist.strategy "ddp fsdp" "$GPUS" \
                    "${sets[@]}"
                  return 0 ;;
     observe) observe_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
+             return 0 ;;
+    kernels) local t0=$SECONDS rc=0
+             (cd "$ROOT" && timeout -k 10 "$limit" "$TRAINER" bench --kernels --json "$base.json") \
+               > "$base.log" 2>&1 || rc=$?
+             echo "$rc $((SECONDS - t0))" > "$base.status"
+             say "$name/$impl: done in $((SECONDS - t0))s (exit $rc)"
              return 0 ;;
     shards) shards_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
             return 0 ;;
@@ -650,7 +668,7 @@ import json, os, sys
 bench, out, header = sys.argv[1:4]
 order = ["r50_bf16_b256", "r50_bf16_b256_compile", "r50_bf16_b256_loop", "r50_fp16_b256",
          "r50_bf16_b32", "r50_bf16_b32_graph", "r50_bf16_b32_compile", "r50_bf16_b32_autotune",
-         "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph", "gpt2_bf16_compile",
+         "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph", "gpt2_bf16_compile", "gpt2_bf16_fused",
          "gpt2_bf16_autotune", "gpt2_bf16_loop", "gpt2_bf16_tp1", "llama1b_bf16",
          "llama1b_bf16_compile", "llama1b_bf16_fused", "llama1b_lora_bf16", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer",
          "graph_losses", "gpt2_fsdp", "gpt2_fsdp_ddp", "fsdp_losses"]
@@ -693,7 +711,7 @@ print(cols % ("case", "impl", "precision", "samples/s", "tokens/s", "step p50", 
               "peak MB", "TFLOPS", "MFU", "vs torch", "vs best", "ops", "syncs"))
 
 def base_of(case):
-    for tail in ("_graph", "_compile", "_autotune", "_loop", "_tp1"):
+    for tail in ("_graph", "_compile", "_autotune", "_loop", "_tp1", "_fused"):
         if case.endswith(tail):
             return case[: -len(tail)]
     return case
@@ -781,6 +799,23 @@ elif g and isinstance(g.get("result"), dict):
     print("graph vs eager losses over %d steps: max relative difference %.2g, mean %.2g"
           % (g["result"]["steps"], g["result"]["max_rel_diff"], g["result"]["mean_rel_diff"]))
 
+k = runs.get(("kernels", "kernels"))
+if k and isinstance(k.get("result"), dict) and "kernels" in k["result"]:
+    print("fused kernels (bench --kernels), device copy %.0f GB/s: fused GB/s (share of the copy "
+          "rate), speedup over ATen" % k["result"]["copy_gbps"])
+    for row in k["result"]["kernels"]:
+        print("  %-40s %-22s %6.0f GB/s (%3.0f%%)  %.2fx"
+              % (row["name"], row["shape"], row["fused_gbps"], 100 * row["of_copy"],
+                 row["aten_ms"] / row["fused_ms"]))
+elif k:
+    print("fused kernels (bench --kernels): FAILED (logs.tar.gz: bench/kernels.kernels.log)")
+u = runs.get(("fused_losses", "fused_losses"))
+if u and isinstance(u.get("result"), dict) and "error" in u["result"]:
+    print("fused vs unfused losses: FAILED: " + u["result"]["error"])
+elif u and isinstance(u.get("result"), dict):
+    print("fused vs unfused losses (gpt2, bf16) over %d steps: max relative difference %.2g, "
+          "mean %.2g" % (u["result"]["steps"], u["result"]["max_rel_diff"],
+                         u["result"]["mean_rel_diff"]))
 f = runs.get(("fsdp_losses", "fsdp_losses"))
 if f and isinstance(f.get("result"), dict) and "error" in f["result"]:
     print("fsdp vs ddp losses: FAILED: " + f["result"]["error"])

@@ -34,6 +34,11 @@ import subprocess
 import sys
 import tempfile
 
+# CTest runs the tests side by side on every core, where LibTorch's intra-op threads (this
+# process's torch, and the trainer's and the tools' under run.threads 0) wait a scheduler slice
+# for each other at every op: many times slower than one thread. One each, unless the caller chose.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 try:
     import torch
@@ -116,7 +121,7 @@ def write_config(work, name, folder, vocab, data=None):
     config = {"seed": 1, "model": {"pretrained": folder},
               "data": {**data, "batch_size": 2, "workers": 0},
               "train": {"max_steps": 1}, "optim": {"name": "sgd", "lr": 0},
-              "run": {"progress": "never", "tensorboard": False, "threads": 2}}
+              "run": {"progress": "never", "tensorboard": False, "threads": 1}}
     path = os.path.join(work, name + ".yaml")
     with open(path, "w") as f:
         json.dump(config, f)  # JSON is YAML

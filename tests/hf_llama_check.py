@@ -43,6 +43,11 @@ import subprocess
 import sys
 import tempfile
 
+# CTest runs the tests side by side on every core, where LibTorch's intra-op threads (this
+# process's torch, and the trainer's and the tools' under run.threads 0) wait a scheduler slice
+# for each other at every op: many times slower than one thread. One each, unless the caller chose.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 try:
     import torch
     from huggingface_hub import split_torch_state_dict_into_shards
@@ -471,7 +476,8 @@ def bad_configs(trainer, model, work):
 
 def big_folder(work, layers=5):
     """A random bf16 Llama folder of >= 1.5 GB (0.35 GB a layer) in layers + 1 shards, written
-    tensor by tensor with torch (fast, no transformers init): (folder, its tensors' bytes)."""
+    tensor by tensor with torch (fast, no transformers init; the layers repeat one random layer's
+    values): (folder, its tensors' bytes)."""
     hidden, inter, heads, kv, vocab = 4096, 11008, 32, 8, 256
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                       num_hidden_layers=layers, num_attention_heads=heads,
@@ -497,10 +503,16 @@ def big_folder(work, layers=5):
     weight_map, total, gen = {}, 0, torch.Generator().manual_seed(0)
     groups = [["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]] + \
         [[k for k in shapes if k.startswith(f"model.layers.{i}.")] for i in range(layers)]
+    drawn = {}  # a layer's tensors drawn once, every layer the same: the bytes are the point
+
+    def draw(name):
+        role = name.split(".", 3)[-1] if name.startswith("model.layers.") else name
+        if role not in drawn:
+            drawn[role] = (torch.randn(shapes[name], generator=gen) * 0.02).to(torch.bfloat16)
+        return drawn[role]
     for k, names in enumerate(groups):
         file = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
-        part = {n: (torch.randn(shapes[n], generator=gen) * 0.02).to(torch.bfloat16)
-                for n in names}
+        part = {n: draw(n) for n in names}
         save_file(part, os.path.join(folder, file), metadata={"format": "pt"})
         total += sum(t.numel() * 2 for t in part.values())
         weight_map.update({n: file for n in names})

@@ -33,6 +33,11 @@ import subprocess
 import sys
 import tempfile
 
+# CTest runs the tests side by side on every core, where LibTorch's intra-op threads (this
+# process's torch, and the trainer's and the tools' under run.threads 0) wait a scheduler slice
+# for each other at every op: many times slower than one thread. One each, unless the caller chose.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 try:
     import torch
     from window_runs import adamw_losses, randomize, relative, window_config, write_windows
@@ -214,7 +219,7 @@ def main():
     if len(sys.argv) != 3:
         sys.exit("usage: llama_check.py TRAINER INTEROP_TOOL")
     trainer, tool = sys.argv[1:]
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     failures = []
     with tempfile.TemporaryDirectory() as work:
         folders, windows = write_windows(work, VOCAB, SEQ, WINDOWS)

@@ -39,6 +39,11 @@ import sys
 import tempfile
 import warnings
 
+# CTest runs the tests side by side on every core, where LibTorch's intra-op threads (this
+# process's torch, and the trainer's and the tools' under run.threads 0) wait a scheduler slice
+# for each other at every op: many times slower than one thread. One each, unless the caller chose.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 try:
     import torch
     import torch.nn.functional as F
@@ -347,7 +352,7 @@ def check_distributed(t, failures):
 def main():
     if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--distributed"]):
         sys.exit("usage: lora_check.py TRAINER [--distributed]")
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     failures = []
     with tempfile.TemporaryDirectory() as work:
         base = os.path.join(work, "base")

@@ -22,6 +22,11 @@ import subprocess
 import sys
 import tempfile
 
+# CTest runs the tests side by side on every core, where LibTorch's intra-op threads (this
+# process's torch, and the trainer's and the tools' under run.threads 0) wait a scheduler slice
+# for each other at every op: many times slower than one thread. One each, unless the caller chose.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 try:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -93,7 +98,7 @@ def config(work, model, pack, batch):
         "sched": {"name": "constant"},
         "train": {"max_steps": STEPS},
         "run": {"log_every": 1, "eval_every": STEPS, "checkpoint_every": 10 * STEPS,
-                "progress": "never", "tensorboard": False, "threads": 2},
+                "progress": "never", "tensorboard": False, "threads": 1},
     }
 
 

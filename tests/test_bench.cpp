@@ -102,4 +102,16 @@ TEST_F(Bench, UsageErrorsExitTwoWithOneLine) {
   EXPECT_EQ(r.err.find("frame #"), std::string::npos) << r.err;
 }
 
+// bench --kernels times CUDA kernels: on the CPU one line naming what it needs, exit 1; a
+// device that is not one, exit 2 (the GPU side: GpuKernels.BenchKernelsTimesEveryKernel).
+TEST_F(Bench, KernelsNeedACudaDevice) {
+  auto r = run("bench --kernels --device cpu");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("run on a CUDA device; cpu given"), std::string::npos) << r.err;
+  r = run("bench --kernels --device gpu7");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("'gpu7' is not a device"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("frame #"), std::string::npos) << r.err;
+}
+
 }  // namespace

@@ -481,8 +481,11 @@ TEST_F(Cli, DoctorPerfMeasuresTheCpu) {
 // doctor --perf's step rate is bench's: the same steps on a fixed batch, with nothing left running
 // (no profiler, no loader) that bench does not have. Bench times as many steps as doctor did
 // (doctor fills half a second); best of 3 runs each, on the small MLP and a small GPT (steps of
-// a few milliseconds, so that each side times a hundred of them), within 10%. A timing
-// comparison: CTest runs it alone (tests/serial_tests.cmake).
+// a few milliseconds, so that each side times a hundred of them), within 35% either way: a
+// profiler or a loader left running in doctor's timed steps costs more than that, and on a
+// shared 2-core machine half-second measurements moved by 15% (doctor slower) and 30% (doctor
+// faster) between runs of the same code. A timing comparison: CTest runs it alone
+// (tests/serial_tests.cmake).
 TEST_F(Cli, DoctorPerfStepRateIsBenchs) {
   for (const std::string config :
        {"configs/synthetic.yaml",
@@ -504,7 +507,8 @@ TEST_F(Cli, DoctorPerfStepRateIsBenchs) {
       bench =
           std::max(bench, nlohmann::json::parse(read_file(json))["samples_per_sec"].get<double>());
     }
-    EXPECT_NEAR(doctor / bench, 1.0, 0.1) << "doctor " << doctor << ", bench " << bench;
+    EXPECT_LT(std::abs(std::log(doctor / bench)), std::log(1.35))
+        << "doctor " << doctor << ", bench " << bench;
   }
 }
 

@@ -17,6 +17,7 @@
 #include "distributed/process_group.h"
 #include "distributed/tensor_parallel.h"
 #include "engine/loop/components.h"
+#include "engine/loop/step.h"
 #include "engine/loop/trainer.h"
 #include "temp_dir.h"
 #include "util/net.h"
@@ -321,6 +322,50 @@ TEST(Group, SubGroupsOfConsecutiveAndStridedRanksReduceTheirMembersOnly) {
     EXPECT_EQ(tp_gathered[r], (std::vector<double>{first, first + 10})) << "rank " << r;
     EXPECT_EQ(tp_bytes[r], 3 * 8 + 2 * 8) << "rank " << r;  // the all-reduce's and the gather's
     EXPECT_EQ(world_bytes[r], 0) << "rank " << r;
+  }
+}
+
+// Two ranks decide every step alike: a loss inf/NaN on one rank makes the step bad on both (and
+// leaves both ranks' losses and gradient norms out of the window), one rank's stop request stops
+// both; checked against ATen on the ranks' summed loss.
+TEST(StepFlags, TwoRanksAgreeOnABadLossAndAStop) {
+  const std::vector<std::vector<float>> losses = {
+      {1.0f, 2.0f}, {1.5f, NAN}, {3.0f, 4.0f}, {INFINITY, 0.5f}, {2.0f, 2.0f}};
+  const std::vector<std::vector<bool>> stops = {
+      {false, false}, {false, false}, {false, true}, {false, false}, {false, false}};
+  std::vector<std::vector<trainer::engine::StepOutcome>> outcomes(2);
+  std::vector<std::vector<float>> windows(2);
+  const auto errors = on_ranks(2, [&](Group& group, int r) {
+    trainer::engine::StepFlags flags;
+    trainer::engine::TrainingState state;
+    for (size_t s = 0; s < losses.size(); ++s) {
+      const auto loss = torch::tensor(losses[s][r]), norm = torch::tensor(0.25f * (r + 1));
+      flags.start(loss, stops[s][r], &group);
+      const auto d = flags.decide(loss, torch::tensor(0.0f), /*skip_bad=*/true, nullptr, norm);
+      trainer::engine::add_to_window(state, d);
+      flags.queue(static_cast<int64_t>(s) + 1);
+      outcomes[r].push_back(flags.read());
+      windows[r].push_back(state.window_loss.item<float>());
+      windows[r].push_back(state.window_grad_norm.item<float>());
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    float window_loss = 0, window_norm = 0;
+    for (size_t s = 0; s < losses.size(); ++s) {
+      SCOPED_TRACE(testing::Message() << "rank " << r << ", step " << s);
+      const bool bad = !torch::tensor(losses[s][0] + losses[s][1]).isfinite().item<bool>();
+      const auto& out = outcomes[r][s];
+      EXPECT_EQ(out.bad_loss, bad);
+      EXPECT_EQ(out.skipped, bad);
+      EXPECT_EQ(out.stop, stops[s][0] || stops[s][1]);
+      if (!bad) {
+        window_loss += losses[s][r];
+        window_norm += 0.25f * (r + 1);
+      }
+      EXPECT_EQ(windows[r][2 * s], window_loss);
+      EXPECT_EQ(windows[r][2 * s + 1], window_norm);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "config/issues.h"
 #include "losses/loss.h"
 #include "models/model.h"
 #include "nn/aligned_linear.h"
@@ -231,6 +232,39 @@ TEST(Gpt, DropoutOnlyWhileTraining) {
   EXPECT_TRUE(torch::equal(net->forward(x), net->forward(x)));
   net->train();
   EXPECT_FALSE(torch::equal(net->forward(x), net->forward(x)));
+}
+
+// model.fused_kernels auto on the CPU keeps ATen's operators: the logits and gradients of off,
+// bit for bit. A value other than auto, on or off is a config error naming the key.
+TEST(Gpt, FusedKernelsOnTheCpuKeepATen) {
+  auto cfg = small_config();
+  auto plain = build_gpt(cfg);
+  cfg.options.set("fused_kernels", "auto");
+  auto fused = build_gpt(cfg);
+  {
+    torch::NoGradGuard no_grad;
+    const auto from = plain->parameters(), to = fused->parameters();
+    ASSERT_EQ(from.size(), to.size());
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  const auto x = torch::randint(/*high=*/50, {2, 9}, torch::kLong);
+  const auto want = plain->forward(x), got = fused->forward(x);
+  EXPECT_TRUE(torch::equal(got, want));
+  want.sum().backward();
+  got.sum().backward();
+  const auto from = plain->named_parameters(), to = fused->named_parameters();
+  for (size_t i = 0; i < from.size(); ++i) {
+    EXPECT_TRUE(torch::equal(to[i].value().grad(), from[i].value().grad())) << from[i].key();
+  }
+
+  cfg.options.set("fused_kernels", "fast");
+  std::vector<config::Issue> issues;
+  config::Checks checks(
+      "model.", [](const std::string&) { return config::Location{}; }, issues);
+  cfg.options.find("gpt")->validate(checks);
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].key, "model.fused_kernels");
+  EXPECT_NE(issues[0].message.find("must be one of auto"), std::string::npos) << issues[0].message;
 }
 
 TEST(Gpt, Gpt2Init) {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_kernel_checks.h"
 #include "models/llama_layers.h"
 #include "nn/activation_checkpoint.h"
 #include "nn/autocast.h"
@@ -24,33 +25,9 @@
 namespace trainer::nn {
 namespace {
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible"
-
-double tolerance(torch::ScalarType t) {
-  return t == torch::kFloat ? 1e-5 : std::ldexp(1.0, -7);
-}
-
-// Elementwise: |got - want| <= tol * (|want| + max|want|).
-void expect_close(const std::string& what, const torch::Tensor& got, const torch::Tensor& want,
-                  double tol) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
-  const auto g = got.to(torch::kDouble), w = want.to(torch::kDouble);
-  const double scale = w.abs().max().item<double>();
-  const auto excess = (g - w).abs() - tol * (w.abs() + scale);
-  EXPECT_LE(excess.max().item<double>(), 0.0)
-      << what << ": max |difference| " << (g - w).abs().max().item<double>() << " (largest value "
-      << scale << ", tolerance " << tol << ")";
-}
-
-// In norm: ||got - want|| <= tol * ||want||.
-void expect_close_norm(const std::string& what, const torch::Tensor& got, const torch::Tensor& want,
-                       double tol) {
-  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
-  const auto g = got.to(torch::kDouble), w = want.to(torch::kDouble);
-  EXPECT_LE((g - w).norm().item<double>(), tol * w.norm().item<double>() + 1e-12) << what;
-}
+using test_support::expect_close;
+using test_support::expect_close_norm;
+using test_support::tolerance;
 
 struct Case {
   std::vector<int64_t> shape;  // of x; the last is the normalised width

@@ -26,7 +26,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"models", {"nn", "config", "util"}},
       {"data", {"config", "util"}},
       {"optim", {"nn", "config", "util"}},
-      {"losses", {"config", "util"}},
+      {"losses", {"nn", "config", "util"}},
       {"checkpoint", {"config", "util"}},
       {"distributed", {"nn", "config", "util"}},
       {"tracking", {"util"}},

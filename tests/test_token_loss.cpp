@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli_fixture.h"
@@ -107,6 +108,31 @@ TEST_F(TokenLoss, TensorParallelLeavesIgnoredTargetsOut) {
     SCOPED_TRACE(dir.filename().string());
     expect_same_steps(dir, one);
     EXPECT_LE(max_abs_diff(exported(dir), whole), 1e-5);
+  }
+}
+
+// model.fused_kernels=on: the output layer and the loss in one, chunked over the tokens
+// (losses/output_loss.h), on the CPU. GPT (tied output layer) under ddp over two ranks of two
+// micro-batches of 2, and Llama (its own output layer), train as the unfused model: every step's
+// loss and gradient norm within 1e-5 relative, the final weights within 1e-5.
+TEST_F(TokenLoss, FusedOutputLossTrainsAsUnfused) {
+  const fs::path root = text();
+  const std::string llama =
+      "--config configs/llama3_tiny.yaml --set data.root=" + root.string() +
+      " --set model.block_size=32 --set train.max_steps=" + std::to_string(kSteps) +
+      " --set train.clip_grad_norm=100 --set run.log_every=1 --set run.eval_every=0 "
+      "--set train.eval_at_end=false --set run.progress=never --set run.threads=1";
+  for (const auto& [name, args, ranks] :
+       {std::tuple<std::string, std::string, int>{"gpt", gpt(root), 2}, {"llama", llama, 1}}) {
+    SCOPED_TRACE(name);
+    const fs::path off = dir_ / (name + "_off"), on = dir_ / (name + "_on");
+    train(1, 8, args, off);
+    train(ranks, ranks > 1 ? 2 : 8,
+          args + " --set model.fused_kernels=on" +
+              (ranks > 1 ? " --set train.grad_accum_steps=2" : ""),
+          on);
+    expect_same_steps(on, off);
+    EXPECT_LE(max_abs_diff(exported(on), exported(off)), 1e-5);
   }
 }
 

@@ -57,7 +57,7 @@ def window_config(model, folders, seq, steps, optim, clip, stop=0, checkpoint_ev
         "sched": {"name": "constant"},
         "run": {"log_every": 1, "eval_every": 10 * steps,
                 "checkpoint_every": checkpoint_every or 10 * steps, "progress": "never",
-                "tensorboard": False, "threads": 2},
+                "tensorboard": False, "threads": 1},
     }
 
 

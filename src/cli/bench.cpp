@@ -174,6 +174,9 @@ cxxopts::Options bench_options() {
        "DIR/rank_<N>.trace.json (Chrome trace) and print the operators by self time",
        cxxopts::value<std::string>(), "DIR")
       ("profile-shapes", "with --profile: record the operators' input shapes")
+      ("kernels", "instead of training steps, time the fused CUDA kernels (normalisation, "
+       "activation, rotary) against ATen's operators: GB/s against the device's copy rate "
+       "(a GPU; --device picks it, --json writes the rows)")
       ("log-level", "trace|debug|info|warn|error",
        cxxopts::value<std::string>()->default_value("warn"), "L")
       ("h,help", "print this help");
@@ -216,6 +219,7 @@ int bench_command(int argc, char** argv) {
                  "reports, throughput counts every rank's samples. No run dir is written.\n";
     return 0;
   }
+  if (args.count("kernels")) return bench_kernels(args);
   if (!args.count("config")) throw UsageError("bench: --config FILE is required");
   const engine::BenchOptions opts = timing_options(args);
   const distributed::DistEnv job = distributed::read_process_env();

@@ -43,6 +43,10 @@ int eval_command(int argc, char** argv);
 // trainer bench --config FILE [options]; argv[0] is "bench". Returns the exit code.
 int bench_command(int argc, char** argv);
 
+// trainer bench --kernels [--device cuda[:N]] [--json FILE]: the fused CUDA kernels against
+// ATen's operators (engine/use/kernel_bench.h). Returns the exit code.
+int bench_kernels(const cxxopts::ParseResult& args);
+
 // trainer predict --checkpoint PATH|RUN_DIR --input FILE|DIR [options]; argv[0] is "predict".
 // Returns the exit code.
 int predict_command(int argc, char** argv);

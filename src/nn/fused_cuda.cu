@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "nn/fused_dispatch.cuh"
 #include "nn/fused_kernel.h"
 #include "util/cuda_convert.cuh"
 
@@ -161,43 +162,6 @@ void norm_backward(const RmsNormBackwardArgs& a, cudaStream_t stream) {
           static_cast<T*>(a.grad_x), a.grad_weight_partial, a.rows, a.cols, shared_acc);
 }
 
-// Calls f.template operator()<T, W>() for the supported (dtype, weight dtype) pairs.
-template <class F>
-const char* dispatch_norm(FusedDtype dtype, FusedDtype weight_dtype, F&& f) {
-  const bool f32_weight = weight_dtype == FusedDtype::float32;
-  if (!f32_weight && weight_dtype != dtype) return "unsupported weight dtype";
-  switch (dtype) {
-    case FusedDtype::float32:
-      f(float{}, float{});
-      break;
-    case FusedDtype::bfloat16:
-      f32_weight ? f(__nv_bfloat16{}, float{}) : f(__nv_bfloat16{}, __nv_bfloat16{});
-      break;
-    case FusedDtype::float16:
-      f32_weight ? f(__half{}, float{}) : f(__half{}, __half{});
-      break;
-  }
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? "" : cudaGetErrorString(e);
-}
-
-template <class F>
-const char* dispatch_elementwise(FusedDtype dtype, F&& f) {
-  switch (dtype) {
-    case FusedDtype::float32:
-      f(float{});
-      break;
-    case FusedDtype::bfloat16:
-      f(__nv_bfloat16{});
-      break;
-    case FusedDtype::float16:
-      f(__half{});
-      break;
-  }
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? "" : cudaGetErrorString(e);
-}
-
 // Enough blocks of 256 threads to fill an H100/H200 several times, fewer for small tensors.
 unsigned elementwise_blocks(int64_t n) {
   const int64_t blocks = (n + 255) / 256;
@@ -209,14 +173,14 @@ unsigned elementwise_blocks(int64_t n) {
 const char* launch_rms_norm_forward(const RmsNormForwardArgs& a, void* stream) {
   if (a.rows == 0 || a.cols == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  return dispatch_norm(a.dtype, a.weight_dtype,
+  return dispatch_pair(a.dtype, a.weight_dtype,
                        [&](auto t, auto w) { norm_forward<decltype(t), decltype(w)>(a, s); });
 }
 
 const char* launch_rms_norm_backward(const RmsNormBackwardArgs& a, void* stream) {
   if (a.rows == 0 || a.cols == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  return dispatch_norm(a.dtype, a.weight_dtype,
+  return dispatch_pair(a.dtype, a.weight_dtype,
                        [&](auto t, auto w) { norm_backward<decltype(t), decltype(w)>(a, s); });
 }
 

@@ -5,54 +5,13 @@
 #include <string>
 
 #include "nn/fused_kernel.h"
-
-#ifdef TRAINER_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
+#include "nn/fused_launch.h"
 
 namespace trainer::nn {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-#ifdef TRAINER_WITH_CUDA
-constexpr bool kBuilt = true;
-
-// Runs `launch(args, stream)` on x's device's current stream; throws naming `what` on an error.
-template <class Args>
-void run(const char* (*launch)(const Args&, void*), const Args& args, const torch::Tensor& x,
-         const char* what) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const auto stream = c10::cuda::getCurrentCUDAStream(x.device().index());
-  const std::string error = launch(args, stream.stream());
-  if (!error.empty())
-    throw std::runtime_error(std::string(what) + ": the CUDA kernel failed: " + error);
-}
-#else
-constexpr bool kBuilt = false;
-
-template <class Args>
-void run(const char* (*)(const Args&, void*), const Args&, const torch::Tensor&, const char* what) {
-  throw std::logic_error(std::string(what) + ": built without the CUDA kernels");
-}
-#endif
-
-bool kernel_dtype(torch::ScalarType t) {
-  return t == torch::kFloat || t == torch::kBFloat16 || t == torch::kHalf;
-}
-
-FusedDtype dtype_of(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kBFloat16:
-      return FusedDtype::bfloat16;
-    case torch::kHalf:
-      return FusedDtype::float16;
-    default:
-      return FusedDtype::float32;
-  }
-}
 
 // The partial rows of the weight's gradient: at most this many blocks run the backward.
 constexpr int64_t kNormBackwardBlocks = 512;
@@ -78,9 +37,9 @@ NormForward norm_forward(const torch::Tensor& x, const torch::Tensor& residual,
   a.rows = rows;
   a.cols = cols;
   a.eps = static_cast<float>(eps);
-  a.dtype = dtype_of(x);
-  a.weight_dtype = dtype_of(weight);
-  run(&launch_rms_norm_forward, a, x, "rms_norm");
+  a.dtype = fused_dtype_of(x);
+  a.weight_dtype = fused_dtype_of(weight);
+  run_kernel(&launch_rms_norm_forward, a, x, "rms_norm");
   return out;
 }
 
@@ -110,9 +69,9 @@ std::pair<torch::Tensor, torch::Tensor> norm_backward(const torch::Tensor& s,
   a.rows = rows;
   a.cols = cols;
   a.blocks = blocks;
-  a.dtype = dtype_of(s);
-  a.weight_dtype = dtype_of(weight);
-  run(&launch_rms_norm_backward, a, s, "rms_norm");
+  a.dtype = fused_dtype_of(s);
+  a.weight_dtype = fused_dtype_of(weight);
+  run_kernel(&launch_rms_norm_backward, a, s, "rms_norm");
   return {grad_x, partial.sum(0).to(weight.scalar_type())};  // [..., D], [D]
 }
 
@@ -164,8 +123,8 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     args.b = bc.data_ptr();
     args.out = out.data_ptr();
     args.n = ac.numel();
-    args.dtype = dtype_of(ac);
-    run(&launch_swiglu_forward, args, ac, "swiglu");
+    args.dtype = fused_dtype_of(ac);
+    run_kernel(&launch_swiglu_forward, args, ac, "swiglu");
     ctx->save_for_backward({ac, bc});
     return out;
   }
@@ -181,15 +140,15 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     args.grad_a = grad_a.data_ptr();
     args.grad_b = grad_b.data_ptr();
     args.n = a.numel();
-    args.dtype = dtype_of(a);
-    run(&launch_swiglu_backward, args, a, "swiglu");
+    args.dtype = fused_dtype_of(a);
+    run_kernel(&launch_swiglu_backward, args, a, "swiglu");
     return {grad_a, grad_b};
   }
 };
 
 // x's device and sizes with elements of `type`, normalised by `weight`.
 bool norm_supports(const torch::Tensor& x, torch::ScalarType type, const torch::Tensor& weight) {
-  if (!kBuilt || !x.is_cuda() || x.dim() < 1 || weight.dim() != 1) return false;
+  if (!kFusedKernelsBuilt || !x.is_cuda() || x.dim() < 1 || weight.dim() != 1) return false;
   if (weight.device() != x.device() || weight.size(0) != x.size(-1)) return false;
   const auto w = weight.scalar_type();
   return kernel_dtype(type) && (w == type || w == torch::kFloat);
@@ -198,7 +157,7 @@ bool norm_supports(const torch::Tensor& x, torch::ScalarType type, const torch::
 }  // namespace
 
 bool fused_kernels_built() {
-  return kBuilt;
+  return kFusedKernelsBuilt;
 }
 
 bool fused_rms_norm_supports(const torch::Tensor& x, const torch::Tensor& weight) {
@@ -225,7 +184,7 @@ std::pair<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor& 
 }
 
 bool fused_swiglu_supports(const torch::Tensor& a, const torch::Tensor& b) {
-  return kBuilt && a.is_cuda() && b.device() == a.device() && a.sizes() == b.sizes() &&
+  return kFusedKernelsBuilt && a.is_cuda() && b.device() == a.device() && a.sizes() == b.sizes() &&
          a.scalar_type() == b.scalar_type() && kernel_dtype(a.scalar_type());
 }
 

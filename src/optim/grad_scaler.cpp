@@ -50,8 +50,10 @@ torch::Tensor GradScaler::check_and_multiply(const std::vector<torch::Tensor>& p
 }
 
 void GradScaler::update(const torch::Tensor& found_inf) {
-  at::_amp_update_scale_(scale_, growth_tracker_, found_inf.to(scale_.device()),
-                         options_.growth_factor, options_.backoff_factor, options_.growth_interval);
+  const auto& inf =
+      found_inf.device() == scale_.device() ? found_inf : found_inf.to(scale_.device());
+  at::_amp_update_scale_(scale_, growth_tracker_, inf, options_.growth_factor,
+                         options_.backoff_factor, options_.growth_interval);
 }
 
 double GradScaler::scale_value() const {

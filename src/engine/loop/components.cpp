@@ -388,6 +388,7 @@ void make_training(Components& c, const config::Config& cfg) {
   c.schedule = std::make_unique<optim::Schedule>(sched, cfg.optim.lr, c.total_steps);
   c.loss = c.tp ? vocabulary_parallel_loss(c.tp)
                 : losses::loss_registry().get(cfg.train.loss)(cfg.train);
+  if (!c.tp) c.output_loss = losses::output_loss(cfg.train);
   c.precision.autocast = cfg.amp.enabled;
   c.precision.dtype = dtype_named(cfg.amp.dtype);
   const bool float16 = cfg.amp.enabled && cfg.amp.dtype == "float16";

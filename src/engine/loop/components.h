@@ -16,6 +16,7 @@
 #include "distributed/process_group.h"
 #include "distributed/tensor_parallel.h"
 #include "losses/loss.h"
+#include "losses/output_loss.h"
 #include "models/model.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
@@ -57,6 +58,9 @@ struct Components {
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<optim::Schedule> schedule;
   losses::Loss loss;
+  // train.loss of the output layer's hidden states and weight when the model asks for it
+  // (NetImpl::output_weight); null under tensor parallelism or when the loss has none.
+  losses::OutputLoss output_loss;
   Precision precision;
   std::unique_ptr<optim::GradScaler> scaler;  // gradient scaling (float16 training), else null
 

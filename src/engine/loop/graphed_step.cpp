@@ -78,7 +78,7 @@ Settled GraphedStep::run(const std::vector<data::Batch>& micro_batches, bool sto
   }
   graph_->replay();
   if (observer) observer->begin(Phase::optimizer);
-  add_to_window(state_, loss_, norm_, bad_);
+  add_to_window(state_, decided_);
   ++state_.step;
   flags_.queue(state_.step);
   return settled;
@@ -145,8 +145,7 @@ void GraphedStep::work() {
   p.optimizer->step(/*lr=*/0.0, in);
   if (p.scaler) p.scaler->update(found_inf);
   loss_ = loss;
-  bad_ = decision.bad;
-  norm_ = norm;
+  decided_ = decision;
 }
 
 }  // namespace trainer::engine

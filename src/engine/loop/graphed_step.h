@@ -74,8 +74,8 @@ class GraphedStep final : public Stepper {
   std::vector<data::Batch> static_;  // the static batches on the device
   torch::Tensor lr_;                 // float32 learning rate on the device, set before each replay
   StepFlags flags_;                  // the skip decision, computed by each replay
-  torch::Tensor loss_, bad_;         // written by each replay: the mean loss, the bad-loss flag
-  torch::Tensor norm_;               // and the gradient norm (undefined when not computed)
+  torch::Tensor loss_;               // written by each replay: the mean loss
+  StepFlags::Decision decided_;      // and the decision (the window's loss and gradient norm)
 };
 
 }  // namespace trainer::engine

@@ -91,13 +91,60 @@ class TokenShares {
 
 void StepFlags::start(const torch::Tensor& loss, bool stop_requested, distributed::Group* group) {
   reduce_.reset();
-  agreed_ = torch::Tensor();
-  if (!group || group->world_size() <= 1) return;
+  agreeing_ = group && group->world_size() > 1;
+  if (!agreeing_) return;
+  torch::NoGradGuard no_grad;
+  if (!agreed_.defined()) {
+    agreed_ = torch::empty({2}, loss.options());
+    at_.summed = agreed_[0];
+    at_.stop_sum = agreed_[1];
+  }
   // Summed over the ranks, the loss is inf/NaN when any rank's is, and the stop flag positive
   // when any rank was asked to stop.
-  agreed_ = torch::stack({loss, torch::full({}, stop_requested ? 1.0 : 0.0, loss.options())});
+  at_.summed.copy_(loss);
+  at_.stop_sum.fill_(stop_requested ? 1.0 : 0.0);
   world_ = group->world_size();
   reduce_ = group->all_reduce_async({agreed_}, distributed::Reduce::sum);
+}
+
+void StepFlags::make_buffers(const torch::Tensor& loss, bool spikes) {
+  const int64_t n = spikes ? 6 : 3;
+  if (flags_.defined() && flags_.numel() == n) return;
+  const auto opts = torch::TensorOptions(torch::kFloat).device(loss.device());
+  flags_ = torch::zeros({n}, opts);  // slots a step does not write stay 0
+  at_.stop = flags_[0];
+  at_.bad = flags_[1];
+  at_.skip = flags_[2];
+  if (spikes) {
+    at_.spike = flags_[3];
+    at_.z = flags_.narrow(0, 4, 2);
+  }
+  kept_ = torch::zeros({3}, opts);
+  at_.kept_loss = kept_[0];
+  at_.kept_grad_norm = kept_[1];
+  at_.zero = kept_[2];
+  bad_mask_ = torch::zeros({}, opts.dtype(torch::kBool));
+  host_ = torch::Tensor();  // queue() makes its copy of the new size
+}
+
+void StepFlags::mark_bad(const torch::Tensor& summed, const torch::Tensor& loss,
+                         const torch::Tensor& grad_norm, Decision& d) {
+  // Finite values pass nan_to_num unchanged: `summed` is inf/NaN exactly when it differs from
+  // its nan_to_num (0 for inf and NaN), which alone is then the loss the window takes.
+  at::nan_to_num_out(at_.kept_loss, summed, 0.0, 0.0, 0.0);
+  d.kept_loss = at_.kept_loss;
+  if (!agreeing_ && !grad_norm.defined()) {
+    at::ne_out(at_.bad, at_.kept_loss, summed);
+    return;
+  }
+  at::ne_out(bad_mask_, at_.kept_loss, summed);
+  at_.bad.copy_(bad_mask_);
+  // This rank's loss may be finite while another's is not.
+  if (agreeing_) at::where_out(at_.kept_loss, bad_mask_, at_.zero, loss);
+  if (grad_norm.defined()) {
+    at::where_out(at_.kept_grad_norm, bad_mask_, at_.zero, grad_norm);
+    d.kept_grad_norm = at_.kept_grad_norm;
+  }
 }
 
 StepFlags::Decision StepFlags::decide(const torch::Tensor& loss, const torch::Tensor& found_inf,
@@ -105,24 +152,27 @@ StepFlags::Decision StepFlags::decide(const torch::Tensor& loss, const torch::Te
                                       const torch::Tensor& grad_norm) {
   if (reduce_) reduce_->wait();
   reduce_.reset();
-  const bool agreeing = agreed_.defined();
-  const auto summed = agreeing ? agreed_[0] : loss;
-  const auto stop = agreeing ? agreed_[1] : torch::zeros({}, loss.options());
-  Decision d;
+  torch::NoGradGuard no_grad;
+  make_buffers(loss, guard != nullptr);
+  const auto& summed = agreeing_ ? at_.summed : loss;
+  if (agreeing_) at_.stop.copy_(at_.stop_sum);
+  // `skip` is `bad` itself unless found_inf or the guard joins it: then its own slot.
+  Decision d{at_.bad, at_.bad, loss, grad_norm};
   // Without skip_bad (train.max_bad_steps: 0) an inf/NaN loss is no reason to skip: it reaches
-  // the metrics window, whose log line ends the run.
-  d.bad = skip_bad ? summed.isfinite().logical_not().to(torch::kFloat)
-                   : torch::zeros({}, summed.options().dtype(torch::kFloat));
-  d.skip = found_inf.defined() ? torch::maximum(d.bad, found_inf.to(torch::kFloat)) : d.bad;
-  if (!guard) {
-    flags_ = torch::stack({stop.to(torch::kFloat), d.bad, d.skip});
-    return d;
+  // the metrics window, whose log line ends the run; `bad` stays 0.
+  if (skip_bad) mark_bad(summed, loss, grad_norm, d);
+  if (found_inf.defined()) {
+    at::maximum_out(at_.skip, at_.bad, found_inf);
+    d.skip = at_.skip;
   }
+  if (!guard) return d;
   torch::Tensor z;  // [2]: the loss's and the gradient norm's z-scores
   const auto spike =
-      guard->check(agreeing ? summed / static_cast<double>(world_) : loss, grad_norm, z);
-  d.skip = torch::maximum(d.skip, spike);
-  flags_ = torch::cat({torch::stack({stop.to(torch::kFloat), d.bad, d.skip, spike}), z});
+      guard->check(agreeing_ ? summed / static_cast<double>(world_) : loss, grad_norm, z);
+  at::maximum_out(at_.skip, d.skip, spike);
+  d.skip = at_.skip;
+  at_.spike.copy_(spike);
+  at_.z.copy_(z);
   return d;
 }
 
@@ -147,7 +197,8 @@ StepOutcome StepFlags::read() {
   out.step = pending_step_;
   out.stop = f[0] > 0.0f;
   out.bad_loss = f[1] != 0.0f;
-  out.skipped = f[2] != 0.0f;
+  // `skip` is written only when found_inf or a spike joins `bad`.
+  out.skipped = f[1] != 0.0f || f[2] != 0.0f;
   if (host_.numel() > 3) {  // the spike guard's
     out.spike = f[3] != 0.0f;
     out.z_loss = f[4];
@@ -174,14 +225,18 @@ torch::Tensor step_grad_norm(Components& parts, const config::TrainConfig& train
   return optim::grad_norm(parts.params, over_shards);
 }
 
-void add_to_window(TrainingState& state, const torch::Tensor& loss, const torch::Tensor& grad_norm,
-                   const torch::Tensor& bad) {
+void add_to_window(TrainingState& state, const StepFlags::Decision& decision) {
+  torch::NoGradGuard no_grad;
+  const auto& loss = decision.kept_loss;
   if (!state.window_loss.defined()) state.window_loss = torch::zeros({}, loss.options());
-  const auto skip = bad.to(torch::kBool);
-  state.window_loss.add_(torch::where(skip, torch::zeros_like(loss), loss));
-  if (!grad_norm.defined()) return;
+  const auto& norm = decision.kept_grad_norm;
+  if (!norm.defined()) {
+    state.window_loss.add_(loss);
+    return;
+  }
   if (!state.window_grad_norm.defined()) state.window_grad_norm = torch::zeros_like(loss);
-  state.window_grad_norm.add_(torch::where(skip, torch::zeros_like(grad_norm), grad_norm));
+  at::_foreach_add_(std::vector<torch::Tensor>{state.window_loss, state.window_grad_norm},
+                    std::vector<torch::Tensor>{loss, norm});
 }
 
 void count_outcome(const StepOutcome& outcome, TrainingState& state) {
@@ -229,6 +284,22 @@ Settled TrainStep::run(const std::vector<data::Batch>& micro_batches, bool stop_
   return settled;
 }
 
+namespace {
+
+// The loss of one micro-batch: of the model's logits, or of its hidden states and output weight
+// in one (without the logits of the whole batch) when the model asks for that.
+torch::Tensor forward_loss(Components& p, const torch::Tensor& inputs,
+                           const torch::Tensor& positions, const torch::Tensor& targets) {
+  if (p.output_loss && targets.dim() > 1) {
+    if (const auto weight = p.model->output_weight(); weight.defined()) {
+      return p.output_loss(p.model->forward_hidden(inputs, positions), weight, targets);
+    }
+  }
+  return p.loss(p.model->forward_packed(inputs, positions), targets);
+}
+
+}  // namespace
+
 std::vector<StepOutcome> TrainStep::settle() {
   std::vector<StepOutcome> out;
   if (flags_.pending()) {
@@ -266,7 +337,7 @@ torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_
     torch::Tensor loss;  // float32 scalar
     {
       nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
-      loss = p.loss(p.model->forward_packed(inputs, positions), targets);
+      loss = forward_loss(p, inputs, positions, targets);
       if (shares) {
         loss = shares->scale(loss, m);
       } else if (accum > 1) {
@@ -304,7 +375,7 @@ void TrainStep::update(const torch::Tensor& loss) {
   // (averaged, so equal on every rank), an inf/NaN loss on any rank, or a spike.
   const auto decision = flags_.decide(loss, found_inf, train_.max_bad_steps > 0, guard_, norm);
   // The window's losses on the device: those of steps whose loss is finite on every rank.
-  add_to_window(state_, loss, norm, decision.bad);
+  add_to_window(state_, decision);
   const double lr = p.schedule->lr(state_.updates());
   ++state_.step;
   flags_.queue(state_.step);

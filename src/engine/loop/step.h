@@ -54,8 +54,9 @@ struct StepOutcome {
 
 // The flags a step decides by: the loss (inf/NaN: skip), whether some rank was asked to stop
 // (summed over a group while the last backward runs) and the gradient scaler's found_inf. The
-// decision is made on the device; the flags reach the host one step late, through a copy to
-// pinned memory that nothing waits for when it is queued.
+// decision is made on the device, into buffers made at the first step and written in place at
+// every other (no allocation, a few operators); the flags reach the host one step late, through a
+// copy to pinned memory that nothing waits for when it is queued.
 class StepFlags {
  public:
   // In a group of more than one, starts the all-reduce of this rank's [loss, stop] flags
@@ -66,10 +67,14 @@ class StepFlags {
   // `skip_bad` (train.max_bad_steps > 0) `bad` is 1 when the loss (of some rank) is inf/NaN, else
   // always 0; `skip` is 1 when `bad` or `found_inf` (undefined without a scaler) is, or when
   // `guard` (may be null) finds the loss (the ranks' mean) or `grad_norm` (undefined: not
-  // computed) a spike; float32 scalars (skip: a fused optimizer's found_inf). Nothing waits for
-  // the device. The flags stay on the device until queue().
+  // computed) a spike; float32 scalars (skip: a fused optimizer's found_inf; `bad` itself when
+  // nothing else joins it). `kept_loss` and `kept_grad_norm` (undefined without `grad_norm`) are
+  // `loss` and `grad_norm` as the metrics window takes them: 0 when `bad`. Nothing waits for the
+  // device. The flags stay on the device until queue(); the decision's tensors are this object's
+  // buffers, rewritten by the next decide().
   struct Decision {
     torch::Tensor bad, skip;
+    torch::Tensor kept_loss, kept_grad_norm;
   };
   Decision decide(const torch::Tensor& loss, const torch::Tensor& found_inf, bool skip_bad,
                   SpikeGuard* guard = nullptr, const torch::Tensor& grad_norm = {});
@@ -87,11 +92,28 @@ class StepFlags {
   StepOutcome read();
 
  private:
-  torch::Tensor agreed_;                        // [loss, stop] summed over the ranks
+  // Makes the buffers on `loss`'s device, with the spike guard's slots when `spikes`; once.
+  void make_buffers(const torch::Tensor& loss, bool spikes);
+  // Writes `bad` from `summed` (the loss, summed over the ranks when agreeing) and the kept loss
+  // and gradient norm into `d`.
+  void mark_bad(const torch::Tensor& summed, const torch::Tensor& loss,
+                const torch::Tensor& grad_norm, Decision& d);
+
+  torch::Tensor agreed_;                        // [loss, stop] summed over the ranks (a group's)
+  bool agreeing_ = false;                       // start() began agreed_'s all-reduce
   int world_ = 1;                               // the ranks summed in agreed_
   std::optional<distributed::Pending> reduce_;  // its all-reduce
-  torch::Tensor flags_;  // [stop, bad, skip] (with a guard: spike, z_loss, z_grad_norm too)
-  torch::Tensor host_;   // their copy (pinned memory with a GPU)
+  // [stop, bad, skip] float32 (with a guard: spike, z_loss, z_grad_norm too); `skip` is written
+  // only when found_inf or the guard joins `bad` (else 0: the step skips when `bad`).
+  torch::Tensor flags_;
+  torch::Tensor kept_;      // [loss, grad_norm, 0] float32: the window's values, where()'s zero
+  torch::Tensor bad_mask_;  // [] bool: `bad` as a condition
+  struct Slots {            // views of the buffers, made with them
+    torch::Tensor summed, stop_sum;  // agreed_'s
+    torch::Tensor stop, bad, skip, spike, z;
+    torch::Tensor kept_loss, kept_grad_norm, zero;
+  } at_;
+  torch::Tensor host_;                // the flags' copy (pinned memory with a GPU)
   std::optional<c10::Event> copied_;  // recorded after the copy (a GPU)
   int64_t pending_step_ = -1;         // the queued step not yet read; -1: none
 };
@@ -138,10 +160,9 @@ bool computes_grad_norm(const config::TrainConfig& train, const SpikeGuard* guar
 torch::Tensor step_grad_norm(Components& parts, const config::TrainConfig& train,
                              const SpikeGuard* guard);
 
-// Adds a step's `loss` and `grad_norm` (when defined) to the metrics window in `state`, unless
-// `bad`: device work only.
-void add_to_window(TrainingState& state, const torch::Tensor& loss, const torch::Tensor& grad_norm,
-                   const torch::Tensor& bad);
+// Adds a step's loss and gradient norm (when defined) as StepFlags::decide() kept them (0 on a
+// bad step) to the metrics window in `state`: device work only, one operator.
+void add_to_window(TrainingState& state, const StepFlags::Decision& decision);
 
 // Counts an outcome in `state` (skipped steps, bad steps in a row) as it reaches the host.
 void count_outcome(const StepOutcome& outcome, TrainingState& state);

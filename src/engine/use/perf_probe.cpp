@@ -31,21 +31,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The best seconds of `fn` over `repeats` runs after one untimed, the device synchronised
-// around each.
-double best_seconds(torch::Device device, int repeats, const std::function<void()>& fn) {
-  fn();
-  double best = 1e30;
-  for (int i = 0; i < repeats; ++i) {
-    synchronize(device);
-    const auto start = Clock::now();
-    fn();
-    synchronize(device);
-    best = std::min(best, seconds_since(start));
-  }
-  return best;
-}
-
 // GB/s of copying `bytes` from `from` to a tensor on `to` (pinned host memory when `pinned`).
 double copy_gbps(torch::Device from, torch::Device to, int64_t bytes, bool pinned, int repeats) {
   auto src = torch::empty({bytes / 4}, torch::TensorOptions().device(from).dtype(torch::kFloat));
@@ -54,19 +39,6 @@ double copy_gbps(torch::Device from, torch::Device to, int64_t bytes, bool pinne
   const torch::Device timed = from.is_cuda() ? from : to;
   const double s = best_seconds(timed, repeats, [&] { dst.copy_(src); });
   return static_cast<double>(bytes) / s / 1e9;
-}
-
-// Bytes read plus written per second copying a tensor of `bytes` within `device`, as STREAM's
-// copy and nvbandwidth count them: 8 copies between two synchronisations, so that neither the
-// launch nor the synchronisation is in the figure.
-double device_copy_gbps(torch::Device device, int64_t bytes, int repeats) {
-  auto src = torch::ones({bytes / 4}, torch::TensorOptions().device(device).dtype(torch::kFloat));
-  auto dst = torch::empty_like(src);
-  constexpr int kCopies = 8;
-  const double s = best_seconds(device, repeats, [&] {
-    for (int i = 0; i < kCopies; ++i) dst.copy_(src);
-  });
-  return 2.0 * kCopies * static_cast<double>(bytes) / s / 1e9;
 }
 
 void measure_cuda_copies(torch::Device device, int64_t bytes, int repeats, DevicePerf& out) {
@@ -105,6 +77,29 @@ double fp8_tflops(torch::Device device) {
 }
 
 }  // namespace
+
+double best_seconds(torch::Device device, int repeats, const std::function<void()>& fn) {
+  fn();
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    synchronize(device);
+    const auto start = Clock::now();
+    fn();
+    synchronize(device);
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+double device_copy_gbps(torch::Device device, int64_t bytes, int repeats) {
+  auto src = torch::ones({bytes / 4}, torch::TensorOptions().device(device).dtype(torch::kFloat));
+  auto dst = torch::empty_like(src);
+  constexpr int kCopies = 8;
+  const double s = best_seconds(device, repeats, [&] {
+    for (int i = 0; i < kCopies; ++i) dst.copy_(src);
+  });
+  return 2.0 * kCopies * static_cast<double>(bytes) / s / 1e9;
+}
 
 DevicePerf measure_device(torch::Device device, const PerfOptions& options) {
   DevicePerf out;

@@ -43,6 +43,15 @@ struct DevicePerf {
   std::vector<Peer> peers;  // CUDA: every ordered pair of visible GPUs
 };
 
+// The best seconds of `fn` over `repeats` runs after one untimed, the device synchronised around
+// each (reads the device).
+double best_seconds(torch::Device device, int repeats, const std::function<void()>& fn);
+
+// Bytes read plus written per second copying a tensor of `bytes` within `device`, as STREAM's
+// copy and nvbandwidth count them: 8 copies between two synchronisations, so that neither the
+// launch nor the synchronisation is in the figure (reads the device).
+double device_copy_gbps(torch::Device device, int64_t bytes, int repeats);
+
 // The matrix-product rates (float32, TF32, bfloat16, float16; on the CPU float32 and bfloat16,
 // and float32 on one thread), memory copies and, on CUDA, host-device and peer copies of
 // `device`.
