@@ -45,13 +45,6 @@ inline torch::Tensor block_causal_mask(const torch::Tensor& positions) {
   return same.logical_and(causal).unsqueeze(1);                    // [B, 1, T, T]
 }
 
-// Whether model.fused_kernels (`setting`: auto | on | off) asks for the output layer and the loss
-// in one (losses/output_loss.h) for an output weight on `weight`'s device: `on` on any device,
-// `auto` on a GPU.
-inline bool fused_output(const std::string& setting, const torch::Tensor& weight) {
-  return setting == "on" || (setting == "auto" && weight.is_cuda());
-}
-
 // Throws ModelError (key dist.tp_size) when `size` (named `what`, e.g. "model.vocab_size") does
 // not split into `parts` equal parts over the tensor-parallel ranks; `remedy` ends the message.
 inline void check_tp_split(const std::string& what, int64_t size, int parts,

@@ -26,9 +26,12 @@ class DecoderImpl : public NetImpl {
     return logits(hidden(std::move(x), positions));  // [B, T, vocab'] (vocab / tp under tp)
   }
 
+  // lm_head's weight when model.fused_kernels asks for the output layer and the loss in one
+  // (losses/output_loss.h): `on` on any device, `auto` on a GPU; never under tensor parallelism.
   torch::Tensor output_weight() const override {
     const auto& w = lm_head->weight;
-    return !tp_ && fused_output(fused_kernels_, w) ? w : torch::Tensor();
+    const bool fused = fused_kernels_ == "on" || (fused_kernels_ == "auto" && w.is_cuda());
+    return !tp_ && fused ? w : torch::Tensor();
   }
 
   torch::Tensor forward_hidden(torch::Tensor x, const torch::Tensor& positions) override {

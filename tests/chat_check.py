@@ -46,10 +46,9 @@ import subprocess
 import sys
 import tempfile
 
-# CTest runs the tests side by side on every core, where LibTorch's intra-op threads (this
-# process's torch, and the trainer's and the tools' under run.threads 0) wait a scheduler slice
-# for each other at every op: many times slower than one thread. One each, unless the caller chose.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+from run_check import one_intra_op_thread
+
+one_intra_op_thread()  # before torch is imported
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -7,6 +7,9 @@
 
 #include <cmath>
 #include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #define SKIP_WITHOUT_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible"
@@ -17,6 +20,14 @@ namespace trainer::test_support {
 // last place).
 inline double tolerance(torch::ScalarType t) {
   return t == torch::kFloat ? 1e-5 : std::ldexp(1.0, -7);
+}
+
+// The (input, weight) dtypes the norm kernels take: equal, or a float32 weight (autocast's).
+inline std::vector<std::pair<torch::ScalarType, torch::ScalarType>> norm_dtypes() {
+  return {{torch::kFloat, torch::kFloat},
+          {torch::kBFloat16, torch::kBFloat16},
+          {torch::kBFloat16, torch::kFloat},
+          {torch::kHalf, torch::kHalf}};
 }
 
 // Elementwise: |got - want| <= tol * (|want| + max|want|), of one dtype and shape.
@@ -40,6 +51,21 @@ inline void expect_close_norm(const std::string& what, const torch::Tensor& got,
   ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
   const auto g = got.to(torch::kDouble), w = want.to(torch::kDouble);
   EXPECT_LE((g - w).norm().item<double>(), tol * w.norm().item<double>() + 1e-12) << what;
+}
+
+// Whether the autograd graph behind y holds a node whose name contains `name` (a fused function's
+// node: the fused path was taken).
+inline bool graph_has(const torch::Tensor& y, const std::string& name) {
+  std::vector<torch::autograd::Node*> todo{y.grad_fn().get()};
+  std::unordered_set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    auto* node = todo.back();
+    todo.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    if (node->name().find(name) != std::string::npos) return true;
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
+  return false;
 }
 
 }  // namespace trainer::test_support

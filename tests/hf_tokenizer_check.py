@@ -34,13 +34,11 @@ import sys
 import tempfile
 import time
 
-# CTest runs the tests side by side on every core, where LibTorch's intra-op threads (this
-# process's torch, and the trainer's and the tools' under run.threads 0) wait a scheduler slice
-# for each other at every op: many times slower than one thread. One each, unless the caller chose.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+from run_check import one_intra_op_thread, report
+
+one_intra_op_thread()  # before torch is imported
 
 import numpy as np
-from run_check import report
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 try:

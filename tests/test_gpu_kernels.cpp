@@ -38,11 +38,7 @@ std::vector<Case> norm_cases() {
   std::vector<Case> cases;
   const std::vector<std::vector<int64_t>> shapes = {
       {1, 1, 37}, {3, 5, 1000}, {2, 7, 4096}, {50257, 24}, {3, 13001}};
-  const std::vector<std::pair<torch::ScalarType, torch::ScalarType>> dtypes = {
-      {torch::kFloat, torch::kFloat},
-      {torch::kBFloat16, torch::kBFloat16},
-      {torch::kBFloat16, torch::kFloat},
-      {torch::kHalf, torch::kHalf}};
+  const auto dtypes = test_support::norm_dtypes();
   for (const auto& s : shapes) {
     for (const auto& [x, w] : dtypes) cases.push_back({s, x, w});
   }

@@ -34,6 +34,7 @@ namespace {
 
 using test_support::expect_close;
 using test_support::expect_close_norm;
+using test_support::graph_has;
 using test_support::tolerance;
 
 struct NormCase {
@@ -48,11 +49,7 @@ std::vector<NormCase> norm_cases() {
   std::vector<NormCase> cases;
   const std::vector<std::vector<int64_t>> shapes = {
       {1, 1, 771}, {3, 5, 768}, {2, 7, 771}, {50257, 24}, {3, 13001}};
-  const std::vector<std::pair<torch::ScalarType, torch::ScalarType>> dtypes = {
-      {torch::kFloat, torch::kFloat},
-      {torch::kBFloat16, torch::kBFloat16},
-      {torch::kBFloat16, torch::kFloat},
-      {torch::kHalf, torch::kHalf}};
+  const auto dtypes = test_support::norm_dtypes();
   for (const auto& s : shapes) {
     for (const auto& [x, w] : dtypes) {
       for (const bool bias : {true, false}) cases.push_back({s, x, w, bias});
@@ -212,20 +209,6 @@ TEST(GpuKernelsGpt, BiasGeluMatchesATen) {
       }
     }
   }
-}
-
-// Whether the autograd graph behind y holds a node whose name contains `name`.
-bool graph_has(const torch::Tensor& y, const std::string& name) {
-  std::vector<torch::autograd::Node*> todo{y.grad_fn().get()};
-  std::unordered_set<torch::autograd::Node*> seen;
-  while (!todo.empty()) {
-    auto* node = todo.back();
-    todo.pop_back();
-    if (node == nullptr || !seen.insert(node).second) continue;
-    if (node->name().find(name) != std::string::npos) return true;
-    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
-  }
-  return false;
 }
 
 config::ModelConfig gpt_config(const std::string& fused, const std::string& checkpointing) {

@@ -34,6 +34,7 @@ namespace {
 
 using test_support::expect_close;
 using test_support::expect_close_norm;
+using test_support::graph_has;
 using test_support::tolerance;
 
 // The tables of `rows` positions for head width hd: the default rope's angles p * theta^(-2i/hd)
@@ -221,20 +222,6 @@ TEST(GpuRotary, FallbackRowsAreTheATenRotation) {
   const auto packed = models::llama::rope_of(r, T), packed_want = expected(r.positions);
   expect_close("cos packed", packed.cos, packed_want.cos, 1e-6);
   expect_close("sin packed", packed.sin, packed_want.sin, 1e-6);
-}
-
-// Whether the autograd graph behind y holds a node whose name contains `name`.
-bool graph_has(const torch::Tensor& y, const std::string& name) {
-  std::vector<torch::autograd::Node*> todo{y.grad_fn().get()};
-  std::unordered_set<torch::autograd::Node*> seen;
-  while (!todo.empty()) {
-    auto* node = todo.back();
-    todo.pop_back();
-    if (node == nullptr || !seen.insert(node).second) continue;
-    if (node->name().find(name) != std::string::npos) return true;
-    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
-  }
-  return false;
 }
 
 // The small llama (tests/llama_fixture.h: grouped heads, head_dim 12, llama3 scaling) with
