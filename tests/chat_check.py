@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 
+from chat_reference import hf_tokenizer
 from run_check import one_intra_op_thread
 
 one_intra_op_thread()  # before torch is imported
@@ -167,14 +168,6 @@ def folder(work, name, vocab_json, config):
     with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({**config, "tokenizer_class": "PreTrainedTokenizerFast"}, f, ensure_ascii=False)
     return d
-
-
-def hf(vocab_json, config):
-    t = transformers.PreTrainedTokenizerFast(tokenizer_file=vocab_json,
-                                             bos_token=config.get("bos_token"),
-                                             eos_token=config.get("eos_token"))
-    t.chat_template = config.get("chat_template")
-    return t
 
 
 def small_tokenizer(work, records):
@@ -311,7 +304,7 @@ def check_templates(chat_tool, work, vocab, records):
     for name, (voc, fmt) in CASES.items():
         config = template_file(name)
         d = folder(work, "tpl-" + name, vocab[voc], config)
-        t = hf(vocab[voc], config)
+        t = hf_tokenizer(vocab[voc], config)
         want = {f"{files[f]}:{i + 1}": reference(t, r) for f in files for i, r in
                 enumerate(records[f])}
         for mode in MODES + ["completion"]:
@@ -345,7 +338,7 @@ def check_forced(chat_tool, work, vocab, records):
         config = template_file(published)
         bare = {k: v for k, v in config.items() if k != "chat_template"}
         d = folder(work, "bare-" + voc, vocab[voc], bare)
-        t = hf(vocab[voc], config)
+        t = hf_tokenizer(vocab[voc], config)
         want = {f"{chat}:{i + 1}": reference(t, r) for i, r in enumerate(records["chat"])}
         rc, err, got, _ = tool(chat_tool, os.path.join(work, "out"), f"root={chat}",
                                f"tokenizer={d}", f"chat_template={fmt}", "dump=conversations")
@@ -358,7 +351,7 @@ def check_forced(chat_tool, work, vocab, records):
         if rc != 2 or "data.chat_template" not in err or "render_chat.py" not in err:
             fail(f"no template, auto: exit {rc}: {err[-300:]}")
     config = template_file("llama3-instruct")
-    t = hf(vocab["llama3"], config)
+    t = hf_tokenizer(vocab["llama3"], config)
     bos = "<|begin_of_text|>"  # the post-processor's: what encoding adds
     want = {f"{chat}:{i + 1}": plain_reference(t, bos, config["eos_token"], r)
             for i, r in enumerate(records["chat"])}
@@ -384,7 +377,7 @@ def check_other_template(chat_tool, work, vocab, records):
     if r.returncode != 0:
         fail(f"render_chat.py: exit {r.returncode}: {r.stderr[-500:]}")
         return
-    t = hf(vocab["qwen3"], config)
+    t = hf_tokenizer(vocab["qwen3"], config)
     for split, recs in (("train", records["chat"]), ("val", records["pc"])):
         want = [reference(t, x) for x in recs]
         want = [(ids, m["assistant"]) for ids, m in want if any(m["assistant"])]

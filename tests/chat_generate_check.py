@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 
+from chat_reference import hf_tokenizer
 from run_check import one_intra_op_thread
 
 one_intra_op_thread()  # before torch is imported
@@ -98,14 +99,6 @@ def tokenizer_folder(work, name, vocab_json, config):
     with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({**config, "tokenizer_class": "PreTrainedTokenizerFast"}, f, ensure_ascii=False)
     return d
-
-
-def hf_tokenizer(vocab_json, config):
-    t = transformers.PreTrainedTokenizerFast(tokenizer_file=vocab_json,
-                                             bos_token=config.get("bos_token"),
-                                             eos_token=config.get("eos_token"))
-    t.chat_template = config.get("chat_template")
-    return t
 
 
 def messages(system, user):
