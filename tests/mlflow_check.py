@@ -12,8 +12,9 @@ reading the runs back with MLflow's Python client:
      holds every record of metrics.jsonl once;
   3. the server unreachable while a run trains (a gate in front of it shut until the run warns,
      and a second more) and reachable again: the run is not slowed by more than 10% against the
-     same run tracked through the open gate, it says that the server answers again, and the
-     records logged meanwhile arrive;
+     same run tracked through the open gate (in one of up to 3 such pairs: single runs on a
+     shared machine move by more), it says that the server answers again, and the records
+     logged meanwhile arrive;
   4. a run killed (SIGKILL) after MLflow got steps past its last checkpoint and resumed with
      --resume auto: the MLflow run's history has each step of metrics.jsonl once;
   5. a server that answers 400 (MLflow's error JSON): the run's last warning names the
@@ -266,17 +267,10 @@ class Gate:
                 pass
 
 
-def check_server_down(client, server, trainer, source, tmp, failures):
-    # About 12 s of training on one thread (the server has the other core), 10 records a second,
-    # tracked through a gate to the server that is shut for a while and opened again.
-    sets = ["run.threads=1", "train.max_steps=12000", "data.train_samples=4096",
-            "model.hidden=[512,512]", "run.log_every=100", "run.eval_every=2000",
-            "run.checkpoint_every=0", "run.progress=never"]
+def server_down_run(client, server, trainer, source, run_dir, sets, failures):
+    """One run tracked through a gate that is shut until the run warns, and a second more, then
+    opened: the loop's seconds, or None after a failure (appended to `failures`)."""
     gate = Gate(server.port)
-    # The base is tracked too: the sending thread shares the training's core in both runs.
-    base = loop_seconds(train(trainer, source, os.path.join(tmp, "base"), gate.uri, *sets,
-                              pin=TRAINER_CPU).stderr)
-    run_dir = os.path.join(tmp, "down")
     args = [trainer, "--config", os.path.join(source, "configs/synthetic.yaml"), "--run-dir",
             run_dir, "--log-level", "info", "--set", f"tracking.mlflow.uri={gate.uri}"]
     for s in sets:
@@ -304,19 +298,43 @@ def check_server_down(client, server, trainer, source, tmp, failures):
     proc.wait(timeout=300)
     reader.join(timeout=30)
     stderr = "".join(lines)
-    took = loop_seconds(stderr)
-    print(f"server unreachable for part of the run: loop {took:.2f} s, reachable {base:.2f} s")
     if proc.returncode != 0:
         failures.append(f"the run with the server stopped exited {proc.returncode}: "
                         f"{stderr[-500:]}")
-        return
-    if not took <= 1.10 * base:
-        failures.append(f"the run took {took:.2f} s with the server unreachable, {base:.2f} s "
-                        "with it reachable (more than 10% slower)")
+        return None
     if not noticed or "answers again" not in stderr:
         failures.append("no warning that the server was unreachable, or none that it came back")
-    run_id = open(id_file).read().strip()
-    compare_metrics(client, run_id, run_dir, failures, "server down")
+    compare_metrics(client, open(id_file).read().strip(), run_dir, failures, "server down")
+    return loop_seconds(stderr)
+
+
+def check_server_down(client, server, trainer, source, tmp, failures):
+    # About 12 s of training on one thread (the server has the other core), 10 records a second,
+    # tracked through a gate to the server that is shut for a while and opened again. The same
+    # run on this shared machine took from 13.3 to 16.9 s (its CPU time moved as much), so one
+    # pair of runs cannot tell 10% apart: up to 3 pairs (the base, then the outage) are run, and
+    # one within 10% passes. A run that waits on the server is slower in every pair.
+    sets = ["run.threads=1", "train.max_steps=12000", "data.train_samples=4096",
+            "model.hidden=[512,512]", "run.log_every=100", "run.eval_every=2000",
+            "run.checkpoint_every=0", "run.progress=never"]
+    pairs = []
+    for attempt in range(3):
+        gate = Gate(server.port)
+        # The base is tracked too: the sending thread shares the training's core in both runs.
+        base = loop_seconds(train(trainer, source, os.path.join(tmp, f"base{attempt}"),
+                                  gate.uri, *sets, pin=TRAINER_CPU).stderr)
+        gate.shut()
+        took = server_down_run(client, server, trainer, source,
+                               os.path.join(tmp, f"down{attempt}"), sets, failures)
+        if took is None:
+            return
+        pairs.append(f"{took:.2f} s against {base:.2f} s")
+        if took <= 1.10 * base:
+            break
+    print(f"server unreachable for part of the run: loop {'; '.join(pairs)} with it reachable")
+    if not took <= 1.10 * base:
+        failures.append(f"the run with the server unreachable for a while was more than 10% "
+                        f"slower than with it reachable in each of 3 pairs: {'; '.join(pairs)}")
 
 
 def wait_for(condition, timeout, what):

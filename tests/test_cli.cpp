@@ -480,35 +480,38 @@ TEST_F(Cli, DoctorPerfMeasuresTheCpu) {
 // (data.throttle_ms), then input-bound with the remedy.
 // doctor --perf's step rate is bench's: the same steps on a fixed batch, with nothing left running
 // (no profiler, no loader) that bench does not have. Bench times as many steps as doctor did
-// (doctor fills half a second); best of 3 runs each, on the small MLP and a small GPT (steps of
-// a few milliseconds, so that each side times a hundred of them), within 35% either way: a
-// profiler or a loader left running in doctor's timed steps costs more than that, and on a
-// shared 2-core machine half-second measurements moved by 15% (doctor slower) and 30% (doctor
-// faster) between runs of the same code. A timing comparison: CTest runs it alone
-// (tests/serial_tests.cmake).
+// (doctor fills half a second), right after it; of 3 such pairs, on the small MLP and a small GPT
+// (steps of a few milliseconds, so that each side times a hundred of them), the median ratio is
+// within 35% either way: a profiler or a loader left running in doctor's timed steps costs more
+// than that. Pairs and their median because on a shared 2-core machine one half-second
+// measurement of either side moved by up to 50% between runs of the same code (the best of 3 of
+// each side, compared before, failed whenever one side had one lucky run). A timing comparison:
+// CTest runs it alone (tests/serial_tests.cmake).
 TEST_F(Cli, DoctorPerfStepRateIsBenchs) {
   for (const std::string config :
        {"configs/synthetic.yaml",
         "configs/bench/gpt_6x256.yaml --set model.n_layer=2 --set model.n_embd=64 "
         "--set model.block_size=64 --set data.batch_size=4"}) {
     SCOPED_TRACE(config);
-    double doctor = 0, bench = 0;
+    std::vector<double> log_ratios;
+    std::string pairs;
     for (int i = 0; i < 3; ++i) {
       auto r = run("doctor --perf --quick --json --config " + config);
       ASSERT_EQ(r.code, 0) << r.err;
       const auto job = nlohmann::json::parse(r.out)["job"];
-      doctor = std::max(doctor, job["step_samples_per_sec"].get<double>());
+      const double doctor = job["step_samples_per_sec"].get<double>();
       const int64_t steps = job["steps"].get<int64_t>();
       ASSERT_GE(steps, 10) << job;
       const auto json = dir_ / "bench.json";
       r = run("bench --config " + config + " --fixed-batch --steps " + std::to_string(steps) +
               " --warmup 3 --json '" + json.string() + "'");
       ASSERT_EQ(r.code, 0) << r.err;
-      bench =
-          std::max(bench, nlohmann::json::parse(read_file(json))["samples_per_sec"].get<double>());
+      const double bench = nlohmann::json::parse(read_file(json))["samples_per_sec"].get<double>();
+      log_ratios.push_back(std::log(doctor / bench));
+      pairs += " " + std::to_string(doctor) + "/" + std::to_string(bench);
     }
-    EXPECT_LT(std::abs(std::log(doctor / bench)), std::log(1.35))
-        << "doctor " << doctor << ", bench " << bench;
+    std::sort(log_ratios.begin(), log_ratios.end());
+    EXPECT_LT(std::abs(log_ratios[1]), std::log(1.35)) << "doctor/bench:" << pairs;
   }
 }
 

@@ -83,9 +83,9 @@ struct JobPerf {
   int64_t steps = 0;                 // the timed steps of step_samples_per_sec
 };
 
-// The input pipeline alone and the training step alone of `trainer`'s config: the step is bench's
-// on a fixed batch, 10 steps after 3 of warm-up, and in one process as many more as fill 0.5 s
-// (quick) or 2 s. Every rank must call this, in the same order.
+// The training step alone and then the input pipeline alone of `trainer`'s config: the step is
+// bench's on a fixed batch, 10 steps after 3 of warm-up, and in one process as many more as fill
+// 0.5 s (quick) or 2 s. Every rank must call this, in the same order.
 JobPerf measure_job(Trainer& trainer, const PerfOptions& options);
 
 }  // namespace trainer::engine
