@@ -2,8 +2,9 @@
 
 Usage: ema_check.py TRAINER_BINARY SOURCE_DIR
 
-Trains configs/synthetic.yaml with train.ema and a checkpoint after every step, exports each
-step's trained weights, and replays them through timm.utils.ModelEmaV3 (exclude_buffers: the
+Trains configs/synthetic.yaml with train.ema and a checkpoint after every step, reads each
+step's trained weights from its checkpoint (the last one also through `trainer export --weights
+raw`, which must equal them), and replays them through timm.utils.ModelEmaV3 (exclude_buffers: the
 parameters averaged, with use_warmup as train.ema.warmup), updating it at the steps train.ema.every
 names: the final average must equal the exported one within 1e-6. Then: a run stopped halfway and
 resumed ends with the same average and weights, bit for bit; metrics.jsonl has a val_ema record
@@ -51,6 +52,13 @@ def export(trainer, checkpoint, out, weights):
     return load_file(out)
 
 
+def trained_weights(checkpoint):
+    """The model's weights in a checkpoint file (its `model.` tensors, named as export names
+    them), read directly: what `trainer export --weights raw` writes (checked once below)."""
+    return {n[len("model."):]: t for n, t in load_file(checkpoint).items()
+            if n.startswith("model.")}
+
+
 def checkpoints(run_dir):
     folder = os.path.join(run_dir, "checkpoints")
     files = sorted(f for f in os.listdir(folder) if f.startswith("step_") and
@@ -74,7 +82,7 @@ def compare_with_timm(trainer, source, tmp, steps, decay, warmup, every, failure
     # The weights the average starts from: those before step 1, the same seed's with lr 0.
     start_dir = os.path.join(tmp, f"start_{every}")
     train_synthetic(trainer, source, start_dir, "train.max_steps=1", "optim.lr=0")
-    start = export(trainer, checkpoints(start_dir)[-1][1], os.path.join(tmp, "start.st"), "raw")
+    start = trained_weights(checkpoints(start_dir)[-1][1])
     model = Weights(start)
     reference = ModelEmaV3(model, decay=decay, use_warmup=warmup, exclude_buffers=True)
     saved = checkpoints(run_dir)
@@ -82,9 +90,13 @@ def compare_with_timm(trainer, source, tmp, steps, decay, warmup, every, failure
         failures.append(f"every={every}: checkpoints of steps {[s for s, _ in saved]}")
         return
     for step, path in saved:
-        model.load(export(trainer, path, os.path.join(tmp, "raw.st"), "raw"))
+        model.load(trained_weights(path))
         if step % every == 0:
             reference.update(model, step=step)
+    raw = export(trainer, saved[-1][1], os.path.join(tmp, "raw.st"), "raw")
+    if sorted(raw) != sorted(start) or any(not torch.equal(raw[n], model.as_dict()[n])
+                                           for n in raw):
+        failures.append(f"every={every}: export --weights raw differs from the checkpoint's model")
     got = export(trainer, saved[-1][1], os.path.join(tmp, "ema.st"), "ema")
     want = reference.module.as_dict()
     worst = max((got[n] - want[n]).abs().max().item() for n in want)
