@@ -42,7 +42,8 @@ int64_t int_field(const json& j, const char* key, int64_t fallback, const std::s
   if (!present(j, key)) return fallback;
   const auto& v = j[key];
   if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
+      std::abs(v.get<double>()) < 9e18) {
     return static_cast<int64_t>(v.get<double>());
   }
   errors.push_back(where + key + " is " + v.dump() + ", expected an integer");
@@ -153,13 +154,29 @@ void check_math_fields(const json& file, const std::string& type, std::vector<st
   }
 }
 
+// The parameters of the model `o` (options_of_config's) builds, biases and q/k norms left out.
+double config_parameters(const json& o) {
+  const auto d = [&](const char* key) { return static_cast<double>(o[key].get<int64_t>()); };
+  const double hidden = d("n_embd"), heads = d("n_head"), head_dim = d("head_dim");
+  const double kv = d("n_kv_head") > 0 ? d("n_kv_head") : heads;
+  const double layer =
+      hidden * head_dim * (2 * heads + 2 * kv) + 3 * hidden * d("intermediate_size") + 2 * hidden;
+  const double embeddings = d("vocab_size") * hidden * (o["tie_embeddings"].get<bool>() ? 1 : 2);
+  return embeddings + d("n_layer") * layer + hidden;
+}
+
 json options_of_config(const json& file, std::vector<std::string>& errors,
                        std::vector<std::string>& warnings) {
   const std::string type = file.value("model_type", std::string());
   const TypeDefaults d = defaults_of(type);
   json o;
-  const auto i = [&](const char* key, int64_t fallback) {
-    return int_field(file, key, fallback, "", errors);
+  const auto i = [&](const char* key, int64_t fallback) {  // every size is positive
+    const int64_t v = int_field(file, key, fallback, "", errors);
+    if (v <= 0 && present(file, key)) {
+      errors.push_back(std::string(key) + " is " + file[key].dump() +
+                       ", expected a positive integer");
+    }
+    return v;
   };
   o["n_layer"] = i("num_hidden_layers", d.layers);
   o["n_embd"] = i("hidden_size", d.hidden);
@@ -355,6 +372,7 @@ ForeignFormat llama_hf_format() {
   f.check_config = check_config;
   f.model_types = {"llama", "mistral", "qwen2", "qwen3"};
   f.options_of_config = options_of_config;
+  f.parameter_count = config_parameters;
   return f;
 }
 

@@ -121,6 +121,9 @@ struct ForeignFormat {
   std::function<nlohmann::json(const nlohmann::json& file, std::vector<std::string>& errors,
                                std::vector<std::string>& warnings)>
       options_of_config;
+  // The number of parameters of the model that options_of_config's `options` build (an estimate
+  // within a few percent): weights files holding far fewer belong to another config.json.
+  std::function<double(const nlohmann::json& options)> parameter_count;
 };
 
 // A language model decoding token by token (trainer generate).

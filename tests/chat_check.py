@@ -27,9 +27,10 @@ special tokens written in the text) and 60 prompt/completion records (strings an
   templates (plain: bos, the contents, eos after each assistant one).
 - Another template: exit 2 naming data.chat_template and scripts/render_chat.py; render_chat.py
   writes token and mask files equal to the reference, and the tokens data set reads the mask.
-- Bad input: not JSON, a role outside the templates, a content that is not a string, a messages
-  record under train_on completion, an empty conversation, no trained token: a line naming the
-  file and line (exit 2, or a warning and the line dropped).
+- Bad input: not JSON (a number beyond a double's range too), a role outside the templates, a
+  content that is not a string, a messages record under train_on completion, an empty
+  conversation, no trained token: a line naming the file and line (exit 2, or a warning and the
+  line dropped); a tokenizer_config.json chat_template that is not text: exit 2 naming the file.
 - Samples: cut to data.seq_len (a conversation whose first trained token is cut off dropped and
   counted in the log), targets -100 where they do not train; packed, every conversation once with
   positions from 0 and the log's share of positions used; a tiny Llama (transformers, float64)
@@ -420,6 +421,8 @@ def check_bad_input(chat_tool, work, small):
                                     {"role": "assistant", "content": "hello"}]})
     val = os.path.join(work, "good.jsonl")
     write_jsonl(val, [json.loads(good)] * 3)
+    small_json = os.path.realpath(os.path.join(d, "tokenizer.json"))
+    number_template = folder(work, "tpl-number", small_json, {"chat_template": 5})
     cases = [  # (lines, settings, exit status, text the message holds)
         ([good, "", "{not json"], [], 2, "bad.jsonl:3:"),
         ([good, '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": '
@@ -433,6 +436,11 @@ def check_bad_input(chat_tool, work, small):
         ([good, '{"messages": [{"role": "user", "content": "a"}]}'], [], 0,
          "bad.jsonl:2: no token to train"),
         ([good], ["tokenizer=/nonexistent/tok"], 2, "data.tokenizer: /nonexistent/tok"),
+        ([good, '{"messages": [{"role": "user", "content": 1e999}]}'], [], 2,
+         "bad.jsonl:2: not JSON: number overflow parsing '1e999'"),
+        ([good], [f"val_files={work}"], 2, f"data.val_files: {work} is a folder"),
+        ([good], [f"tokenizer={number_template}"], 2,
+         "tokenizer_config.json: chat_template is 5, not a template's text"),
     ]
     bad = os.path.join(work, "bad.jsonl")
     for lines, settings, status, message in cases:
@@ -442,7 +450,7 @@ def check_bad_input(chat_tool, work, small):
         args = [a for a in args if not (a.startswith("tokenizer=") and any(
             s.startswith("tokenizer=") for s in settings) and a not in settings)]
         rc, err, _, _ = tool(chat_tool, os.path.join(work, "out"), *args)
-        if rc != status or message not in err:
+        if rc != status or message not in err or "json.exception" in err:
             fail(f"bad input {message!r}: exit {rc}: {err[-400:]}")
     print(f"bad input: {len(cases)} cases, each one line naming the file and line")
 

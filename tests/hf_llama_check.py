@@ -21,9 +21,12 @@ Interop.HfLlamaFoldersInAndOut).
    prints transformers' decoding of its greedy tokens, ended at the eos id.
 3. Bad input, each exit 2 (1 for a file damaged while read) naming the file and the tensor or the
    field, and no checkpoint written: an index naming a missing shard, a shard with a wrong shape,
-   a wrong dtype, a truncated shard, config.json fields that change the math (rope scaling yarn, a
-   Qwen sliding window in use, Mistral's sliding window, Llama's attention_bias, hidden_act, mlp_bias,
-   another model_type), a YAML key that disagrees with config.json, model.name gpt.
+   a wrong dtype, a truncated shard, a shard header, an index and a config.json that are not JSON
+   (the line and column, no library exception text), config.json sizes of 0 and sizes that make
+   a model far larger than the weights (refused before it is built), config.json fields that
+   change the math (rope scaling yarn, a Qwen sliding window in use, Mistral's sliding window,
+   Llama's attention_bias, hidden_act, mlp_bias, another model_type), a YAML key that disagrees
+   with config.json, model.name gpt.
 4. Memory: the peak RSS of the trainer loading a random bf16 Llama folder of at least 1.5 GB
    (made here, deleted after) is at most 1.3x the model's bytes as the trainer holds them
    (float32).
@@ -419,6 +422,17 @@ def bad_weights(trainer, model, work):
         f.truncate(os.path.getsize(path) - 100)
     expect_refusal(trainer, run_config(work, "truncated", folder), work, "truncated shard",
                    [shards[2], "truncated"], codes=(1, 2))
+    folder, shards = fresh("header")
+    with open(os.path.join(folder, shards[0]), "r+b") as f:
+        f.seek(8)
+        f.write(b"x")  # the header's opening brace
+    expect_refusal(trainer, run_config(work, "header", folder), work, "shard header not JSON",
+                   [shards[0], "header is not JSON at line 1, column "])
+    folder, shards = fresh("index")
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        f.write('{"weight_map": ')
+    expect_refusal(trainer, run_config(work, "index", folder), work, "index not JSON",
+                   ["model.safetensors.index.json:1:", ": not JSON: "])
 
 
 def bad_configs(trainer, model, work):
@@ -437,12 +451,20 @@ def bad_configs(trainer, model, work):
         ("qwen2 window", {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16,
                           "max_window_layers": 0}, "sliding_window"),
         ("mistral window", {"model_type": "mistral", "sliding_window": 16}, "sliding_window"),
+        ("vocab size 0", {"vocab_size": 0}, "vocab_size is 0, expected a positive integer"),
+        ("head_dim 0", {"head_dim": 0}, "head_dim is 0, expected a positive integer"),
+        ("intermediate size 1e9", {"intermediate_size": 10**9}, "parameters, but the weights"),
+        ("layers 1e12", {"num_hidden_layers": 1e12}, "parameters, but the weights"),
     ]
     for label, edit, field in edits:
         with open(cfg_path, "w") as f:
             json.dump({**good, **edit}, f)
         expect_refusal(trainer, run_config(work, "cfg", folder), work, label,
                        ["config.json", field])
+    with open(cfg_path, "w") as f:
+        f.write('{"model_type": "llama",')
+    expect_refusal(trainer, run_config(work, "cfg", folder), work, "config.json not JSON",
+                   ["config.json:1:", ": not JSON: "])
     with open(cfg_path, "w") as f:
         json.dump(good, f)
     expect_refusal(trainer, run_config(work, "heads", folder, ["n_head: 2"]), work,

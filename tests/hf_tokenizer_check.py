@@ -20,7 +20,9 @@ encoder. Decoding (the ids back, and random ids with broken UTF-8) equals tokeni
 NFC (through Qwen 3) equals tokenizers' on random runs of marks, composites and Hangul jamo.
 `trainer tokenize` with a model folder equals it too (uint32, <|end_of_text|> between files, 1
 and 2 threads), `trainer generate --tokenizer` runs with it, and tokenizers of other kinds are exit
-2 naming the field.
+2 naming the field; damaged ones (not JSON, a non-object model, two tokens of one id, a folder
+named tokenizer.json, a tokenizer_config.json bos_token or eos_token that is not a token) exit 1,
+one line naming the file, without the JSON library's or the C++ library's own text.
 Exits 77 (skipped) when tokenizers or quicktok is not installed.
 """
 import glob
@@ -443,6 +445,28 @@ def base_json():
                       "ignore_merges": False, "vocab": vocab, "merges": [["a", "b"]]}}
 
 
+def case_path(work, name, j):
+    """The --tokenizer path of a case of check_refused: NAME.json holding j (its first 300
+    characters when None, j itself when a string); for "folder", a folder with a folder named
+    tokenizer.json in it; for "config_*", a folder of a valid tokenizer.json and j as its
+    tokenizer_config.json."""
+    if name == "folder" or name.startswith("config_"):
+        path = os.path.join(work, name)
+        os.makedirs(os.path.join(path, "tokenizer.json") if name == "folder" else path)
+        if name != "folder":
+            config = j if isinstance(j, str) else json.dumps(j)
+            for file, text in (("tokenizer.json", json.dumps(base_json())),
+                               ("tokenizer_config.json", config)):
+                with open(os.path.join(path, file), "w", encoding="utf-8") as f:
+                    f.write(text)
+        return path
+    path = os.path.join(work, f"{name}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(j if isinstance(j, str) else json.dumps(j) if j is not None
+                else json.dumps(base_json())[:300])
+    return path
+
+
 def check_refused(trainer, work):
     """Tokenizers of other kinds: exit 2 naming the file and field; damaged ones exit 1."""
     failures = []
@@ -486,19 +510,29 @@ def check_refused(trainer, work):
          "model.merges[1] 'x yz' joins or makes a token that model.vocab lacks"),
         ("added_id", edited(lambda j: j["added_tokens"][0].update(id=300)), 1,
          "'<|endoftext|>' has id 300, but tokenizers gives it 257"),
-        ("truncated", None, 1, "not JSON"),
+        ("truncated", None, 1, "truncated.json:1:301: not JSON: syntax error"),
+        ("empty", "", 1, "empty.json:1:1: not JSON: syntax error"),
+        ("type_number", edited(lambda j: j["model"].update(type=3)), 2,
+         "model.type: 3 is not BPE"),
+        ("model_list", edited(lambda j: j.update(model=[1])), 1, "model: [1] is not an object"),
+        ("duplicate_id", edited(lambda j: j["model"]["vocab"].update(ab=5)), 1,
+         "model.vocab: tokens '"),
+        ("folder", None, 1, "tokenizer.json is a folder; it must be a JSON file"),
+        ("config_bos", {"bos_token": 5}, 1, "tokenizer_config.json: bos_token: 5 is not a token"),
+        ("config_eos", {"eos_token": ["a"]}, 1, 'tokenizer_config.json: eos_token: ["a"] is not'),
+        ("config_overflow", '{"model_max_length": 1e999}', 1,
+         "tokenizer_config.json: not JSON: number overflow"),
     ]
     for name, j, code, needle in cases:
-        path = os.path.join(work, f"{name}.json")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(json.dumps(j) if j is not None else json.dumps(base_json())[:300])
+        path = case_path(work, name, j)
         if code == 0:  # tokenizers reads it too
             Tokenizer.from_file(path)
         r = subprocess.run([trainer, "tokenize", "--tokenizer", path, "--out",
                             os.path.join(work, "refused.bin"), text],
                            capture_output=True, text=True)
         err = r.stderr.strip()
-        one_line = code == 0 or (path in err and "\n" not in err)
+        one_line = code == 0 or (path in err and "\n" not in err and "json.exception" not in err
+                                 and "basic_string" not in err)
         ok = r.returncode == code and needle in err and one_line
         print(f"{name}: exit {r.returncode}: {err[:160]}")
         if not ok:

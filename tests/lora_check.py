@@ -23,8 +23,9 @@ one-window token folders: every batch holds all four).
 6. gpt over a GPT-2 base (transformers' Conv1D layers, PEFT's fan_in_fan_out): 20 steps equal
    PEFT's; its adapter export loads in PEFT and its merged export in GPT2LMHeadModel with the same
    logits.
-7. Bad input, one line and exit 2 each: an adapter export of a run without LoRA; a resume on a base
-   whose weights changed (same path, same config.json).
+7. Bad input, one line and exit 2 each: model.lora.rank above every adapted layer's widths;
+   model.lora.rank 0 with other model.lora keys set; an adapter export of a run without LoRA; a
+   resume on a base whose weights changed (same path, same config.json).
 
 --distributed: ddp, fsdp and dist.tp_size 2 on two processes equal one process (10 steps within
 1e-5 relative); an fsdp checkpoint (sharded adapters and AdamW state) resumes in one process.
@@ -308,6 +309,14 @@ def check_gpt(binary, work, folders, windows, failures):
 
 
 def check_bad_input(t, base, failures):
+    widest = max(BASE.hidden_size, BASE.intermediate_size)
+    for setting, needle in ((f"model.lora.rank={widest + 1}", f"a rank of at most {widest}"),
+                            ("model.lora.rank=0", "turns LoRA off")):
+        r = run([t.binary, "--config", t.config("bad_lora"), "--run-dir",
+                 os.path.join(t.work, "bad_lora"), "--set", setting], setting, expect=2)
+        last = r.stderr.strip().splitlines()[-1]  # after the log's lines: the error, one line
+        if "model.lora.rank" not in last or needle not in last:
+            failures.append(f"{setting}: {r.stderr!r}")
     full = t.train("full", steps=1, lora=False)
     r = t.export(full, os.path.join(t.work, "full_peft"), "--format", "peft", expect=2)
     lines = r.stderr.strip().splitlines()

@@ -765,10 +765,11 @@ TEST_F(Cli, GenerateSamplesTextFromALanguageModel) {
 }
 
 // generate's arguments: an empty prompt file is an empty prompt (the text starts from a newline,
-// as --prompt ''); a directory, --prompt with --prompt-file, --num-samples below 1 and a negative
-// temperature are usage errors (exit 2, one line); a temperature near 0 picks the likeliest byte
-// as 0 does; a job under trainer launch is refused. A tokenizer folder whose encoder.json lacks a
-// byte's token, or gives an id beyond its tokens, is one line naming the file.
+// as --prompt ''); a directory, --prompt with --prompt-file, --num-samples below 1, a negative
+// temperature and a value a flag cannot take (named with it) are usage errors (exit 2, one line);
+// a temperature near 0 picks the likeliest byte as 0 does; a job under trainer launch is refused.
+// A tokenizer folder whose encoder.json lacks a byte's token, gives an id beyond its tokens or to
+// two tokens, or is not JSON, is one line naming the file.
 TEST_F(Cli, GenerateChecksItsArguments) {
   const auto corpus = write("corpus.txt", std::string(3000, 'b') + "abc\n");
   const auto run_dir = dir_ / "g";
@@ -793,7 +794,10 @@ TEST_F(Cli, GenerateChecksItsArguments) {
            {"--prompt a --prompt-file '" + empty.string() + "'", "give one"},
            {"--num-samples 0", "--num-samples must be at least 1"},
            {"--num-samples -1", "--num-samples must be at least 1"},
-           {"--temperature -1", "--temperature must be"}}) {
+           {"--temperature -1", "--temperature must be"},
+           {"--temperature nan", "--temperature: 'nan' is not a valid value"},
+           {"--seed -1", "--seed: '-1' is not a valid value"},
+           {"--top-p=abc", "--top-p: 'abc' is not a valid value"}}) {
     const auto r = run(gen + args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
@@ -807,11 +811,14 @@ TEST_F(Cli, GenerateChecksItsArguments) {
   EXPECT_NE(launched.code, 0);
   EXPECT_NE(launched.err.find("generate runs in one process"), std::string::npos) << launched.err;
 
-  // Tokenizer folders: one without byte 0's token, one with an id of 10^12.
+  // Tokenizer folders: one without byte 0's token, one with an id of 10^12, one with two tokens of
+  // one id, one whose encoder.json is not JSON.
   for (const auto& [name, encoder, needle] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"nobytes", R"({"a": 0, "b": 1})", "no token for byte"},
-           {"hugeid", R"({"a": 1000000000000})", "has id 1000000000000, beyond its 1 tokens"}}) {
+           {"hugeid", R"({"a": 1000000000000})", "has id 1000000000000, beyond its 1 tokens"},
+           {"dupid", R"({"a": 0, "b": 0})", "tokens 'a' and 'b' both have id 0"},
+           {"notjson", "{oops", "encoder.json:1:2: not JSON: syntax error"}}) {
     fs::create_directories(dir_ / name);
     write(name + "/encoder.json", encoder);
     write(name + "/vocab.bpe", "#version: 0.2\na b\n");

@@ -323,10 +323,12 @@ TEST_F(LoraRun, TheSectionsKeysAreChecked) {
       {"model.lora.alpha=0", "model.lora.alpha"},
       {"model.lora.dropout=1", "model.lora.dropout"},
       {"model.lora.base_dtype=int8", "model.lora.base_dtype"},
-      {"model.lora.targets=[attn.c_attn]", "model.lora.targets"}};
+      {"model.lora.targets=[attn.c_attn]", "model.lora.targets"},
+      {"model.lora.rank=0", "model.lora.rank"},    // LoRA off while targets and alpha are set
+      {"model.lora.rank=65", "model.lora.rank"}};  // c_attn 16 -> 48, c_proj 64 -> 16 at most
   for (const auto& [setting, key] : bad) {
     try {
-      lora({setting});
+      Trainer t(lora({setting}));  // the rank against the layers: when the adapters are added
       ADD_FAILURE() << setting << " accepted";
     } catch (const config::ConfigError& e) {
       ASSERT_FALSE(e.issues().empty());

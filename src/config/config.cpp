@@ -56,6 +56,15 @@ void ModelConfig::validate(Checks& c) const {
 
 void LoraConfig::validate(Checks& c) const {
   c.at_least("rank", rank, 0);
+  const LoraConfig off;
+  const bool set = alpha != off.alpha || dropout != off.dropout || !targets.empty() ||
+                   rslora != off.rslora || base_dtype != off.base_dtype;
+  if (rank == 0 && set) {
+    c.add("rank",
+          "is 0, which turns LoRA off, but other model.lora keys are set; give "
+          "model.lora.rank > 0 (8 to 64) to train adapters, or leave model.lora out to "
+          "train every weight");
+  }
   if (!(alpha > 0.0 && alpha < 1e300)) {
     c.add("alpha", "must be a positive number (PEFT's lora_alpha), got " + format_number(alpha));
   }

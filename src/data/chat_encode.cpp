@@ -9,6 +9,7 @@
 
 #include "data/dataset.h"
 #include "data/files.h"
+#include "util/json_error.h"
 #include "util/log.h"
 #include "util/unicode_nfc.h"
 
@@ -48,20 +49,24 @@ std::string folder_template(const std::string& folder, std::string& source) {
   try {
     config = nlohmann::json::parse(bytes.begin(), bytes.end());
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(source + ": not JSON: " + e.what());
+    throw DataError(not_json_message(source, e));
   }
   const auto t = config.find("chat_template");
-  if (t == config.end()) return "";
+  if (t == config.end() || t->is_null()) return "";
   if (t->is_string()) return t->get<std::string>();
   if (t->is_array()) {
     for (const auto& entry : *t) {
-      if (entry.is_object() && entry.value("name", "") == "default" &&
+      if (entry.is_object() && entry.value("name", nlohmann::json()) == "default" &&
           entry.value("template", nlohmann::json()).is_string()) {
         return entry["template"].get<std::string>();
       }
     }
+    return "";
   }
-  return "";
+  throw DataConfigError("data.chat_template",
+                        source + ": chat_template is " + t->dump().substr(0, 60) +
+                            ", not a template's text (a string, or a list of {\"name\", "
+                            "\"template\"}); set data.chat_template to the format it renders");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -42,6 +43,17 @@ std::string join_path(const std::string& root, const std::string& name) {
   return strip_slashes(root) + "/" + name;
 }
 
+// Why `path`, which is not a regular file, cannot be read: missing ("no such file", or "no such
+// file or folder" where a folder would do), a folder where a file is wanted, or a FIFO or device.
+std::string not_a_file(const std::string& path, bool folder_ok) {
+  if (!folder_ok && is_directory(path)) return path + " is a folder; name a JSONL file";
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    return path + " is not a regular file (a FIFO, a device or a socket)";
+  }
+  return path + (folder_ok ? ": no such file or folder" : ": no such file");
+}
+
 // The files of a pattern of data.files or data.val_files (`key`), relative to data.root.
 std::vector<std::string> pattern_files(const std::string& root, const std::string& pattern,
                                        const std::string& key) {
@@ -52,7 +64,7 @@ std::vector<std::string> pattern_files(const std::string& root, const std::strin
     throw DataConfigError(key, e.what());
   }
   for (const auto& f : out) {
-    if (!is_file(f)) throw DataConfigError(key, f + ": no such file");
+    if (!is_file(f)) throw DataConfigError(key, not_a_file(f, false));
   }
   return out;
 }
@@ -69,7 +81,7 @@ std::vector<std::string> train_files(const config::DataConfig& cfg, const ChatOp
                           "data.files)");
   }
   if (is_file(root)) return {root};
-  if (!is_directory(root)) throw DataConfigError("data.root", root + ": no such file or folder");
+  if (!is_directory(root)) throw DataConfigError("data.root", not_a_file(root, true));
   std::vector<std::string> out;
   for (const auto& name : list_dir(root)) {
     const std::string path = root + "/" + name;
@@ -240,7 +252,7 @@ ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
   }
   if (!is_file(path) && !is_directory(path)) {
     throw DataConfigError(o.tokenizer.empty() ? "model.pretrained" : "data.tokenizer",
-                          path + ": no such file or folder");
+                          not_a_file(path, true));
   }
   if (o.tokenizer.empty() && is_file(path)) path = tokenizer_folder(path);  // a safetensors file
   const BpeTokenizer tokenizer = open_tokenizer(path);

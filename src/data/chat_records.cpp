@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "util/json_error.h"
+
 namespace trainer::data {
 namespace {
 
@@ -41,6 +43,8 @@ Json parse_json(std::string_view line, const std::string& where) {
     const size_t colon = column == std::string::npos ? column : what.find(": ", column);
     if (colon != std::string::npos) what = what.substr(colon + 2);
     throw ChatRecordError(where + ":" + std::to_string(e.byte) + ": not JSON: " + what);
+  } catch (const Json::exception& e) {  // a number beyond a double's range: 1e999
+    throw ChatRecordError(where + ": not JSON: " + json_error_text(e));
   }
 }
 

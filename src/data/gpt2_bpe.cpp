@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "data/dataset.h"
+#include "util/json_error.h"
 
 namespace trainer::data {
 namespace {
@@ -26,7 +27,7 @@ std::vector<std::string> read_encoder(const std::string& path) {
   try {
     encoder = nlohmann::json::parse(read_text(path));
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(path + ": not JSON: " + e.what());
+    throw DataError(not_json_message(path, e));
   }
   if (!encoder.is_object() || encoder.empty()) {
     throw DataError(path + ": not a JSON object of tokens and their ids");
@@ -41,7 +42,12 @@ std::vector<std::string> read_encoder(const std::string& path) {
       throw DataError(path + ": token '" + token + "' has id " + std::to_string(id.get<int64_t>()) +
                       ", beyond its " + std::to_string(most) + " tokens (ids run from 0)");
     }
-    vocab[static_cast<size_t>(id.get<int64_t>())] = token;
+    auto& slot = vocab[static_cast<size_t>(id.get<int64_t>())];
+    if (!slot.empty()) {
+      throw DataError(path + ": tokens '" + slot + "' and '" + token + "' both have id " +
+                      std::to_string(id.get<int64_t>()) + "; each id must be one token's");
+    }
+    slot = token;
   }
   return vocab;
 }

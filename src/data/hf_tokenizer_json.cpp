@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "data/gpt2_bpe.h"
 #include "data/hf_tokenizer.h"
+#include "util/json_error.h"
 
 namespace trainer::data {
 namespace {
@@ -29,6 +30,12 @@ const char* const kBuilt =
 // The JSON document of `path`, read once into memory; `keep` (nlohmann's parser callback) may
 // leave parts out of the document as they are parsed.
 Json read_json(const std::string& path, const Json::parser_callback_t& keep = nullptr) {
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
+    throw DataError(
+        path + (fs::is_directory(path, ec) ? " is a folder" : " is not a regular file (a FIFO?)") +
+        "; it must be a JSON file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot read");
   in.seekg(0, std::ios::end);
@@ -40,7 +47,7 @@ Json read_json(const std::string& path, const Json::parser_callback_t& keep = nu
   try {
     return Json::parse(text, keep);
   } catch (const Json::exception& e) {
-    throw DataError(path + ": not JSON: " + e.what());
+    throw DataError(not_json_message(path, e));
   }
 }
 
@@ -202,9 +209,14 @@ bool read_normalizer(const Json& n, const std::string& path, const std::string& 
 
 // The BPE model's options: refused unless as byte-level BPE has them.
 void check_model(const Json& model, const std::string& path) {
+  if (!model.is_object()) {
+    throw DataError(path + ": model: " + model.dump().substr(0, 60) +
+                    " is not an object (a BPE model: type, vocab, merges)");
+  }
   const std::string type = type_of(model);
-  if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
-    unsupported(path, "model.type", "'" + type + "' is not BPE");
+  if (type != "BPE" && !(!model.contains("type") && model.contains("merges"))) {
+    unsupported(path, "model.type",
+                (type.empty() ? model["type"].dump() : "'" + type + "'") + " is not BPE");
   }
   if (flag(model, "byte_fallback", false, path, "model")) {
     unsupported(path, "model.byte_fallback", "true (SentencePiece-style <0x..> byte tokens)");
@@ -228,12 +240,19 @@ void read_model(const Json& model, ModelLists& lists, const std::string& path, B
   }
   const auto count = static_cast<int64_t>(lists.vocab.size());
   spec.vocab.assign(lists.vocab.size(), "");
+  std::vector<bool> taken(lists.vocab.size(), false);
   for (auto& [token, id] : lists.vocab) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= count) {
       throw DataError(path + ": model.vocab: token '" + token + "' has id " + id.dump() +
                       ", not one of 0.." + std::to_string(count - 1));
     }
-    spec.vocab[static_cast<size_t>(id.get<int64_t>())] = std::move(token);
+    const auto at = static_cast<size_t>(id.get<int64_t>());
+    if (taken[at]) {
+      throw DataError(path + ": model.vocab: tokens '" + spec.vocab[at] + "' and '" + token +
+                      "' both have id " + id.dump() + "; each id must be one token's");
+    }
+    taken[at] = true;
+    spec.vocab[at] = std::move(token);
   }
   lists.vocab = {};
   if (!lists.merges_array) throw DataError(path + ": model.merges: not a list");
@@ -264,11 +283,16 @@ void read_added(const Json& added, const std::string& path, BpeSpec& spec) {
   }
 }
 
-// A token named by tokenizer_config.json: a string, or an object with its content.
-std::string token_name(const Json& v) {
+// A token named by tokenizer_config.json: a string, or an object with its content; null: none.
+// `where` (FILE: KEY) names it in the error for anything else.
+std::string token_name(const Json& v, const std::string& where = "") {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_object() && v.contains("content") && v["content"].is_string()) {
     return v["content"].get<std::string>();
+  }
+  if (!where.empty() && !v.is_null()) {
+    throw DataError(where + ": " + v.dump().substr(0, 60) +
+                    " is not a token (a string, an object with its \"content\", or null)");
   }
   return "";
 }
@@ -297,8 +321,8 @@ void read_bos_eos(const Json& root, const std::string& config, BpeSpec& spec) {
   if (config.empty()) return;
   const Json c = read_json(config);
   if (!c.is_object()) throw DataError(config + ": not a JSON object");
-  if (c.contains("bos_token")) spec.bos = token_name(c["bos_token"]);
-  if (c.contains("eos_token")) spec.eos = token_name(c["eos_token"]);
+  if (c.contains("bos_token")) spec.bos = token_name(c["bos_token"], config + ": bos_token");
+  if (c.contains("eos_token")) spec.eos = token_name(c["eos_token"], config + ": eos_token");
 }
 
 }  // namespace
@@ -343,9 +367,10 @@ BpeTokenizer load_tokenizer(const std::string& path) {
                     "vocab.bpe); give a Hugging Face model folder or a tokenizer.json file");
   }
   if (!fs::is_regular_file(path, ec)) {
-    throw DataError(path +
-                    ": no such file or folder; give a tokenizer.json file or a folder "
-                    "holding one");
+    throw DataError(
+        path +
+        (fs::exists(path, ec) ? ": not a regular file or folder" : ": no such file or folder") +
+        "; give a tokenizer.json file or a folder holding one");
   }
   const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
   return BpeTokenizer(read_tokenizer_json(path, fs::exists(config, ec) ? config.string() : ""));

@@ -161,6 +161,20 @@ std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std:
         joined(linear));
   }
   check_targets(model, targets, layers);
+  const std::set<std::string> wanted(targets.begin(), targets.end());
+  int64_t widest = 0;  // the adapted layers' largest input or output width
+  for (const auto& [name, layer] : layers) {
+    if (!wanted.count(last_part(name))) continue;
+    widest = std::max({widest, layer->options.in_features(), layer->options.out_features()});
+  }
+  if (options.rank > widest) {
+    throw LoraRankError(std::to_string(options.rank) +
+                        " is more than every adapted layer's input " +
+                        "and output widths (at most " + std::to_string(widest) +
+                        "): the adapters would outgrow the weights they adapt; give a rank of at "
+                        "most " +
+                        std::to_string(widest));
+  }
   {
     torch::NoGradGuard no_grad;
     for (auto& p : model.parameters(/*recurse=*/true)) {
@@ -168,7 +182,6 @@ std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std:
       if (p.scalar_type() != base_dtype) p.set_data(p.to(base_dtype));
     }
   }
-  const std::set<std::string> wanted(targets.begin(), targets.end());
   std::vector<std::string> adapted;
   for (const auto& [name, layer] : layers) {
     if (!wanted.count(last_part(name))) continue;

@@ -90,6 +90,12 @@ class LoraTargetError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A model.lora.rank larger than every adapted layer's input and output widths.
+class LoraRankError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // The targets PEFT adapts when its config names none: its default for Llama/Qwen (q_proj,
 // v_proj) and GPT-2 (c_attn), those of them the model has.
 std::vector<std::string> default_lora_targets(const torch::nn::Module& model);
@@ -97,7 +103,8 @@ std::vector<std::string> default_lora_targets(const torch::nn::Module& model);
 // Attaches an adapter to every nn::Linear of `model` whose module name's last part is one of
 // `targets` (empty: default_lora_targets), freezes every other parameter (requires_grad false)
 // and casts them to `base_dtype`. Returns the adapted layers' module names, in module order.
-// Throws LoraTargetError, before changing anything, when a target names no nn::Linear.
+// Throws LoraTargetError, before changing anything, when a target names no nn::Linear, and
+// LoraRankError when the rank exceeds the adapted layers' widths.
 std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std::string> targets,
                                       const LoraOptions& options, c10::ScalarType base_dtype);
 

@@ -136,6 +136,8 @@ void add_lora(Components& parts, const config::LoadedConfig& loaded) {
   } catch (const nn::LoraTargetError& e) {
     config_error(loaded, "model.lora.targets",
                  std::string(e.what()) + " (model " + loaded.cfg.model.name + ")");
+  } catch (const nn::LoraRankError& e) {
+    config_error(loaded, "model.lora.rank", e.what());
   }
   try {
     parts.lora_base = base_identity(*parts.model, loaded.cfg.model.pretrained);

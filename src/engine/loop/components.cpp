@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <utility>
@@ -156,10 +155,9 @@ void check_foreign_config(const models::ModelKind& kind, const models::NamedWeig
   if (!std::filesystem::is_regular_file(file, ec)) return;
   nlohmann::json json;
   try {
-    std::ifstream in(file);
-    json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    config_error(loaded, "model.pretrained", file.string() + ": not JSON: " + e.what());
+    json = checkpoint::read_json_object(file.string());
+  } catch (const checkpoint::FormatError& e) {
+    config_error(loaded, "model.pretrained", e.what());
   }
   std::map<std::string, std::string> flat;
   for (const auto& [key, value] : config::flatten(loaded.cfg)) flat[key] = value;

@@ -339,6 +339,37 @@ void fill_split_parameters(models::NetImpl& model, const ParameterFill& fill,
   }
 }
 
+// config.json's sizes against the weights' headers (read, not the tensors): a model far larger
+// than the files hold is refused before it is built (and memory runs out building it). Files
+// that do not open are left to the loading, which names what is wrong with them.
+void check_weights_size(const config::LoadedConfig& loaded, const models::ForeignFormat& hf,
+                        const nlohmann::json& options, const std::string& file) {
+  if (!hf.parameter_count) return;
+  const auto& m = loaded.cfg.model;
+  checkpoint::HfWeights weights;
+  try {
+    weights = checkpoint::open_hf_weights(m.pretrained);
+  } catch (const checkpoint::FormatError&) {
+    return;  // the loading names it, where the weights are read (a whole checkpoint reads none)
+  }
+  double elements = 0;
+  for (const auto& [name, where] : weights.tensors) {
+    double n = 1;
+    for (const int64_t size : where.entry->shape) n *= static_cast<double>(size);
+    elements += n;
+  }
+  const double want = hf.parameter_count(options);
+  if (want <= 2 * elements + (1 << 20)) return;
+  std::string sizes;
+  for (auto it = options.begin(); it != options.end(); ++it) {
+    if (it->is_number_integer()) sizes += (sizes.empty() ? "" : ", ") + it.key() + " " + it->dump();
+  }
+  fail(loaded, strprintf("%s makes a model of %.3g parameters, but the weights in %s hold %.3g: "
+                         "its sizes (%s) are not the weights'; copy config.json again from the "
+                         "model's source",
+                         file.c_str(), want, m.pretrained.c_str(), elements, sizes.c_str()));
+}
+
 void apply_hf_folder_config(config::LoadedConfig& loaded) {
   auto& m = loaded.cfg.model;
   if (!checkpoint::is_directory(m.pretrained)) return;
@@ -378,6 +409,7 @@ void apply_hf_folder_config(config::LoadedConfig& loaded) {
     loaded.origins[key] = config::Location{file, 0, 0};
   }
   if (!issues.empty()) throw config::ConfigError(issues);
+  check_weights_size(loaded, hf, options, file);
 }
 
 }  // namespace trainer::engine
