@@ -5,14 +5,16 @@
 
 Trains configs/fashion_mnist_mlp.yaml for 200 steps with `optim.impl: loop` and
 `run.flush_denormal: false`, logging every step, and compares every train loss (and the final
-validation loss) bit for bit with the pinned ones of the host's CPU vendor
-(tests/data/pinned_losses/fashion_mnist_mlp.<vendor_id>.json), on 2 threads with ATen's AVX2
-kernels and MKL's reproducible mode (KERNELS), so that the figures do not depend on the host's
-vector width or core count: any change of arithmetic, wanted or not, fails here naming the first
-step whose loss moved. A change meant to move them reruns this with --record on a host of each
-vendor and says why in its commit. One file per vendor because MKL's results under
-MKL_CBWR=COMPATIBLE still differ between an AMD EPYC and an Intel Xeon (in the last bit of the
-14th step's loss); a host whose vendor has no file skips (exit 77), naming the file to record.
+validation loss) bit for bit with the pinned ones of the host's CPU
+(tests/data/pinned_losses/fashion_mnist_mlp.<vendor_id>-<family>-<model>.json, or else the
+vendor's fashion_mnist_mlp.<vendor_id>.json), on 2 threads with ATen's AVX2 kernels and MKL's
+reproducible mode (KERNELS), so that the figures do not depend on the host's vector width or
+core count: any change of arithmetic, wanted or not, fails here naming the first step whose loss
+moved. A change meant to move them reruns this with --record on a host of each kind and says why
+in its commit. One file per kind of CPU because MKL's results under MKL_CBWR=COMPATIBLE still
+differ between an AMD EPYC and an Intel Xeon (in the last bit of the 14th step's loss); --record
+writes the file of the host's vendor, family and model, and a host with neither file skips
+(exit 77), naming the file to record.
 """
 import json
 import os
@@ -24,20 +26,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = 77
 
 
-def cpu_vendor():
-    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD), or "unknown"."""
+def cpu_kind():
+    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD), cpu family and model, each
+    "unknown" where it is missing."""
+    kind = {"vendor_id": "unknown", "cpu family": "unknown", "model": "unknown"}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip() in kind and kind[key.strip()] == "unknown":
+                    kind[key.strip()] = value.strip()
+                if not line.strip():
+                    break  # the first processor's lines
     except OSError:
         pass
-    return "unknown"
+    return kind["vendor_id"], kind["cpu family"], kind["model"]
 
 
-PINNED = os.path.join(ROOT, "tests", "data", "pinned_losses",
-                      f"fashion_mnist_mlp.{cpu_vendor()}.json")
+def pinned_file(name):
+    return os.path.join(ROOT, "tests", "data", "pinned_losses", f"fashion_mnist_mlp.{name}.json")
+
+
+VENDOR, FAMILY, MODEL = cpu_kind()
+# The file --record writes: this kind of CPU's.
+PINNED = pinned_file(f"{VENDOR}-{FAMILY}-{MODEL}")
+# The file compared with: this kind's, or else the vendor's.
+PINNED_FOR_HOST = next((p for p in (PINNED, pinned_file(VENDOR)) if os.path.exists(p)), None)
+
+
 SETS = ["train.max_steps=200", "train.epochs=1", "optim.impl=loop", "run.flush_denormal=false",
         "run.log_every=1", "run.eval_every=0", "run.progress=never", "data.workers=1",
         "run.checkpoint_every=0", "run.threads=2"]
@@ -69,9 +85,14 @@ def run(trainer, work):
 
 def main():
     trainer = sys.argv[1]
+    record = "--record" in sys.argv[2:]
+    if PINNED_FOR_HOST is None and not record:
+        print(f"no losses pinned for this kind of CPU ({VENDOR}, family {FAMILY}, model {MODEL}): "
+              f"record {PINNED} with --record")
+        sys.exit(SKIP)
     with tempfile.TemporaryDirectory() as work:
         got = run(trainer, work)
-    if "--record" in sys.argv[2:]:
+    if record:
         with open(PINNED, "w") as f:  # a step a line
             f.write('{"sets": %s,\n "val_loss": %r,\n "train": [\n' % (json.dumps(SETS),
                                                                    got["val_loss"]))
@@ -79,10 +100,7 @@ def main():
             f.write("\n]}\n")
         print(f"recorded {len(got['train'])} losses in {PINNED}")
         return
-    if not os.path.exists(PINNED):
-        print(f"no losses pinned for this host's CPU vendor: record {PINNED} with --record")
-        sys.exit(SKIP)
-    with open(PINNED) as f:
+    with open(PINNED_FOR_HOST) as f:
         want = json.load(f)
     if want["sets"] != got["sets"]:
         sys.exit("the pinned run's settings changed: rerun with --record")
