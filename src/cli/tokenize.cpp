@@ -34,17 +34,7 @@ int token_width(const std::string& format, int64_t tokens) {
 // UsageError unless each text file exists and is a regular file (a FIFO would block the read).
 void check_inputs(const std::vector<std::string>& files) {
   for (const auto& file : files) {
-    std::error_code ec;
-    const auto status = std::filesystem::status(file, ec);
-    std::string why;
-    if (!std::filesystem::exists(status)) {
-      const bool absent = !ec || ec == std::errc::no_such_file_or_directory;
-      why = file + (absent ? ": no such file" : ": cannot be read (" + ec.message() + ")");
-    } else if (!std::filesystem::is_regular_file(status)) {
-      why = file + (std::filesystem::is_directory(status)
-                        ? " is a folder"
-                        : " is not a regular file (a FIFO, a device or a socket)");
-    }
+    const std::string why = input_problem(file);
     if (!why.empty()) throw UsageError(why + "; give the text files to encode");
   }
 }

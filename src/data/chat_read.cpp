@@ -17,6 +17,7 @@
 #include "data/files.h"
 #include "data/hf_tokenizer.h"
 #include "data/shards.h"
+#include "util/fileio.h"
 #include "util/format.h"
 #include "util/hash.h"
 #include "util/log.h"
@@ -46,12 +47,9 @@ std::string join_path(const std::string& root, const std::string& name) {
 // Why `path`, which is not a regular file, cannot be read: missing ("no such file", or "no such
 // file or folder" where a folder would do), a folder where a file is wanted, or a FIFO or device.
 std::string not_a_file(const std::string& path, bool folder_ok) {
-  if (!folder_ok && is_directory(path)) return path + " is a folder; name a JSONL file";
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec)) {
-    return path + " is not a regular file (a FIFO, a device or a socket)";
-  }
-  return path + (folder_ok ? ": no such file or folder" : ": no such file");
+  const std::string why = input_problem(path);
+  if (is_directory(path)) return why + "; name a JSONL file";
+  return why + (folder_ok && !std::filesystem::exists(path) ? " or folder" : "");
 }
 
 // The files of a pattern of data.files or data.val_files (`key`), relative to data.root.

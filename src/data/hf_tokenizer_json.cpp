@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "data/gpt2_bpe.h"
 #include "data/hf_tokenizer.h"
+#include "util/fileio.h"
 #include "util/json_error.h"
 
 namespace trainer::data {
@@ -30,11 +31,8 @@ const char* const kBuilt =
 // The JSON document of `path`, read once into memory; `keep` (nlohmann's parser callback) may
 // leave parts out of the document as they are parsed.
 Json read_json(const std::string& path, const Json::parser_callback_t& keep = nullptr) {
-  std::error_code ec;
-  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
-    throw DataError(
-        path + (fs::is_directory(path, ec) ? " is a folder" : " is not a regular file (a FIFO?)") +
-        "; it must be a JSON file");
+  if (const std::string why = input_problem(path); !why.empty() && fs::exists(path)) {
+    throw DataError(why + "; it must be a JSON file");  // a folder or a FIFO
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot read");

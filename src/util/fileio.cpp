@@ -35,6 +35,18 @@ std::string file_type(const struct stat& st) {
 
 }  // namespace
 
+std::string input_problem(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return path + (errno == ENOENT || errno == ENOTDIR
+                       ? ": no such file"
+                       : ": cannot be read (" + std::string(std::strerror(errno)) + ")");
+  }
+  if (S_ISREG(st.st_mode)) return "";
+  if (S_ISDIR(st.st_mode)) return path + " is a folder";
+  return path + " is not a regular file (a FIFO, a device or a socket)";
+}
+
 std::string output_problem(const std::string& path, OutputKind kind,
                            const std::vector<std::string>& inputs) {
   struct stat out {};

@@ -36,6 +36,12 @@ enum class OutputKind { file, folder };
 std::string output_problem(const std::string& path, OutputKind kind,
                            const std::vector<std::string>& inputs = {});
 
+// Why `path` cannot be read as an input file, or "" when it is a regular file (symlinks
+// followed): "PATH: no such file", "PATH is a folder", "PATH is not a regular file (a FIFO, a
+// device or a socket)" (reading a FIFO nobody writes would block), or "PATH: cannot be read
+// (why)". The caller adds what to give instead.
+std::string input_problem(const std::string& path);
+
 // Receives the bytes of a file being written, in pieces.
 using ByteSink = std::function<void(const void* data, size_t size)>;
 
