@@ -37,14 +37,10 @@ std::string type_name(const Json& j) {
 Json parse_json(std::string_view line, const std::string& where) {
   try {
     return Json::parse(line.begin(), line.end());
-  } catch (const Json::parse_error& e) {
-    std::string what = e.what();
-    const size_t column = what.find("column ");
-    const size_t colon = column == std::string::npos ? column : what.find(": ", column);
-    if (colon != std::string::npos) what = what.substr(colon + 2);
-    throw ChatRecordError(where + ":" + std::to_string(e.byte) + ": not JSON: " + what);
-  } catch (const Json::exception& e) {  // a number beyond a double's range: 1e999
-    throw ChatRecordError(where + ": not JSON: " + json_error_text(e));
+  } catch (const Json::exception& e) {  // a syntax error has a column; 1e999 (too large) none
+    std::string line, column;           // the line is always 1: a JSONL line is one document
+    const std::string why = json_error_text(e, &line, &column);
+    throw ChatRecordError(where + (column.empty() ? "" : ":" + column) + ": not JSON: " + why);
   }
 }
 
