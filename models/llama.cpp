@@ -26,9 +26,10 @@
 #include "models/builtin.h"
 #include "models/cached_decoder.h"
 #include "models/decoder.h"
-#include "models/deferred_init.h"
 #include "models/llama_layers.h"
 #include "nn/aligned_head.h"
+#include "nn/deferred_init.h"
+#include "nn/parameters.h"
 
 namespace trainer::models {
 namespace {
@@ -40,22 +41,31 @@ using llama::LlamaOptions;
 using llama::LlamaRmsNorm;
 using llama::Rope;
 
+// Where a deferred parameter lives: the meta device for a planned model, else the CPU.
+torch::TensorOptions deferred_options() {
+  return torch::TensorOptions().device(nn::shapes_only() ? torch::kMeta : torch::kCPU);
+}
+
 // transformers' LlamaModel: embeddings, the blocks `layers`, the final norm.
 class LlamaStackImpl : public torch::nn::Module {
  public:
   LlamaStackImpl(const LlamaOptions& o, int64_t vocab) {
-    // deferred_init(): the embedding's weight never written, each block's parameters given
-    // fresh unwritten memory as soon as the block is built (its layers' draws freed at once).
-    const bool deferred = deferred_init();
+    // nn::deferred_init(): the embedding's weight never written, each block's parameters given
+    // fresh unwritten memory as soon as the block is built (its layers' draws freed at once);
+    // under nn::shapes_only() both on the meta device (the blocks' linear layers never allocate).
+    const bool deferred = nn::deferred_init();
     auto embedding = torch::nn::EmbeddingOptions(vocab, o.n_embd);
-    if (deferred) embedding._weight(torch::empty({vocab, o.n_embd}));
+    if (deferred) embedding._weight(torch::empty({vocab, o.n_embd}, deferred_options()));
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embedding));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < o.n_layer; ++i) {
       blocks.push_back(LlamaBlock(o));
       layers->push_back(blocks.back());
-      if (!deferred) continue;
-      for (auto& p : blocks.back()->parameters()) p.set_data(torch::empty_like(p));
+      if (nn::shapes_only()) {
+        nn::move_to_meta(*blocks.back());
+      } else if (deferred) {
+        for (auto& p : blocks.back()->parameters()) p.set_data(torch::empty_like(p));
+      }
     }
     norm = register_module("norm", LlamaRmsNorm(o.n_embd, o.rms_norm_eps, o.fused()));
   }
@@ -119,7 +129,8 @@ class LlamaImpl : public DecoderImpl {
     model = register_module("model", LlamaStack(o, vocab));
     lm_head = register_module(
         "lm_head", o.tie_embeddings ? LlamaHead(model->embed_tokens->weight, /*tied=*/true)
-                                    : LlamaHead(torch::empty({vocab, o.n_embd}), /*tied=*/false));
+                                    : LlamaHead(torch::empty({vocab, o.n_embd}, deferred_options()),
+                                                /*tied=*/false));
     init_weights();
   }
 
@@ -168,7 +179,8 @@ class LlamaImpl : public DecoderImpl {
   // Megatron-LM's splits: q_proj, k_proj and v_proj column-parallel by heads (this rank's query
   // heads and key/value heads, biases with them), o_proj row-parallel; gate_proj and up_proj
   // column-parallel, down_proj row-parallel; model.embed_tokens and lm_head (tied or not)
-  // vocabulary-parallel; the RMSNorms whole on every rank.
+  // vocabulary-parallel; the RMSNorms whole on every rank, the per-head q/k norms (qk_norm)
+  // too, their weights' gradients summed over the group (LlamaAttention's per_head_norm).
   nn::SplitPlan split_over(std::shared_ptr<nn::TensorParallel> tp) override {
     const int n = tp->size();
     if (n_head_ % n != 0 || n_kv_head_ % n != 0) {
@@ -208,9 +220,9 @@ class LlamaImpl : public DecoderImpl {
  private:
   // transformers' init (LlamaPreTrainedModel._init_weights): Linear and Embedding weights
   // N(0, 0.02), biases 0, RMSNorm weights 1.
-  // Skipped under deferred_init(): the files about to fill the parameters draw nothing.
+  // Skipped under nn::deferred_init(): the files about to fill the parameters draw nothing.
   void init_weights() {
-    if (deferred_init()) return;
+    if (nn::deferred_init()) return;
     torch::NoGradGuard no_grad;
     for (auto& p : named_parameters()) {
       if (p.value().dim() == 2) {

@@ -2,8 +2,10 @@
 // MistralForCausalLM's, Qwen2ForCausalLM's, Qwen3ForCausalLM's); a tied model's file lacks
 // lm_head.weight. config.json's fields map to the model's options; a field that would make the
 // model compute something llama does not (another rope scaling, a sliding window, biases it lacks,
-// another activation) is an error naming it. Defaults of absent fields are those of transformers'
-// config class of the model_type.
+// another activation) is an error naming it (models/llama_hf_config.h reads the fields as
+// transformers 4.57 and 5.x do). Defaults of absent fields are those of transformers' config
+// class of the model_type. The export writes config.json in the layout of the folder the run
+// started from (transformers 5's rope_parameters or 4's rope_theta and rope_scaling).
 #include <torch/torch.h>
 
 #include <cmath>
@@ -13,10 +15,15 @@
 #include <vector>
 
 #include "models/builtin.h"
+#include "models/llama_hf_config.h"
 
 namespace trainer::models {
 namespace {
 
+using llama_hf::bool_field;
+using llama_hf::int_field;
+using llama_hf::number_field;
+using llama_hf::present;
 using nlohmann::json;
 
 // A config class's defaults, for the fields a config.json may leave out.
@@ -30,128 +37,6 @@ TypeDefaults defaults_of(const std::string& type) {
   if (type == "qwen2") return {151936, 4096, 22016, 32, 32, 32, 32768, 0};
   if (type == "qwen3") return {151936, 4096, 22016, 32, 32, 32, 32768, 128};
   return {32000, 4096, 11008, 32, 32, 0, 2048, 0};  // llama; kv heads 0: the heads'
-}
-
-bool present(const json& j, const char* key) {
-  return j.is_object() && j.contains(key) && !j[key].is_null();
-}
-
-// Field `key` of `j` as an integer (an integral float too), `fallback` when absent or null.
-int64_t int_field(const json& j, const char* key, int64_t fallback, const std::string& where,
-                  std::vector<std::string>& errors) {
-  if (!present(j, key)) return fallback;
-  const auto& v = j[key];
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
-      std::abs(v.get<double>()) < 9e18) {
-    return static_cast<int64_t>(v.get<double>());
-  }
-  errors.push_back(where + key + " is " + v.dump() + ", expected an integer");
-  return fallback;
-}
-
-double number_field(const json& j, const char* key, double fallback, const std::string& where,
-                    std::vector<std::string>& errors) {
-  if (!present(j, key)) return fallback;
-  if (j[key].is_number()) return j[key].get<double>();
-  errors.push_back(where + key + " is " + j[key].dump() + ", expected a number");
-  return fallback;
-}
-
-bool bool_field(const json& j, const char* key, bool fallback, std::vector<std::string>& errors) {
-  if (!present(j, key)) return fallback;
-  if (j[key].is_boolean()) return j[key].get<bool>();
-  errors.push_back(std::string(key) + " is " + j[key].dump() + ", expected true or false");
-  return fallback;
-}
-
-// rope_scaling: none, or llama3's four numbers.
-void rope_options(const json& file, json& o, std::vector<std::string>& errors) {
-  o["rope_scaling"] = "none";
-  if (!present(file, "rope_scaling")) return;
-  const auto& r = file["rope_scaling"];
-  const std::string at = "rope_scaling.";
-  if (!r.is_object()) {
-    errors.push_back("rope_scaling is " + r.dump() + ", expected null or an object");
-    return;
-  }
-  const char* type_key = present(r, "rope_type") ? "rope_type" : "type";
-  const std::string type = present(r, type_key) && r[type_key].is_string()
-                               ? r[type_key].get<std::string>()
-                               : (present(r, type_key) ? r[type_key].dump() : "");
-  if (type == "default") return;
-  if (type != "llama3") {
-    errors.push_back(at + type_key + " is \"" + type +
-                     "\": llama computes rotary embeddings unscaled or with llama3's scaling only");
-    return;
-  }
-  for (const char* key :
-       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-    if (!present(r, key)) errors.push_back(at + key + " is missing (llama3 scaling needs it)");
-  }
-  o["rope_scaling"] = "llama3";
-  o["rope_factor"] = number_field(r, "factor", 8.0, at, errors);
-  o["rope_low_freq_factor"] = number_field(r, "low_freq_factor", 1.0, at, errors);
-  o["rope_high_freq_factor"] = number_field(r, "high_freq_factor", 4.0, at, errors);
-  o["rope_original_context"] = int_field(r, "original_max_position_embeddings", 8192, at, errors);
-}
-
-// The sliding window: Mistral's whenever sliding_window is set (MistralConfig's default is 4096),
-// Qwen 2's and 3's with use_sliding_window on the layers it applies to; an error when it is
-// narrower than the context.
-void check_sliding_window(const json& file, const std::string& type, int64_t layers,
-                          int64_t positions, std::vector<std::string>& errors) {
-  const bool qwen = type == "qwen2" || type == "qwen3";
-  if (type != "mistral" && !qwen) return;
-  if (qwen && !bool_field(file, "use_sliding_window", false, errors)) return;
-  if (file.contains("sliding_window") && file["sliding_window"].is_null()) return;
-  const int64_t window = int_field(file, "sliding_window", 4096, "", errors);
-  bool sliding_layer = true;  // Mistral's every layer
-  if (qwen && present(file, "layer_types") && file["layer_types"].is_array()) {
-    sliding_layer = false;
-    for (const auto& t : file["layer_types"]) sliding_layer |= t == "sliding_attention";
-  } else if (qwen) {
-    sliding_layer = int_field(file, "max_window_layers", 28, "", errors) < layers;
-  }
-  if (!sliding_layer || window >= positions) return;
-  errors.push_back(std::string(qwen ? "use_sliding_window is true with " : "") + "sliding_window " +
-                   std::to_string(window) + " < max_position_embeddings " +
-                   std::to_string(positions) + ": attention would see the last " +
-                   std::to_string(window) +
-                   " tokens only, llama's sees the whole context (a config with " +
-                   (qwen ? "use_sliding_window: false" : "sliding_window: null") + " loads)");
-}
-
-// The fields whose other values llama does not compute: activation, biases, quantisation.
-void check_math_fields(const json& file, const std::string& type, std::vector<std::string>& errors,
-                       std::vector<std::string>& warnings) {
-  if (present(file, "hidden_act")) {
-    const auto& act = file["hidden_act"];
-    if (act != "silu" && act != "swish") {
-      errors.push_back("hidden_act is " + act.dump() + ": llama's MLP is SwiGLU (silu)");
-    }
-  }
-  if ((type == "llama" || type == "qwen3") && bool_field(file, "attention_bias", false, errors)) {
-    errors.push_back("attention_bias is true: " + type +
-                     "'s q, k, v and o projections then have biases; llama has q/k/v biases only "
-                     "(model.qkv_bias, as qwen2)");
-  }
-  if (bool_field(file, "mlp_bias", false, errors)) {
-    errors.push_back("mlp_bias is true: llama's MLP projections have no biases");
-  }
-  const double partial = number_field(file, "partial_rotary_factor", 1.0, "", errors);
-  if (partial != 1.0) {
-    errors.push_back("partial_rotary_factor is " + file["partial_rotary_factor"].dump() +
-                     ": llama rotates every dimension of a head");
-  }
-  if (present(file, "quantization_config")) {
-    errors.push_back("quantization_config is set: llama loads unquantised weights only");
-  }
-  const double dropout = number_field(file, "attention_dropout", 0.0, "", errors);
-  if (dropout != 0.0) {
-    warnings.push_back("attention_dropout is " + file["attention_dropout"].dump() +
-                       ": llama trains without dropout");
-  }
 }
 
 // The parameters of the model `o` (options_of_config's) builds, biases and q/k norms left out.
@@ -192,14 +77,11 @@ json options_of_config(const json& file, std::vector<std::string>& errors,
   o["vocab_size"] = i("vocab_size", d.vocab);
   o["block_size"] = i("max_position_embeddings", d.positions);
   o["rms_norm_eps"] = number_field(file, "rms_norm_eps", 1e-6, "", errors);
-  o["rope_theta"] = number_field(file, "rope_theta", 10000.0, "", errors);
   o["tie_embeddings"] = bool_field(file, "tie_word_embeddings", false, errors);
   o["qkv_bias"] = type == "qwen2";
   o["qk_norm"] = type == "qwen3";
-  rope_options(file, o, errors);
-  check_sliding_window(file, type, o["n_layer"].get<int64_t>(), o["block_size"].get<int64_t>(),
-                       errors);
-  check_math_fields(file, type, errors, warnings);
+  llama_hf::rope_options(file, o, errors);
+  llama_hf::check_known_fields(file, type, errors, warnings);
   return o;
 }
 
@@ -369,6 +251,7 @@ ForeignFormat llama_hf_format() {
   f.matches = is_llama_layout;
   f.to_trainer = fill_tied_head;
   f.from_trainer = to_hf;
+  f.in_layout_of = llama_hf::in_layout_of;
   f.check_config = check_config;
   f.model_types = {"llama", "mistral", "qwen2", "qwen3"};
   f.options_of_config = options_of_config;

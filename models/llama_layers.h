@@ -174,18 +174,22 @@ class LlamaRmsNormImpl : public torch::nn::Module {
     weight = register_parameter("weight", torch::ones({dim}));
   }
 
-  torch::Tensor forward(const torch::Tensor& x) {
+  torch::Tensor forward(const torch::Tensor& x) { return normalize(x, weight); }
+
+  // forward() multiplying by `w` [D] (the weight as the caller passes it on: under tensor
+  // parallelism a per-head norm's weight through nn::TensorParallel::copy_in).
+  torch::Tensor normalize(const torch::Tensor& x, const torch::Tensor& w) const {
     // x: [..., D]
-    if (fused_ && nn::fused_rms_norm_supports(x, weight)) {
-      return nn::fused_rms_norm(x, weight, eps_);  // [..., D]
+    if (fused_ && nn::fused_rms_norm_supports(x, w)) {
+      return nn::fused_rms_norm(x, w, eps_);  // [..., D]
     }
     // In float32 the same operations as at::rms_norm's (one fused kernel on CUDA).
-    if (x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat) {
-      return at::rms_norm(x, {weight.size(0)}, weight, eps_);
+    if (x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat) {
+      return at::rms_norm(x, {w.size(0)}, w, eps_);
     }
     const auto x32 = x.to(torch::kFloat);
     const auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-    return weight * normed.to(x.scalar_type());  // [..., D]
+    return w * normed.to(x.scalar_type());  // [..., D]
   }
 
   // {x + residual, forward(x + residual)}: the sum for the next residual and its norm, [..., D]
@@ -219,7 +223,8 @@ inline nn::Linear linear(int64_t in, int64_t out, bool bias) {
 // Causal self-attention with n_kv_head key/value heads, or block-causal with a mask [B, 1, T, T]
 // (packed rows: models/builtin.h's block_causal_mask; every head takes it). With tensor
 // parallelism (`tp`) this rank computes its n_head / tp query heads and n_kv_head / tp key/value
-// heads (q/k/v_proj column-parallel, o_proj row-parallel): nh', nkv' below.
+// heads (q/k/v_proj column-parallel, o_proj row-parallel): nh', nkv' below. The per-head norms
+// (qk_norm) stay whole on every rank: their weights' gradients are summed over the group.
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaOptions& o)
@@ -272,12 +277,18 @@ class LlamaAttentionImpl : public torch::nn::Module {
     auto q = heads(apply_column(q_proj, tp, x, in));  // [B, T, h, hd]
     auto k = heads(apply_column(k_proj, tp, x, in));
     if (q_norm) {
-      q = q_norm->forward(q);
-      k = k_norm->forward(k);
+      q = per_head_norm(q_norm, q);
+      k = per_head_norm(k_norm, k);
     }
     std::tie(q, k) = rotate_qk(q, k, rope);
     return {q.transpose(1, 2), k.transpose(1, 2),
             heads(apply_column(v_proj, tp, x, in)).transpose(1, 2)};
+  }
+  // The per-head RMSNorm `norm` of t [B, T, h, hd]. Under tp t holds this rank's heads only,
+  // while the weight [hd], whole on every rank, scales every head: it enters through copy_in, so
+  // that its gradient is the sum of all the group's heads', as one process computes it.
+  torch::Tensor per_head_norm(const LlamaRmsNorm& norm, const torch::Tensor& t) const {
+    return norm->normalize(t, tp ? tp->copy_in(norm->weight) : norm->weight);
   }
   // [B, T, h * hd] -> [B, T, h, hd]
   torch::Tensor heads(const torch::Tensor& t) const {

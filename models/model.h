@@ -103,6 +103,11 @@ struct ForeignFormat {
   std::function<std::pair<NamedWeights, nlohmann::json>(
       const NamedWeights& weights, const std::map<std::string, std::string>& config)>
       from_trainer;
+  // from_trainer's config file in the layout of `source_config`, the config file of the folder
+  // the run started from (model.pretrained: DIR; null when none): e.g. the layout of the
+  // transformers version that wrote it. Null: from_trainer's layout always.
+  std::function<nlohmann::json(const nlohmann::json& config, const nlohmann::json& source_config)>
+      in_layout_of;
   // The settings of this layout's config file (Hugging Face's config.json beside the weights)
   // against the model's (the run's flattened config, "model.n_head" -> "12"): `errors`, one line
   // each, for what would make the model compute something else; `warnings` for settings that only

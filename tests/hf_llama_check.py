@@ -34,8 +34,12 @@ Interop.HfLlamaFoldersInAndOut).
    each rank reads only what it keeps from the folder: 3 AdamW steps' losses equal, bit for bit,
    those of the same run that loads the whole model first (model.pretrained_skip_head: true), for
    a bf16 untied folder and a float32 tied one.
-6. (--parts) Loading the >= 1.5 GB bf16 folder that way (--dry-run), the largest rank's peak RSS
+6. (--parts) Loading the >= 1.5 GB bf16 folder that way (--dry-run=load), the largest rank's peak RSS
    is at most 0.6x the float32 model + 10% (0.66x), under fsdp and under tp 2.
+7.-9. (tests/hf_config_fields.py) config.json in transformers 5's layout (rope_parameters) loads
+   with transformers' loss and exports in that layout; rope settings that disagree are refused;
+   every field of transformers' config class of each model_type is read, refused or shown not to
+   change the loss, and fields the class lacks are warned about.
 Exits 77 (skipped) when transformers or safetensors is not installed.
 """
 import copy
@@ -56,6 +60,7 @@ try:
     from safetensors.torch import load_file, save_file
     from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    from hf_config_fields import config_fields, v5_layouts
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -618,7 +623,7 @@ def streams_exactly(trainer, models, work):
 
 def peak_rss_loading_parts(trainer, work):
     """6. launch --nproc-per-node 2, with fsdp and with tp 2, loading a random bf16 folder of
-    >= 1.5 GB (--dry-run: built, loaded and sharded or split, then exits): the peak RSS of every
+    >= 1.5 GB (--dry-run=load: built, loaded and sharded or split, then exits): the peak RSS of every
     rank is at most 0.6x the whole model as training holds it (float32, 2x the bf16 folder's
     bytes) + 10%, i.e. 0.66x. Each rank keeps half of it in float32, 0.5x, beside the ~0.5 GB
     that any trainer process holds (LibTorch): 7 layers, 2.5 GB of bf16, keep that below 0.1x."""
@@ -627,7 +632,7 @@ def peak_rss_loading_parts(trainer, work):
     config = run_config(work, "big_parts", folder)
     failed = []
     for mode, sets in (("fsdp", ["dist.strategy=fsdp"]), ("tp 2", ["dist.tp_size=2"])):
-        args = [trainer, *LAUNCH2, "--config", config, "--dry-run", "--set", "data.num_classes=256"]
+        args = [trainer, *LAUNCH2, "--config", config, "--dry-run=load", "--set", "data.num_classes=256"]
         for s in sets:
             args += ["--set", s]
         code, err, peak = peak_rss_of(args)
@@ -658,6 +663,8 @@ def main():
             models = cases()
             for name, model in models:
                 round_trip(trainer, name, model, work)
+            v5_layouts(trainer, work, models, VOCAB)
+            config_fields(trainer, work, models, VOCAB)
             bad_weights(trainer, models[0][1], work)
             bad_configs(trainer, models[1][1], work)
             generate_stops_at_eos(trainer, work)

@@ -14,8 +14,8 @@
 #include "engine/loop/trainer.h"
 #include "engine/measure/memory.h"
 #include "engine/measure/op_count.h"
-#include "models/model.h"
 #include "engine_fixture.h"
+#include "models/model.h"
 #include "temp_dir.h"
 
 namespace trainer::engine {
@@ -170,6 +170,45 @@ TEST(MemoryTest, CountsWhatTheCpuAllocatorHandsOut) {
   EXPECT_EQ(measure_cpu_peak([] {}), 0);
 }
 
+// A planned run (Build::plan: the model on the meta device, its step counted on meta tensors)
+// holds no parameter storage, and estimates what the built run measures on the CPU: the same
+// parameter and optimizer bytes, the step's bytes per sample and fixed bytes close, in float32
+// and under bfloat16 autocast (emulated on meta tensors), for a llama with LoRA and a resnet.
+TEST_F(EngineTest, APlannedRunEstimatesTheMemoryABuiltRunMeasures) {
+  const std::vector<std::vector<std::string>> runs = {
+      {"model.name=llama", "model.n_layer=2", "model.n_head=4", "model.n_embd=64",
+       "model.intermediate_size=160", "model.block_size=64", "model.vocab_size=0",
+       "data.name=synthetic_tokens", "data.num_classes=512", "data.seq_len=64", "optim.name=adamw"},
+      {"model.name=llama", "model.n_layer=2", "model.n_head=4", "model.n_embd=64",
+       "model.intermediate_size=160", "model.block_size=64", "model.vocab_size=0",
+       "data.name=synthetic_tokens", "data.num_classes=512", "data.seq_len=64", "optim.name=adamw",
+       "model.lora.rank=4", "model.lora.targets=[q_proj,v_proj]"},
+      {"model.name=resnet18", "model.num_classes=0", "data.shape=[3,32,32]", "data.num_classes=10",
+       "optim.momentum=0.9"}};
+  for (const auto& sets : runs) {
+    const auto cfg = load(sets);
+    Trainer built(cfg);
+    Trainer planned(cfg, {}, Build::plan);
+    for (const auto& p : planned.model().parameters()) ASSERT_TRUE(p.is_meta()) << sets[0];
+    for (const bool bf16 : {false, true}) {
+      const auto want = built.estimate_memory(bf16);
+      const auto got = planned.estimate_memory(bf16);
+      const std::string what =
+          sets[0] + (sets.size() > 11 ? " lora" : "") + (bf16 ? " bfloat16" : " float32");
+      EXPECT_EQ(got.params_bytes, want.params_bytes) << what;
+      EXPECT_EQ(got.optimizer_bytes, want.optimizer_bytes) << what;
+      const auto near = [&](double a, double b, double rel) {
+        EXPECT_NEAR(a, b, rel * std::max(std::abs(b), 1.0))
+            << what << ": planned " << a << ", measured " << b;
+      };
+      near(static_cast<double>(got.step_bytes_per_sample),
+           static_cast<double>(want.step_bytes_per_sample), bf16 ? 0.25 : 0.15);
+      near(static_cast<double>(got.total(8)), static_cast<double>(want.total(8)),
+           bf16 ? 0.25 : 0.15);
+    }
+  }
+}
+
 TEST_F(EngineTest, MemoryEstimateMatchesAMeasuredStep) {
   // ResNet-18 at 48 px: the estimate from batches 2 and 4, checked against batch 8 measured.
   auto cfg = load({"model.name=resnet18", "model.num_classes=0", "data.shape=[3,48,48]",
@@ -198,7 +237,6 @@ TEST_F(EngineTest, MemoryEstimateMatchesAMeasuredStep) {
   EXPECT_NEAR(static_cast<double>(estimated), static_cast<double>(measured), 0.25 * measured)
       << "estimated " << estimated << ", measured " << measured;
 }
-
 
 TEST_F(EngineTest, InfInOneGradientSkipsExactlyThatStep) {
   // Adam keeps per-parameter step counts and moments: a skipped step must leave them as they were.

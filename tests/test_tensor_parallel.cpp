@@ -1,15 +1,18 @@
 // Tensor parallelism (dist.tp_size) between real trainer processes over Gloo: the losses of tp 2
-// and of tp 2 x dp 2 (ddp and fsdp) against one process's, checkpoints resumed at other
-// tensor-parallel sizes and strategies, what each rank holds and moves, and the config errors.
+// and of tp 2 x dp 2 (ddp and fsdp) against one process's, the parameters a split layer holds
+// whole trained as one process trains them, checkpoints resumed at other tensor-parallel sizes
+// and strategies, what each rank holds and moves, and the config errors.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_fixture.h"
@@ -17,6 +20,7 @@
 namespace {
 
 using trainer::test_support::Cli;
+using trainer::test_support::float_tensors;
 using trainer::test_support::max_abs_diff;
 using trainer::test_support::read_file;
 using trainer::test_support::step_file;
@@ -39,6 +43,24 @@ class TensorParallel : public Cli {
   // Every step's loss within 1e-5 relative; the curves of equal length `steps`.
   static void expect_same_losses(const fs::path& a, const fs::path& b, size_t steps) {
     Cli::expect_same_losses(a, b, steps, /*absolute=*/0.0, /*relative=*/1e-5);
+  }
+
+  // Every float32 tensor of checkpoint `a` within `tolerance` of `b`'s of the same name, the two
+  // holding the same names; each one that is not named with its largest difference.
+  static void expect_same_tensors(const fs::path& a, const fs::path& b, double tolerance) {
+    const auto ta = float_tensors(a), tb = float_tensors(b);
+    ASSERT_FALSE(ta.empty()) << a;
+    ASSERT_EQ(ta.size(), tb.size()) << a << " vs " << b;
+    for (const auto& [name, va] : ta) {
+      const auto it = tb.find(name);
+      ASSERT_NE(it, tb.end()) << name << " is missing from " << b;
+      ASSERT_EQ(it->second.size(), va.size()) << name;
+      double worst = 0.0;
+      for (size_t i = 0; i < va.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(va[i]) - it->second[i]));
+      }
+      EXPECT_LE(worst, tolerance) << name;
+    }
   }
 };
 
@@ -100,6 +122,44 @@ TEST_F(TensorParallel, LlamaSplitsAsOneProcessComputes) {
   train(2, 4, args + " --set dist.strategy=fsdp --set model.checkpointing=blocks", fsdp);
   expect_same_losses(one, tp2, 30);
   expect_same_losses(one, fsdp, 30);
+}
+
+// Every kind of parameter that a split layer holds whole trains under tp 2 as one process trains
+// it: llama's per-head q/k norms (Qwen 3's qk_norm: one weight scales every head, while each rank
+// computes only its own heads) beside its column-parallel q/k/v biases (Qwen 2's, split with
+// their rows), and gpt's row-parallel biases (added once after the all-reduce) and layer norms.
+// 8 AdamW steps at lr 3e-3 without warmup or clipping, so that a gradient summed over half the
+// heads moves a weight by a good part of a step (2.7e-2 after 8): every loss within 2e-6 (4 ulps),
+// and every parameter and AdamW moment of the last checkpoint (the whole tensors; a whole one
+// rank 0's) within 1e-5 of one process's. AdamW's eps is 1e-6, not 1e-8: the first steps move
+// each weight by about lr x sign(gradient), and the summation order's rounding of a gradient
+// that is all but zero (the key bias's, zero but for rounding) would flip that sign.
+TEST_F(TensorParallel, WholeParametersOfSplitLayersTrainAsOneProcess) {
+  const std::string common =
+      " --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=4 "
+      "--set model.block_size=32 --set train.max_steps=8 --set train.clip_grad_norm=0 "
+      "--set optim.lr=0.003 --set optim.eps=1e-6 --set sched.name=constant "
+      "--set sched.warmup_steps=0 --set run.checkpoint_every=8 --set run.log_every=1 "
+      "--set run.eval_every=0 --set train.eval_at_end=false --set data.workers=1 "
+      "--set run.progress=never --set run.threads=1";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"llama qk_norm qkv_bias",
+       "--config configs/llama3_tiny.yaml --set model.n_kv_head=2 "
+       "--set model.intermediate_size=48 --set model.qkv_bias=true --set model.qk_norm=true" +
+           common},
+      {"gpt bias",
+       "--config configs/gpt_char.yaml --set model.dropout=0 --set model.bias=true" + common},
+  };
+  for (const auto& [name, args] : cases) {
+    SCOPED_TRACE(name);
+    const fs::path one = dir_ / "one", tp2 = dir_ / "tp2";
+    train(1, 8, args, one);
+    train(2, 8, args + " --set dist.tp_size=2", tp2);
+    Cli::expect_same_losses(one, tp2, 8, /*absolute=*/2e-6);
+    expect_same_tensors(one / "checkpoints" / step_file(8), tp2 / "checkpoints" / step_file(8),
+                        1e-5);
+    for (const auto& dir : {one, tp2}) fs::remove_all(dir);
+  }
 }
 
 // tp 2 to step 10, tp 1 to 20, tp 4 (dp 1) to 30, tp 2 x fsdp 2 to 40: the losses of the

@@ -227,7 +227,8 @@ std::string parallel_note(const engine::MemoryEstimate& planned, int64_t batch, 
 }
 
 // The memory a config's training step needs per process, against the device's capacity; the
-// run is built and measured on the CPU (engine/memory.h).
+// run is planned (its model on the meta device, engine::Build::plan) and its step counted on meta
+// tensors (engine/measure/memory.h): nothing of the model's size is allocated.
 doctor::Finding memory_finding(const std::string& config_path, std::vector<std::string> sets,
                                const doctor::Facts& facts, int64_t measure_batch,
                                nlohmann::json& out) {
@@ -240,7 +241,7 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
   const int64_t tp = loaded.cfg.dist.tp_size;
   loaded.cfg.dist.strategy = "ddp";
   loaded.cfg.dist.tp_size = 1;
-  engine::Trainer trainer(loaded);
+  engine::Trainer trainer(loaded, {}, engine::Build::plan);  // no parameter allocated
   const auto& cfg = loaded.cfg;
   const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
   const auto bf16 = trainer.estimate_memory(/*bf16=*/true);
@@ -293,9 +294,10 @@ cxxopts::Options doctor_options() {
   options.add_options()
       ("json", "print one JSON object instead of the report")
       ("config", "also check against this config: that it asks for a GPU, and the memory its "
-       "training step needs per process (measured on the CPU at batches 2 and 4, extrapolated)",
+       "training step needs per process (the step counted on the planned model at batches 2 and "
+       "4, extrapolated; no parameter is allocated)",
        cxxopts::value<std::string>(), "FILE")
-      ("measure-batch", "with --config: also measure one step at this batch (JSON memory.measured)",
+      ("measure-batch", "with --config: also count one step at this batch (JSON memory.measured)",
        cxxopts::value<int64_t>()->default_value("0"), "N")
       ("perf", "measure the server against its specification instead: matmul TFLOP/s, memory "
        "and PCIe bandwidth, collectives (under trainer launch), with --config the data read rate "

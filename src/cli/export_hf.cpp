@@ -232,6 +232,7 @@ int export_hf(const HfExport& e, const checkpoint::NamedTensors& weights) {
   }
   config = with_source_ids(config, source_json);
   config["torch_dtype"] = dtype_name(dtype);
+  if (hf->in_layout_of) config = hf->in_layout_of(config, source_json);
   std::error_code ec;
   fs::create_directories(e.out, ec);
   if (ec) throw UsageError("--out " + e.out + ": cannot create the folder: " + ec.message());

@@ -30,9 +30,11 @@ uint64_t parse_shard_size(const std::string& text);
 // config.json, generation_config.json, the tokenizer files (of e.tokenizer, else the run's
 // data.tokenizer, else its model.pretrained folder, as transformers' AutoTokenizer reads them) and,
 // when the run started from a Hugging Face folder (model.pretrained: DIR), that folder's
-// generation_config.json and its token ids. --dtype auto writes the dtype of that folder's
-// config.json, else the weights'. Throws UsageError for a model without a Hugging Face layout or
-// one no Hugging Face model type computes. Returns the exit code.
+// generation_config.json and its token ids, and config.json in that folder's config.json's
+// layout (ForeignFormat::in_layout_of: transformers 5's rope_parameters, or 4's rope_theta and
+// rope_scaling). --dtype auto writes the dtype of that folder's config.json, else the weights'.
+// Throws UsageError for a model without a Hugging Face layout or one no Hugging Face model type
+// computes. Returns the exit code.
 int export_hf(const HfExport& e, const checkpoint::NamedTensors& weights);
 
 }  // namespace trainer::cli

@@ -46,7 +46,10 @@ cxxopts::Options train_options() {
       ("run-dir", "run directory (same as --set run.dir=DIR)", cxxopts::value<std::string>(), "DIR")
       ("device", "auto|cpu|cuda|cuda:N (same as --set device=D)", cxxopts::value<std::string>(),
        "D")
-      ("dry-run", "validate, build the model and data, print the config and model summary, exit")
+      ("dry-run", "validate, plan the model (its shapes, no parameter allocated; model.pretrained's "
+       "headers checked, no tensor read) and build the data, print the config and model summary, "
+       "exit; --dry-run=load builds and loads the model as training does (each rank its part)",
+       cxxopts::value<std::string>()->implicit_value("plan"), "plan|load")
       ("print-config", "print the resolved config as YAML and exit")
       ("nproc-per-node", "train as a local job of N processes, or one per GPU with auto (same as "
        "--set launch.nproc_per_node=N): DDP, or FSDP with dist.strategy fsdp, under the hood",
@@ -197,11 +200,18 @@ int train_command(int argc, char** argv) {
               loaded.cfg.dist.strategy + "), as trainer launch --standalone starts it");
     return run_local_job(std::vector<std::string>(argv + 1, argv + argc), nproc);
   }
-  engine::Trainer engine(loaded, job);
+  const std::string dry_run = args.count("dry-run") ? args["dry-run"].as<std::string>() : "";
+  if (!dry_run.empty() && dry_run != "plan" && dry_run != "load") {
+    throw UsageError("--dry-run: '" + dry_run +
+                     "' is not a kind of dry run; use --dry-run (plan: no parameter allocated) "
+                     "or --dry-run=load (the model built and loaded as training does)");
+  }
+  engine::Trainer engine(loaded, job,
+                         dry_run == "plan" ? engine::Build::plan : engine::Build::train);
   if (job.rank == 0) {
     for (const auto& w : engine.config_warnings()) log::warn(w);
   }
-  if (args.count("dry-run")) {
+  if (!dry_run.empty()) {
     std::cout << resolved << "\n" << engine.summary();
     return 0;
   }

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <set>
 
+#include "nn/deferred_init.h"
+#include "nn/parameters.h"
+
 namespace trainer::nn {
 namespace {
 
@@ -68,6 +71,24 @@ LoraOptions lora_options(const config::LoraConfig& cfg) {
   return o;
 }
 
+namespace {
+
+// What torch::nn::LinearImpl's constructor allocates and draws: the real options, or for a
+// planned layer a 1x1 stand-in whose parameters then take the real shapes on the meta device.
+torch::nn::LinearOptions built_options(const torch::nn::LinearOptions& options) {
+  return shapes_only() ? torch::nn::LinearOptions(1, 1).bias(options.bias()) : options;
+}
+
+}  // namespace
+
+LinearImpl::LinearImpl(const torch::nn::LinearOptions& options)
+    : torch::nn::LinearImpl(built_options(options)) {
+  if (!shapes_only()) return;
+  this->options = options;
+  move_to_meta(weight, {options.out_features(), options.in_features()});
+  if (bias.defined()) move_to_meta(bias, {options.out_features()});
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) const {
   const auto y = torch::linear(x, weight, bias);  // [..., out]
   if (!adapted()) return y;
@@ -115,10 +136,16 @@ void LinearImpl::add_adapter(const LoraOptions& options) {
   // nn.Linear's initialisation: kaiming_uniform_(a = sqrt(5)), PEFT's for A.
   auto a = torch::nn::Linear(torch::nn::LinearOptions(o.in_features(), options.rank).bias(false));
   auto b = torch::nn::Linear(torch::nn::LinearOptions(options.rank, o.out_features()).bias(false));
-  a->to(weight.device(), torch::kFloat);
-  b->to(weight.device(), torch::kFloat);
   torch::NoGradGuard no_grad;
   b->weight.zero_();
+  if (weight
+          .is_meta()) {  // a planned layer (nn/deferred_init.h): Module::to refuses the meta device
+    move_to_meta(*a);
+    move_to_meta(*b);
+  } else {
+    a->to(weight.device(), torch::kFloat);
+    b->to(weight.device(), torch::kFloat);
+  }
   lora_A = register_module("lora_A", a);
   lora_B = register_module("lora_B", b);
 }

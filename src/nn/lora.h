@@ -41,7 +41,9 @@ LoraOptions lora_options(const config::LoraConfig& cfg);
 // torch::nn::Linear (its parameters, names and initialisation) that may carry a LoRA adapter.
 class LinearImpl : public torch::nn::LinearImpl {
  public:
-  explicit LinearImpl(const torch::nn::LinearOptions& options) : torch::nn::LinearImpl(options) {}
+  // Under nn::shapes_only() (nn/deferred_init.h) the weight and bias are on the meta device from
+  // the start: the layer never allocates or draws them.
+  explicit LinearImpl(const torch::nn::LinearOptions& options);
 
   // x [..., in] -> [..., out]: the layer, plus the adapter's update when it has one (in the
   // adapter's dtype, x cast to it, the sum cast back to the layer's output dtype, as PEFT does).

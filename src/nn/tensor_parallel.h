@@ -5,6 +5,14 @@
 //   y = row_parallel(act(column_parallel(x)))   // x and y whole on every rank of the group
 //
 // One all-reduce in the forward (row_parallel's) and one in the backward (column_parallel's).
+//
+// A tensor whole on every rank that split layers use enters them through copy_in: the layers'
+// input, and any parameter the plan leaves whole that they compute with (Qwen 3's per-head norm
+// weights, which scale only this rank's heads; a LoRA adapter's A before a column-parallel B).
+// Each rank computes only its heads' or rows' share of such a parameter's gradient, and copy_in's
+// backward sums the shares, so every rank holds the whole gradient, as one process computes it.
+// A whole parameter used outside the split layers (a block's RMSNorm, a row-parallel layer's bias
+// added after reduce_out) gets the whole gradient on every rank as it is.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -24,8 +32,8 @@ class TensorParallel {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // `x` as it is; its gradient summed over the group in the backward pass (the whole input of
-  // layers split over the group). Every rank of the group must run the backward through it, in
-  // the same order.
+  // layers split over the group, or a whole parameter they compute with). Every rank of the group
+  // must run the backward through it, in the same order.
   virtual torch::Tensor copy_in(const torch::Tensor& x) = 0;
   // `x` summed over the group (the partial outputs of a layer split along its input); its
   // gradient passed on as it is. Every rank of the group must call this, in the same order.
@@ -37,7 +45,8 @@ class TensorParallel {
 };
 
 // How a model's parameters split over the group: state-dict name -> split (every name of a tied
-// parameter). A parameter not named is whole on every rank.
+// parameter). A parameter not named is whole on every rank, and its gradient must be whole on
+// every rank too (the same on each): one that split layers use enters them through copy_in.
 using SplitPlan = std::map<std::string, TensorSplit>;
 
 // Replaces each parameter of `module` that `plan` names by rank `rank` of `parts`' part of it (a

@@ -14,8 +14,9 @@
 #include "checkpoint/safetensors.h"
 #include "engine/loop/adapter_state.h"
 #include "engine/loop/hf_pretrained.h"
-#include "models/deferred_init.h"
 #include "nn/batch_norm.h"
+#include "nn/deferred_init.h"
+#include "nn/parameters.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -181,7 +182,10 @@ std::string kinds_note(const models::ModelKind& kind, const models::NamedWeights
 // Copies model.pretrained's weights into the model.
 void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
   const auto& m = loaded.cfg.model;
-  if (checkpoint::is_directory(m.pretrained)) return load_hf_folder(*c.model, loaded);
+  if (checkpoint::is_directory(m.pretrained)) {
+    if (c.build == Build::plan) return check_hf_folder(*c.model, loaded);
+    return load_hf_folder(*c.model, loaded);
+  }
   checkpoint::SafetensorsFile weights;
   try {
     weights = checkpoint::read_safetensors(m.pretrained);
@@ -236,10 +240,15 @@ ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
                      " classes, more than model.num_classes " +
                      std::to_string(c.input.num_classes) + "; use 0 to take the dataset's count");
   }
-  const bool stream = streams_into_parts(c, cfg);
+  const bool plan = c.build == Build::plan;
+  const bool stream = !plan && streams_into_parts(c, cfg);
   try {
-    models::DeferredInit deferred(stream);
+    nn::DeferredInit deferred(plan     ? nn::Deferral::shapes_only
+                              : stream ? nn::Deferral::unwritten
+                                       : nn::Deferral::none);
     c.model = models::build_model(cfg.model, c.input);
+    // What the model built with storage (norms, buffers; a model that ignores the setting).
+    if (plan) nn::move_to_meta(*c.model);
   } catch (const models::ModelError& e) {
     config_error(loaded, e.key(), e.what());
   }
@@ -267,7 +276,9 @@ ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
       fill = nullptr;
     }
   }
-  if (cfg.dist.strategy != "fsdp") {
+  if (plan) {
+    // The planned model stays on the meta device.
+  } else if (cfg.dist.strategy != "fsdp") {
     c.model->to(c.device);
   } else {
     // fsdp moves the parameters to the device a shard at a time (make_fsdp): the whole model
@@ -421,17 +432,19 @@ int Components::world_size() const {
   return group ? group->world_size() : 1;
 }
 
-Components build_components(const config::LoadedConfig& loaded, const distributed::DistEnv& job) {
+Components build_components(const config::LoadedConfig& loaded, const distributed::DistEnv& job,
+                            Build build) {
   const auto& cfg = loaded.cfg;
   seed_everything(cfg);
   Components c;
+  c.build = build;
   c.device = pick_device(cfg.device, job);
   if (c.device.is_cuda()) c10::impl::getDeviceGuardImpl(torch::kCUDA)->setDevice(c.device);
   c.group = make_group(cfg, job, c.device);
   make_tensor_parallel(c, loaded);
   make_data(c, loaded, job);  // before the model: its input and output sizes come from the data
   auto fill = make_model(c, loaded);
-  make_parallel(c, loaded, std::move(fill));
+  if (build == Build::train) make_parallel(c, loaded, std::move(fill));
   make_training(c, cfg);
   return c;
 }

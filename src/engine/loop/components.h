@@ -30,9 +30,16 @@ struct Precision {
   c10::ScalarType dtype = c10::kBFloat16;  // amp.dtype
 };
 
+// What build_components builds: the run's parts to train with, or a plan of them (trainer
+// doctor --config, --dry-run): the model on the meta device (nn/deferred_init.h), its
+// parameters' shapes and dtypes without storage, model.pretrained's files checked against it
+// from their headers, no tensor read; no DDP or FSDP wrapping.
+enum class Build { train, plan };
+
 // Declared in the order they are built; the process group outlives what uses it (the model's
 // synchronised batch norm, DDP).
 struct Components {
+  Build build = Build::train;
   torch::Device device{torch::kCPU};
   std::unique_ptr<distributed::Group> group;  // the job's process group; null when alone
   // dist.tp_size > 1: this rank's tensor-parallel group (tp_size consecutive ranks, the model's
@@ -93,8 +100,9 @@ struct Components {
 // precision. Every rank of a job must call this, in the same order (it forms the group and
 // broadcasts rank 0's weights). Throws config::ConfigError for settings the model or data
 // reject, data::DataError for unreadable data, distributed::GroupError when the ranks cannot form
-// their group.
-Components build_components(const config::LoadedConfig& loaded, const distributed::DistEnv& job);
+// their group. Build::plan allocates no parameter (see Build).
+Components build_components(const config::LoadedConfig& loaded, const distributed::DistEnv& job,
+                            Build build = Build::train);
 
 // The splits' class labels mapped through `to_model` (data label -> model label), their loaders
 // built anew: a checkpoint's classes in another order than the data's (data.remap_classes).

@@ -279,6 +279,12 @@ void load_hf_folder(models::NetImpl& model, const config::LoadedConfig& loaded) 
   log_loaded(loaded, weights, plan, "");
 }
 
+void check_hf_folder(const models::NetImpl& model, const config::LoadedConfig& loaded) {
+  checkpoint::HfWeights weights;
+  const auto plan = checked_plan(model, loaded, weights);
+  log_loaded(loaded, weights, plan, "; headers checked, nothing read (a planned model)");
+}
+
 ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedConfig& loaded) {
   auto weights = std::make_shared<checkpoint::HfWeights>();
   const auto plan = checked_plan(model, loaded, *weights);
@@ -340,18 +346,18 @@ void fill_split_parameters(models::NetImpl& model, const ParameterFill& fill,
 }
 
 // config.json's sizes against the weights' headers (read, not the tensors): a model far larger
-// than the files hold is refused before it is built (and memory runs out building it). Files
-// that do not open are left to the loading, which names what is wrong with them.
+// than the files hold is refused before it is built (and memory runs out building it), and so is
+// a folder whose weights do not open (none there, a damaged index or header).
 void check_weights_size(const config::LoadedConfig& loaded, const models::ForeignFormat& hf,
                         const nlohmann::json& options, const std::string& file) {
-  if (!hf.parameter_count) return;
   const auto& m = loaded.cfg.model;
   checkpoint::HfWeights weights;
   try {
     weights = checkpoint::open_hf_weights(m.pretrained);
-  } catch (const checkpoint::FormatError&) {
-    return;  // the loading names it, where the weights are read (a whole checkpoint reads none)
+  } catch (const checkpoint::FormatError& e) {
+    fail(loaded, e.what());  // before a model of config.json's sizes is built
   }
+  if (!hf.parameter_count) return;
   double elements = 0;
   for (const auto& [name, where] : weights.tensors) {
     double n = 1;

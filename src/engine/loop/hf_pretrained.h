@@ -16,8 +16,10 @@ namespace trainer::engine {
 // reads config.json's model_type (unless the config sets model.name) and the model's keys to the
 // values config.json gives them, recording config.json as where they were set. Throws
 // ConfigError naming the file and the field: no config.json, a model_type no model reads, a field
-// the model does not compute (it would be another model), or a key the config sets to another
-// value than config.json's (naming both values). Does nothing for a file or no model.pretrained.
+// the model does not compute (it would be another model), a key the config sets to another
+// value than config.json's (naming both values), a folder without weights, or weights whose
+// headers hold far fewer parameters than config.json's sizes make (checked before any model is
+// built). Does nothing for a file or no model.pretrained.
 void apply_hf_folder_config(config::LoadedConfig& loaded);
 
 // Copies the weights of folder model.pretrained into `model`'s parameters and buffers (on the
@@ -29,13 +31,18 @@ void apply_hf_folder_config(config::LoadedConfig& loaded);
 // give another shape.
 void load_hf_folder(models::NetImpl& model, const config::LoadedConfig& loaded);
 
+// load_hf_folder's checks alone, for a planned model (engine/loop/components.h's Build::plan):
+// every header of folder model.pretrained against `model`'s shapes and dtypes; nothing is read
+// beyond the headers and nothing copied. The same ConfigErrors.
+void check_hf_folder(const models::NetImpl& model, const config::LoadedConfig& loaded);
+
 // What a rank reads of a parameter: elements [first, first + dst.numel()) of parameter `name`
 // (any of a tied tensor's names) flattened, into `dst` (1-D, contiguous, any device), converted
 // to its dtype. distributed::FsdpOptions::fill.
 using ParameterFill =
     std::function<void(const std::string& name, int64_t first, const torch::Tensor& dst)>;
 
-// load_hf_folder for a model whose parameters are not written yet (models/deferred_init.h) and
+// load_hf_folder for a model whose parameters are not written yet (nn/deferred_init.h) and
 // are filled where they are kept (each rank its FSDP shards): the same checks and ConfigErrors,
 // before anything is read, and the names of a tied tensor compared in the files; then nothing is
 // copied but a reader of the folder's tensors by the model's parameter names is returned (it

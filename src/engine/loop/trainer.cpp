@@ -362,8 +362,8 @@ static void measure_utilisation(Trainer& trainer, const Trainer::State& s, Metri
                                           : "float32"));
 }
 
-Trainer::Trainer(const config::LoadedConfig& loaded, const distributed::DistEnv& job)
-    : s_(std::make_unique<State>(loaded, job)) {}
+Trainer::Trainer(const config::LoadedConfig& loaded, const distributed::DistEnv& job, Build build)
+    : s_(std::make_unique<State>(loaded, job, build)) {}
 
 Trainer::~Trainer() = default;
 
@@ -422,8 +422,8 @@ std::string Trainer::summary() const {
   if (p.group) {
     out << "distributed: rank " << s_->job.rank << " of " << s_->job.world_size << " ("
         << p.group->backend() << ", started by " << s_->job.source << "), "
-        << (p.fsdp ? "fsdp (parameters, gradients and optimizer state sharded)"
-                   : "ddp (replicated weights)")
+        << (cfg.dist.strategy == "fsdp" ? "fsdp (parameters, gradients and optimizer state sharded)"
+                                        : "ddp (replicated weights)")
         << (p.tp ? strprintf(" over %d data-parallel ranks, tensor parallel over %d",
                              p.data_parallel_size(), p.tp_size())
                  : std::string())

@@ -56,7 +56,11 @@ class Trainer {
   // writing the run dir. Throws config::ConfigError for settings the model or data reject,
   // data::DataError for unreadable data, distributed::GroupError when the ranks cannot form their
   // group. Every rank of a job must construct its Trainer, in the same order.
-  explicit Trainer(const config::LoadedConfig& loaded, const distributed::DistEnv& job = {});
+  // Build::plan builds the run's plan instead (components.h): nothing it allocates depends on the
+  // model's size; summary(), estimate_memory() and measure_step_memory() work on it, training
+  // and using it do not.
+  explicit Trainer(const config::LoadedConfig& loaded, const distributed::DistEnv& job = {},
+                   Build build = Build::train);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -16,10 +16,10 @@
 namespace trainer::engine {
 
 struct Trainer::State {
-  State(const config::LoadedConfig& l, const distributed::DistEnv& j)
+  State(const config::LoadedConfig& l, const distributed::DistEnv& j, Build build)
       : loaded(l),
         job(j),
-        parts(build_components(loaded, job)),
+        parts(build_components(loaded, job, build)),
         guard(make_guard(loaded.cfg.train, parts)),
         average(loaded.cfg.train.ema.enabled()
                     ? std::make_unique<WeightAverage>(loaded.cfg.train.ema, parts)

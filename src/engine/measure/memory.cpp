@@ -8,6 +8,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "engine/measure/meta_kernels.h"
+
 namespace trainer::engine {
 namespace {
 
@@ -77,6 +79,76 @@ class CountingAllocator final : public c10::Allocator {
   std::unordered_map<void*, Block> blocks_;
 };
 
+// Stands in for the meta device's allocator (which hands out no memory) and counts the bytes its
+// tensors would hold: each allocation's context records its size. Installed only while
+// measuring; one instance, living as long as the process (its tensors keep its deleter).
+class MetaCountingAllocator final : public c10::Allocator {
+ public:
+  static MetaCountingAllocator& instance() {
+    static auto* counting = new MetaCountingAllocator(c10::GetAllocator(c10::DeviceType::Meta));
+    return *counting;
+  }
+
+  c10::DataPtr allocate(size_t n) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_ += static_cast<int64_t>(n);
+      peak_ = std::max(peak_, live_);
+    }
+    return c10::DataPtr(nullptr, new size_t(n), &release, c10::Device(c10::DeviceType::Meta));
+  }
+
+  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {}
+
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ = 0;
+    peak_ = 0;
+  }
+  int64_t peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+  c10::Allocator* inner() const { return inner_; }
+
+ private:
+  explicit MetaCountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  static void release(void* context) {
+    auto* bytes = static_cast<size_t*>(context);
+    auto& self = instance();
+    {
+      std::lock_guard<std::mutex> lock(self.mu_);
+      self.live_ -= static_cast<int64_t>(*bytes);
+    }
+    delete bytes;
+  }
+
+  c10::Allocator* inner_;
+  std::mutex mu_;
+  int64_t live_ = 0;
+  int64_t peak_ = 0;
+};
+
+// Runs `fn` with `counting` installed as the allocator of `device` (above the default's
+// priority), then the one before it again, also when `fn` throws.
+template <typename Counting>
+int64_t peak_while(c10::DeviceType device, Counting& counting, const std::function<void()>& fn) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  constexpr uint8_t kPriority = 100;  // above the default allocator's
+  counting.reset();
+  c10::SetAllocator(device, &counting, kPriority);
+  try {
+    fn();
+  } catch (...) {
+    c10::SetAllocator(device, counting.inner(), kPriority);
+    throw;
+  }
+  c10::SetAllocator(device, counting.inner(), kPriority);
+  return std::max<int64_t>(counting.peak(), 0);
+}
+
 }  // namespace
 
 DeviceMemory cuda_memory(int index) {
@@ -100,20 +172,12 @@ void reset_cuda_peak(int index) {
 }
 
 int64_t measure_cpu_peak(const std::function<void()>& fn) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  CountingAllocator* counting = &CountingAllocator::instance();
-  constexpr uint8_t kPriority = 100;  // above the default allocator's
-  counting->reset();
-  c10::SetCPUAllocator(counting, kPriority);
-  try {
-    fn();
-  } catch (...) {
-    c10::SetCPUAllocator(counting->inner(), kPriority);
-    throw;
-  }
-  c10::SetCPUAllocator(counting->inner(), kPriority);
-  return std::max<int64_t>(counting->peak(), 0);
+  return peak_while(c10::DeviceType::CPU, CountingAllocator::instance(), fn);
+}
+
+int64_t measure_meta_peak(const std::function<void()>& fn) {
+  register_meta_kernels();
+  return peak_while(c10::DeviceType::Meta, MetaCountingAllocator::instance(), fn);
 }
 
 }  // namespace trainer::engine

@@ -68,4 +68,10 @@ void reset_cuda_peak(int index);
 // Tensors made before and freed during `fn` may make the figure slightly low.
 int64_t measure_cpu_peak(const std::function<void()>& fn);
 
+// The same for `fn` computing on meta tensors (a planned model, engine/loop/components.h's
+// Build::plan): the peak bytes its meta tensors would have held had they had storage, counted as
+// the CPU allocator counts (each tensor's bytes from its making to its release), with no memory
+// taken.
+int64_t measure_meta_peak(const std::function<void()>& fn);
+
 }  // namespace trainer::engine

@@ -6,6 +6,8 @@
 
 #include "engine/measure/flops.h"
 #include "nn/autocast.h"
+#include "nn/deferred_init.h"
+#include "nn/parameters.h"
 
 namespace trainer::engine {
 
@@ -32,13 +34,60 @@ int64_t forward_flops(Components& parts, int64_t batch) {
   return flops;
 }
 
+namespace {
+
+// A planned model's step (Build::plan) on meta tensors. Meta tensors do not take autocast, so
+// bfloat16 autocast is emulated: the floating parameters are bfloat16 while the step runs and
+// the outputs go to the loss in float32, as autocast computes it; what autocast holds beyond
+// that is added: a bfloat16 copy of each trainable weight (its cache) and float32 gradients where
+// the emulation makes bfloat16 ones, 4 bytes a trainable element.
+int64_t planned_step_peak(Components& parts, models::NetImpl& net, bool bf16,
+                          const data::Batch& b) {
+  // Meta tensor `p` as one of `dtype` in place (every handle of it), no storage either way.
+  const auto retype = [](torch::Tensor& p, c10::ScalarType dtype) {
+    p.unsafeGetTensorImpl()->shallow_copy_from(
+        at::empty_strided(p.sizes(), p.strides(), p.options().dtype(dtype)).getIntrusivePtr());
+  };
+  std::vector<torch::Tensor> cast;  // the float32 parameters made bfloat16 for the step
+  int64_t autocast_extra = 0;
+  if (bf16) {
+    for (auto& p : models::unique_parameters(net)) {
+      if (p.scalar_type() != torch::kFloat) continue;
+      retype(p, torch::kBFloat16);
+      cast.push_back(p);
+      if (p.requires_grad()) autocast_extra += 4 * p.numel();
+    }
+  }
+  const auto restore = [&] {
+    for (auto& p : cast) retype(p, torch::kFloat);
+  };
+  const auto inputs = b.inputs.to(torch::kMeta), targets = b.targets.to(torch::kMeta);
+  int64_t peak = 0;
+  try {
+    peak = measure_meta_peak([&] {
+      auto outputs = net.forward(inputs);
+      if (bf16 && outputs.is_floating_point()) outputs = outputs.to(torch::kFloat);
+      parts.loss(outputs, targets).backward();
+    });
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  return peak + autocast_extra;
+}
+
+}  // namespace
+
 int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t batch) {
-  if (!parts.device.is_cpu()) {
+  const auto params = net.parameters(/*recurse=*/true);
+  const bool planned = !params.empty() && params.front().is_meta();
+  if (!planned && !parts.device.is_cpu()) {
     throw std::logic_error("memory measurement: the model must be on the CPU");
   }
   const data::Batch b = first_samples(parts, batch);
   net.zero_grad(/*set_to_none=*/true);
-  const int64_t peak = measure_cpu_peak([&] {
+  const int64_t peak = planned ? planned_step_peak(parts, net, bf16, b) : measure_cpu_peak([&] {
     torch::Tensor loss;
     {
       nn::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, /*enabled=*/bf16);
@@ -50,15 +99,48 @@ int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t ba
   return peak;
 }
 
+namespace {
+
+// A twin of the model built with `checkpointing` (its weights do not matter here): planned (on the
+// meta device) or built.
+models::Net twin_of(const Components& parts, const config::ModelConfig& model,
+                    const std::string& checkpointing, bool planned) {
+  auto twin_cfg = model;
+  twin_cfg.checkpointing = checkpointing;
+  nn::DeferredInit deferred(planned ? nn::Deferral::shapes_only : nn::Deferral::none);
+  auto twin = models::build_model(twin_cfg, parts.input);
+  if (planned) nn::move_to_meta(*twin);
+  return twin;
+}
+
+// A planned model whose step runs an operator meta tensors lack (a convolution): up to this many
+// bytes of parameters, its step is measured on a built twin instead.
+constexpr int64_t kBuiltTwinLimit = int64_t{1} << 30;
+
+// The step's peak at batches `small` and `large` of `net`, or where `net` is planned and its step
+// cannot run on meta tensors, of a built twin (models up to kBuiltTwinLimit bytes).
+std::pair<int64_t, int64_t> step_peaks(Components& parts, const config::ModelConfig& model,
+                                       const models::Net& net, const std::string& checkpointing,
+                                       bool bf16, int64_t params_bytes, int64_t small,
+                                       int64_t large) {
+  try {
+    return {step_peak(parts, *net, bf16, small), step_peak(parts, *net, bf16, large)};
+  } catch (const c10::Error& e) {
+    const auto params = net->parameters(/*recurse=*/true);
+    if (params.empty() || !params.front().is_meta() || params_bytes > kBuiltTwinLimit) throw;
+  }
+  const auto built = twin_of(parts, model, checkpointing, /*planned=*/false);
+  return {step_peak(parts, *built, bf16, small), step_peak(parts, *built, bf16, large)};
+}
+
+}  // namespace
+
 MemoryEstimate estimate_memory(Components& parts, const config::ModelConfig& model, bool bf16,
                                const std::string& checkpointing) {
-  // Another checkpointing setting: a twin of the model (its weights do not matter here).
-  models::Net twin = parts.model;
-  if (!checkpointing.empty() && checkpointing != model.checkpointing) {
-    auto twin_cfg = model;
-    twin_cfg.checkpointing = checkpointing;
-    twin = models::build_model(twin_cfg, parts.input);
-  }
+  // Another checkpointing setting: a twin of the model.
+  const bool other = !checkpointing.empty() && checkpointing != model.checkpointing;
+  const models::Net net =
+      other ? twin_of(parts, model, checkpointing, parts.build == Build::plan) : parts.model;
   MemoryEstimate e;
   e.dtype = bf16 ? "bfloat16" : "float32";
   int64_t trainable = 0;  // what the optimizer updates (model.lora: the adapters)
@@ -86,8 +168,9 @@ MemoryEstimate estimate_memory(Components& parts, const config::ModelConfig& mod
   // Batch norm needs more than one sample per channel in training mode.
   e.measured_batch_small = 2;
   e.measured_batch_large = 4;
-  const int64_t small = step_peak(parts, *twin, bf16, e.measured_batch_small);
-  const int64_t large = step_peak(parts, *twin, bf16, e.measured_batch_large);
+  const auto [small, large] =
+      step_peaks(parts, model, net, other ? checkpointing : model.checkpointing, bf16,
+                 e.params_bytes, e.measured_batch_small, e.measured_batch_large);
   e.step_bytes_per_sample =
       std::max<int64_t>((large - small) / (e.measured_batch_large - e.measured_batch_small), 0);
   e.step_fixed_bytes =
