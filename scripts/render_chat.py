@@ -16,8 +16,10 @@ including it, and its tokens are those overlapping that text (transformers' char
 conversation whose turns render differently once later turns follow cannot be split so and is
 skipped with a line saying so (train on last or all instead).
 
-DIR gets train.bin and val.bin (little-endian uint16 when the vocabulary fits, else uint32: set
-data.token_format: uint32), and train.mask and val.mask: one byte a token, 1 where it trains.
+DIR gets train.bin and val.bin (little-endian uint16 when the vocabulary fits, else uint32), each
+with its description train.bin.json / val.bin.json (the width, token count and vocabulary, as
+`trainer tokenize` writes it: the tokens data set reads the width from it), and train.mask and
+val.mask: one byte a token, 1 where it trains.
 Conversations follow one another; a window of the tokens data set may span two, but no target
 trains across them (a conversation's first token never trains).
 """
@@ -131,6 +133,14 @@ def write_split(out, name, parts, vocab):
         with open(path + ".tmp", "wb") as f:
             f.write(array.tobytes())
         os.replace(path + ".tmp", path)
+    # The description the tokens data set reads the width and vocabulary from (as `trainer
+    # tokenize` writes it beside its files): FILE.bin.json.
+    sidecar = {"format": "trainer-tokens", "version": 1, "dtype": np.dtype(dtype).name,
+               "tokens": int(len(ids)), "vocab_size": int(vocab), "documents": len(parts)}
+    path = os.path.join(out, name + ".bin.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(sidecar, f)
+    os.replace(path + ".tmp", path)
     trained = int(mask.sum())
     print(f"{name}: {len(parts)} conversations, {len(ids)} tokens ({dtype.__name__}), "
           f"{100.0 * trained / max(1, len(ids)):.1f}% trained")
@@ -157,8 +167,6 @@ def main():
     vocab = len(tok)
     for name, parts in splits.items():
         write_split(args.out, name, parts, vocab)
-    if vocab > 65536:
-        print("set data.token_format: uint32")
 
 
 if __name__ == "__main__":

@@ -413,6 +413,36 @@ def check_other_template(chat_tool, work, vocab, records):
         fail(f"a mask file one byte short: exit {rc}: {err[-300:]}")
 
 
+def tool_cases(good):
+    """Records whose tool calls, tool definitions or template arguments transformers' templates
+    render (Qwen 2.5 and 3, Llama 3.1 and 3.2): refused, since dropping them changes the ids. A
+    null or empty tool_calls renders nothing (Qwen) and is accepted."""
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    user = {"role": "user", "content": "2+1?"}
+    calling = {"role": "assistant", "content": "", "tool_calls": [call]}
+    tools = [{"type": "function", "function": {"name": "add", "description": "a+b",
+                                               "parameters": {"type": "object"}}}]
+    line = json.dumps
+    return [
+        ([good, line({"messages": [user, calling]})], [], 2,
+         "bad.jsonl:2: messages[1] has tool_calls: tool calls are not rendered yet"),
+        ([line({"messages": [user, dict(calling, content=None)]})], [], 2,
+         "bad.jsonl:1: messages[1] has tool_calls"),
+        ([good, good, line({"prompt": [user], "completion": [calling]})], [], 2,
+         "bad.jsonl:3: completion[0] has tool_calls"),
+        ([good, line({"messages": [user, {"role": "assistant", "content": "3"}],
+                      "tools": tools})], [], 2,
+         'bad.jsonl:2: "tools": tool definitions are not rendered yet'),
+        ([line({"prompt": "2+1?", "completion": "3", "tools": []})], [], 2,
+         'bad.jsonl:1: "tools"'),
+        ([good, line({"messages": [user, {"role": "assistant", "content": "3"}],
+                      "chat_template_kwargs": {"enable_thinking": False}})], [], 2,
+         'bad.jsonl:2: "chat_template_kwargs"'),
+        ([good, line({"messages": [user, dict(calling, content="3", tool_calls=None)]}),
+          line({"messages": [user, dict(calling, content="3", tool_calls=[])]})], [], 0, ""),
+    ]
+
+
 def check_bad_input(chat_tool, work, small):
     """Each case a line naming the file and line; the small tokenizer's folder (the Qwen 2.5
     template): what is bad is the record, whatever the vocabulary."""
@@ -441,7 +471,7 @@ def check_bad_input(chat_tool, work, small):
         ([good], [f"val_files={work}"], 2, f"data.val_files: {work} is a folder"),
         ([good], [f"tokenizer={number_template}"], 2,
          "tokenizer_config.json: chat_template is 5, not a template's text"),
-    ]
+    ] + tool_cases(good)
     bad = os.path.join(work, "bad.jsonl")
     for lines, settings, status, message in cases:
         with open(bad, "w") as f:

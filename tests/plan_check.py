@@ -8,7 +8,9 @@ device: shapes, no storage) instead of building it:
 1. A Llama 3.1 8B-shaped model from the seed (synthetic tokens): --dry-run prints the parameter
    count that transformers' LlamaForCausalLM of the same config has (built on the meta device
    here), and doctor --json's params_bytes is 4 bytes each (float32), at a peak RSS far below
-   the model's 32 GB (the machine has 24 GB: building it fails or is killed).
+   the model's 32 GB (the machine has 24 GB: building it fails or is killed); with LoRA, whose
+   adapters are logged while the run is planned, doctor --json's stdout is still the JSON alone
+   (the logs on stderr).
 2. The same model as a Hugging Face folder in bf16 (16 GB of sparse shards: the headers real,
    the data holes that take no disk): --dry-run checks every header against the model and says
    so, reading no tensor, at the same small peak RSS; a shard whose header gives one tensor
@@ -179,6 +181,15 @@ def check_seed(trainer, work, want, failures):
         failures.append(f"doctor: a step of {step} bytes holds less than the logits")
     if peak > RSS_LIMIT:
         failures.append(f"doctor --config of the 8B shape: peak RSS {peak} > {RSS_LIMIT}")
+    # With LoRA (which logs its adapters while the run is planned): stdout is the JSON alone.
+    code, out, err, peak = run_logged([trainer, "doctor", "--json", "--config", config, "--set",
+                                       "model.lora.rank=8"], work, "doctor_lora")
+    try:
+        memory = json.loads(out)["memory"]
+        if memory["params_bytes"] <= 4 * want or "LoRA:" not in err:
+            failures.append(f"doctor --json with LoRA: {memory} {err[-1000:]}")
+    except (ValueError, KeyError):
+        failures.append(f"doctor --json with LoRA: stdout is not one JSON object: {out[:300]}")
 
 
 def check_folder(trainer, work, want, failures):

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -125,7 +127,129 @@ TEST_F(TokensTest, Uint32Tokens) {
   const Batch v = s.val->get({0});  // the last quarter: tokens 30..39
   EXPECT_EQ(row(v.inputs[0]), (std::vector<int64_t>{100000, 101000, 102000, 103000}));
   cfg.root = write("short.u32", bytes.substr(0, 6));
-  EXPECT_THROW(make(cfg), DataError);  // 6 bytes: not whole uint32 tokens
+  try {  // 6 bytes: not whole uint32 tokens
+    make(cfg);
+    ADD_FAILURE() << "no error";
+  } catch (const DataConfigError& e) {
+    EXPECT_EQ(e.key(), "data.token_format");
+    EXPECT_NE(e.message().find(cfg.root + ": 6 bytes"), std::string::npos) << e.message();
+  }
+}
+
+// Little-endian uint32 bytes of `ids`.
+std::string u32_bytes(const std::vector<uint32_t>& ids) {
+  std::string bytes;
+  for (uint32_t t : ids) {
+    for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>((t >> (8 * b)) & 0xFF));
+  }
+  return bytes;
+}
+
+// The description trainer tokenize writes beside a token file, as its documentation spells it.
+std::string sidecar_text(const std::string& dtype, int64_t tokens, int64_t vocab) {
+  return "{\"format\": \"trainer-tokens\", \"version\": 1, \"dtype\": \"" + dtype +
+         "\", \"tokens\": " + std::to_string(tokens) +
+         ", \"vocab_size\": " + std::to_string(vocab) +
+         ", \"documents\": 1, \"end_of_text\": 151643, \"tokenizer\": {\"path\": "
+         "\"/m/tokenizer.json\", \"xxh64\": \"0123456789abcdef\"}}";
+}
+
+// Ids of Qwen's vocabulary: some past uint16, the rest below it.
+std::vector<uint32_t> wide_ids(int n) {
+  std::vector<uint32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(static_cast<uint32_t>((i * 7919) % 151669));
+  return ids;
+}
+
+// A .bin file with a uint32 description reads as uint32 at data.token_format: auto (it would be
+// uint16 by its suffix), its vocabulary the description's.
+TEST_F(TokensTest, SidecarGivesTheWidthAndVocabulary) {
+  const auto ids = wide_ids(400);
+  const std::string bin = write("wide.bin", u32_bytes(ids));
+  write("wide.bin.json", sidecar_text("uint32", 400, 151669));
+  const Splits s = make(config(bin, /*seq_len=*/4));
+  EXPECT_EQ(s.spec.num_classes, 151669);
+  EXPECT_TRUE(s.spec.vocabulary_known);
+  EXPECT_EQ(s.val->size(), (100 - 1) / 4);  // the last quarter: ids 300..399
+  const Batch v = s.val->get({2});
+  EXPECT_EQ(row(v.inputs[0]), (std::vector<int64_t>{ids[308], ids[309], ids[310], ids[311]}));
+  EXPECT_EQ(row(v.targets[0]), (std::vector<int64_t>{ids[309], ids[310], ids[311], ids[312]}));
+}
+
+// What disagrees with the description is a config error naming the file and the description.
+TEST_F(TokensTest, SidecarDisagreementsAreRefused) {
+  auto refusal = [&](const config::DataConfig& cfg) -> std::pair<std::string, std::string> {
+    try {
+      make(cfg);
+    } catch (const DataConfigError& e) {
+      return {e.key(), e.message()};
+    }
+    return {"", "no error"};
+  };
+  const auto ids = wide_ids(400);
+  const std::string bin = write("w.bin", u32_bytes(ids));
+  const std::string side = write("w.bin.json", sidecar_text("uint32", 400, 151669));
+  auto cfg = config(bin, 4);
+  cfg.options.set("token_format", std::string("uint16"));
+  auto [key, message] = refusal(cfg);
+  EXPECT_EQ(key, "data.token_format");
+  EXPECT_NE(message.find(side), std::string::npos) << message;
+  EXPECT_NE(message.find(bin + " holds uint32"), std::string::npos) << message;
+  cfg.options.set("token_format", std::string("uint32"));
+  EXPECT_EQ(make(cfg).spec.num_classes, 151669);  // agreeing: read
+
+  const std::string cut = write("cut.bin", u32_bytes(ids).substr(0, 399 * 4));
+  write("cut.bin.json", sidecar_text("uint32", 400, 151669));
+  std::tie(key, message) = refusal(config(cut, 4));
+  EXPECT_EQ(key, "data.root");
+  EXPECT_NE(message.find(cut + ": 1596 bytes, but " + cut + ".json says it holds 400 uint32"),
+            std::string::npos)
+      << message;
+
+  const std::string small = write("small.bin", u32_bytes(ids));
+  write("small.bin.json", sidecar_text("uint32", 400, 1000));
+  std::tie(key, message) = refusal(config(small, 4));
+  EXPECT_EQ(key, "data.root");
+  EXPECT_NE(message.find("past the vocabulary of 1000 tokens that " + small + ".json"),
+            std::string::npos)
+      << message;
+
+  const std::string junk = write("junk.bin", u32_bytes(ids));
+  write("junk.bin.json", "{\"format\": \"trainer-tokens\", \"version\": 1, \"dtype\": \"int8\"}");
+  std::tie(key, message) = refusal(config(junk, 4));
+  EXPECT_EQ(key, "data.root");
+  EXPECT_NE(message.find(junk + ".json: \"dtype\" must be"), std::string::npos) << message;
+}
+
+// train.bin described as uint32 and val.bin without a description (read as uint16 by its suffix)
+// are refused together; a uint32 .bin without a description is not read as uint16.
+TEST_F(TokensTest, UndescribedFilesThatCannotBeUint16AreRefused) {
+  fs::create_directories(tmp_ / "mixed");
+  const auto ids = wide_ids(400);
+  write("mixed/train.bin", u32_bytes(ids));
+  write("mixed/train.bin.json", sidecar_text("uint32", 400, 151669));
+  write("mixed/val.bin", u32_bytes(wide_ids(100)));  // under 256 tokens: not recognisable alone
+  try {
+    make(config((tmp_ / "mixed").string(), 4));
+    ADD_FAILURE() << "no error";
+  } catch (const DataConfigError& e) {
+    EXPECT_EQ(e.key(), "data.root");
+    EXPECT_NE(e.message().find("train.bin (uint32, described by "), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("val.bin (uint16)"), std::string::npos) << e.message();
+  }
+  const std::string bare = write("bare.bin", u32_bytes(ids));
+  try {
+    make(config(bare, 4));
+    ADD_FAILURE() << "no error";
+  } catch (const DataConfigError& e) {
+    EXPECT_EQ(e.key(), "data.token_format");
+    EXPECT_NE(e.message().find(bare + ": auto reads a .bin file as uint16"), std::string::npos)
+        << e.message();
+  }
+  auto cfg = config(bare, 4);
+  cfg.options.set("token_format", std::string("uint16"));
+  EXPECT_EQ(make(cfg).train->size(), (600 - 1) / 4);  // set explicitly: 800 uint16, 600 train
 }
 
 TEST_F(TokensTest, BadFilesAreClearErrors) {

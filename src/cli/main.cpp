@@ -24,6 +24,7 @@
 #include "config/issues.h"
 #include "config/registry.h"
 #include "distributed/env.h"
+#include "util/log.h"
 
 namespace {
 
@@ -60,6 +61,10 @@ int main(int argc, char** argv) {
   // signal ending the process.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
+    // Every command logs on stderr from its start (spdlog's default logger writes to stdout,
+    // which carries data: doctor --json, export, generate's text); a command's --log-level
+    // installs the logger again.
+    trainer::log::setup(trainer::log::Level::info, 0);
     return dispatch(argc, argv);
   } catch (const trainer::cli::UsageError& e) {
     std::cerr << "trainer: " << e.what() << " (see trainer --help)\n";

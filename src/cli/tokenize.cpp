@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/tokenizer_option.h"
+#include "data/token_sidecar.h"
 #include "data/tokenize.h"
 #include "util/fileio.h"
 #include "util/format.h"
@@ -50,8 +51,10 @@ void check_paths(const std::string& out, const std::vector<std::string>& files,
   for (const auto& entry : std::filesystem::directory_iterator(tokenizer, ec)) {
     inputs.push_back(entry.path().string());
   }
-  const std::string why = output_problem(out, OutputKind::file, inputs);
-  if (!why.empty()) throw UsageError("--out " + why);
+  for (const auto& path : {out, data::token_sidecar_path(out)}) {
+    const std::string why = output_problem(path, OutputKind::file, inputs);
+    if (!why.empty()) throw UsageError("--out " + why);
+  }
 }
 
 }  // namespace
@@ -59,14 +62,17 @@ void check_paths(const std::string& out, const std::vector<std::string>& files,
 int tokenize_command(int argc, char** argv) {
   cxxopts::Options options("trainer tokenize",
                            "Encodes text files with a byte-level BPE tokenizer into a token file "
-                           "(data.name: tokens), the end-of-text token between the files.");
+                           "(data.name: tokens), the end-of-text token between the files, and "
+                           "FILE.json beside it: the token width, count, vocabulary size and "
+                           "tokenizer, from which data.name: tokens reads the file.");
   // clang-format off
   options.add_options()
       ("tokenizer", "a tokenizer.json file, a folder holding one (a Hugging Face model folder), or "
        "a folder with GPT-2's encoder.json and vocab.bpe", cxxopts::value<std::string>(), "PATH")
       ("allow-special", "match special tokens written in the text (as tokenizers' encode does); "
        "default: encode them as text")
-      ("out", "the token file to write (written atomically), e.g. train.bin",
+      ("out", "the token file to write (written atomically), e.g. train.bin; its description "
+       "goes to FILE.json (train.bin.json)",
        cxxopts::value<std::string>(), "FILE")
       ("threads", "encoding threads (0: one per core)",
        cxxopts::value<int>()->default_value("0"), "N")
@@ -102,17 +108,24 @@ int tokenize_command(int argc, char** argv) {
   const double rate = seconds > 0 ? static_cast<double>(r.tokens) / seconds : 0.0;
   const char* type = width == 2 ? "uint16" : "uint32";
   if (args.count("json")) {
-    std::cout
-        << nlohmann::json{{"out", out},         {"tokens", r.tokens},    {"documents", r.documents},
-                          {"bytes", r.bytes},   {"format", type},        {"threads", threads},
-                          {"seconds", seconds}, {"tokens_per_sec", rate}}
-               .dump()
-        << "\n";
+    std::cout << nlohmann::json{{"out", out},
+                                {"sidecar", r.sidecar},
+                                {"tokens", r.tokens},
+                                {"documents", r.documents},
+                                {"bytes", r.bytes},
+                                {"format", type},
+                                {"vocab_size", tokenizer.vocab_size()},
+                                {"threads", threads},
+                                {"seconds", seconds},
+                                {"tokens_per_sec", rate}}
+                     .dump()
+              << "\n";
   } else {
     std::cout << strprintf("wrote %s: %" PRId64 " tokens (%s) of %" PRId64
-                           " document%s, %.1f MB of text, in %.2f s: %.0f tokens/s on %d threads\n",
+                           " document%s, %.1f MB of text, in %.2f s: %.0f tokens/s on %d threads; "
+                           "described in %s\n",
                            out.c_str(), r.tokens, type, r.documents, r.documents == 1 ? "" : "s",
-                           r.bytes / 1e6, seconds, rate, threads);
+                           r.bytes / 1e6, seconds, rate, threads, r.sidecar.c_str());
   }
   return 0;
 }

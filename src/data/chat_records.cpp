@@ -44,8 +44,43 @@ Json parse_json(std::string_view line, const std::string& where) {
   }
 }
 
+// Whether `j` holds something: not null, an empty list or an empty object.
+bool given(const Json& j) {
+  return !j.is_null() && !((j.is_array() || j.is_object()) && j.empty());
+}
+
+// Tool calls render into the ids in the Qwen 2.5, Qwen 3 and Llama 3.1 and 3.2 templates; the
+// built-in renderers have none, and dropping them would train something other than the data.
+void refuse_tool_calls(const Json& m, const std::string& where, const std::string& path) {
+  const auto calls = m.find("tool_calls");
+  if (calls == m.end() || !given(*calls)) return;
+  fail(where, path +
+                  " has tool_calls: tool calls are not rendered yet (the built-in chat templates "
+                  "render text only); remove them, or render the records with "
+                  "scripts/render_chat.py (transformers) and train them as data.name: tokens");
+}
+
+// A record's "tools" (tool definitions, which the templates render into the system or first user
+// turn) and "chat_template_kwargs" (arguments to the template, as TRL passes them).
+void refuse_template_inputs(const Json& record, const std::string& where) {
+  const auto tools = record.find("tools");
+  if (tools != record.end() && !tools->is_null()) {
+    fail(where,
+         "\"tools\": tool definitions are not rendered yet (the built-in chat templates render "
+         "text only); remove the key, or render the records with scripts/render_chat.py "
+         "(transformers) and train them as data.name: tokens");
+  }
+  const auto kwargs = record.find("chat_template_kwargs");
+  if (kwargs != record.end() && given(*kwargs)) {
+    fail(where,
+         "\"chat_template_kwargs\": arguments to the chat template are not supported (the "
+         "built-in templates render as the template does with none given); remove the key");
+  }
+}
+
 ChatMessage read_message(const Json& m, const std::string& where, const std::string& path) {
   if (!m.is_object()) fail(where, path + " must be an object {\"role\", \"content\"}");
+  refuse_tool_calls(m, where, path);
   const auto role = m.find("role");
   const auto content = m.find("content");
   if (role == m.end() || !role->is_string()) {
@@ -124,6 +159,7 @@ ChatRecord parse_chat_record(std::string_view line, const std::string& where) {
   const bool messages = record.contains("messages");
   const bool prompt = record.contains("prompt");
   if (messages && prompt) fail(where, "a record has \"messages\" or \"prompt\", not both");
+  refuse_template_inputs(record, where);
   if (prompt) return read_prompt_completion(record, where);
   if (!messages) {
     if (record.contains("conversations")) {

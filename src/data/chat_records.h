@@ -5,7 +5,10 @@
 //   {"prompt": [messages...], "completion": [messages...]}   (conversational prompt and completion)
 //
 // Roles are system, user and assistant; contents are strings; an assistant message may carry
-// "reasoning_content" (a string, rendered by Qwen 3's template). Other keys are ignored.
+// "reasoning_content" (a string, rendered by Qwen 3's template). What the templates would render
+// and the built-in ones do not is refused: a message's "tool_calls" (unless null or empty), a
+// record's "tools" (unless null) and "chat_template_kwargs" (unless null or empty). Other keys are
+// ignored.
 // Torch-free.
 #pragma once
 

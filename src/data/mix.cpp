@@ -205,7 +205,8 @@ void check_label_space(const DataSpec& named, const DataSpec& part, const std::s
 }
 
 // A token part's vocabulary for messages: "a vocabulary of 256 tokens" where the part knows it
-// (bytes, a tokenizer's), else "token ids up to 999" (a token file's largest).
+// (bytes, a tokenizer's, a token file's description), else "token ids up to 999" (a token file's
+// largest).
 std::string vocabulary_text(const DataSpec& spec) {
   if (spec.vocabulary_known)
     return "a vocabulary of " + std::to_string(spec.num_classes) + " tokens";

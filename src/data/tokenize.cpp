@@ -5,6 +5,7 @@
 
 #include "data/dataset.h"
 #include "data/files.h"
+#include "data/token_sidecar.h"
 #include "util/fileio.h"
 
 namespace trainer::data {
@@ -106,6 +107,8 @@ TokenizeResult tokenize_files(const BpeTokenizer& tokenizer, const std::vector<s
   }
   TokenizeResult result;
   result.width = width;
+  TokenSidecar sidecar;
+  describe_tokenizer(tokenizer, sidecar);
   ParallelEncoder encoder(tokenizer, threads, allow_special);
   write_atomically(out, [&](const ByteSink& sink) {
     std::vector<uint8_t> bytes;
@@ -127,6 +130,13 @@ TokenizeResult tokenize_files(const BpeTokenizer& tokenizer, const std::vector<s
       }
     }
   });
+  sidecar.dtype = width == 4 ? "uint32" : "uint16";
+  sidecar.tokens = result.tokens;
+  sidecar.vocab_size = tokenizer.vocab_size();
+  sidecar.documents = result.documents;
+  sidecar.end_of_text = separator;
+  write_token_sidecar(out, sidecar);
+  result.sidecar = token_sidecar_path(out);
   return result;
 }
 

@@ -40,13 +40,16 @@ struct TokenizeResult {
   int64_t documents = 0;  // the files
   int64_t bytes = 0;      // of text read
   int width = 2;          // bytes per token
+  std::string sidecar;    // the description written beside the token file (token_sidecar.h)
 };
 
 // Writes the tokens of `files` (each one document, read whole, up to 64 MB of them at a time) to
 // `out` (atomically) as little-endian integers of `width` bytes (2: uint16, nanoGPT's .bin; 4:
-// uint32), the tokenizer's end_of_text() between documents. Throws DataError naming a file that
-// cannot be read, or a tokenizer without an end-of-text token when there are several documents;
-// IoError when `out` cannot be written.
+// uint32), the tokenizer's end_of_text() between documents; then `out`.json beside it
+// (atomically; data/token_sidecar.h): the width, the number of tokens, the vocabulary size and the
+// tokenizer's identity, from which the `tokens` data set reads the file. Throws DataError naming a
+// file that cannot be read, or a tokenizer without an end-of-text token when there are several
+// documents; IoError when `out` or its sidecar cannot be written.
 TokenizeResult tokenize_files(const BpeTokenizer& tokenizer, const std::vector<std::string>& files,
                               const std::string& out, int width, int threads,
                               bool allow_special = false);

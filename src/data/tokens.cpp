@@ -1,7 +1,10 @@
 // The `tokens` dataset for language models: a token stream, either a flat file of little-endian
-// uint16 token ids (nanoGPT's train.bin/val.bin) or the raw bytes of a text file (vocabulary
-// 256). data.root is such a file, whose last data.val_fraction is held out for validation, or a
-// folder with train.bin and val.bin. Files are read with pread, so corpora larger than memory work.
+// uint16 or uint32 token ids (nanoGPT's train.bin/val.bin, trainer tokenize's output) or the raw
+// bytes of a text file (vocabulary 256). The description trainer tokenize writes beside a token
+// file (FILE.json, data/token_sidecar.h) gives its width and vocabulary, and the file is checked
+// against it. data.root is such a file, whose last data.val_fraction is held out for validation, or
+// a folder with train.bin and val.bin. Files are read with pread, so corpora larger than memory
+// work.
 //
 // A sample is a window of seq_len + 1 tokens: inputs the first seq_len, targets the last seq_len.
 // An epoch has (tokens - 1) / seq_len samples. Training windows start at random offsets drawn
@@ -17,12 +20,14 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "data/dataset.h"
 #include "data/files.h"
+#include "data/token_sidecar.h"
 #include "util/format.h"
 #include "util/log.h"
 #include "util/random.h"
@@ -80,6 +85,8 @@ struct TokenRange {
   // One byte a token, nonzero where it trains as a target (a .mask file beside the token file,
   // as scripts/render_chat.py writes); null: every token trains.
   std::shared_ptr<const TokenFile> mask;
+  // What trainer tokenize wrote beside the file (FILE.json), if there is such a description.
+  std::optional<TokenSidecar> sidecar;
 
   int64_t size() const { return end - begin; }
   // Tokens [first, first + n) of the range into `out`.
@@ -176,18 +183,84 @@ std::string mask_path(const std::string& path) {
   return (suffix ? path.substr(0, dot) : path) + ".mask";
 }
 
-TokenRange open_tokens(const std::string& path, const std::string& format) {
-  const bool uint16 = format == "uint16" || (format == "auto" && path.size() >= 4 &&
-                                             path.compare(path.size() - 4, 4, ".bin") == 0);
-  TokenRange r;
-  r.file = std::make_shared<const TokenFile>(path);
-  r.width = format == "uint32" ? 4 : uint16 ? 2 : 1;
-  if (r.width > 1 && r.file->size() % static_cast<size_t>(r.width) != 0) {
-    throw DataError(path + ": " + std::to_string(r.file->size()) +
-                    " bytes is not a whole number of " + (r.width == 2 ? "uint16" : "uint32") +
-                    " tokens; the file is truncated or not a token file (set data.token_format: "
-                    "bytes for text)");
+const char* width_name(int64_t width) {
+  return width == 4 ? "uint32" : width == 2 ? "uint16" : "bytes";
+}
+
+// The bytes per token of `path`: its sidecar's dtype (data.token_format, when set, must agree),
+// else data.token_format, where auto reads a .bin file as uint16 and any other as bytes.
+int64_t token_width(const std::string& path, const std::string& format,
+                    const std::optional<TokenSidecar>& sidecar) {
+  if (sidecar) {
+    if (format != "auto" && format != sidecar->dtype) {
+      throw DataConfigError("data.token_format",
+                            format + ", but " + token_sidecar_path(path) + " says " + path +
+                                " holds " + sidecar->dtype +
+                                " tokens (as trainer tokenize wrote it); leave "
+                                "data.token_format at auto, or set it to " +
+                                sidecar->dtype);
+    }
+    return sidecar->width();
   }
+  const bool bin = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
+  return format == "uint32" ? 4 : format == "uint16" || (format == "auto" && bin) ? 2 : 1;
+}
+
+// Whether a file read as uint16 looks like uint32 tokens: over its first 64 KiB (at least 256
+// pairs of uint16), every second one is below 16 (the high half of an id of a vocabulary under
+// a million) while the others reach past 255. Real uint16 token streams are not so.
+bool looks_like_uint32(const TokenFile& file) {
+  const size_t n = std::min<size_t>(file.size(), 65536) / 4 * 4;
+  if (n < 256 * 4) return false;
+  std::vector<uint8_t> bytes(n);
+  file.read(0, n, bytes.data());
+  uint32_t low_max = 0;
+  for (size_t i = 0; i < n; i += 4) {
+    if (bytes[i + 3] != 0 || bytes[i + 2] >= 16) return false;
+    low_max = std::max<uint32_t>(low_max, bytes[i] | uint32_t{bytes[i + 1]} << 8);
+  }
+  return low_max > 255;
+}
+
+// The size checks of a token file: a whole number of tokens, as many as its sidecar says; a .bin
+// file read as uint16 by its suffix alone that is not uint32 in disguise.
+void check_token_file(const TokenRange& r, const std::string& format) {
+  const std::string& path = r.file->path();
+  const auto size = static_cast<int64_t>(r.file->size());
+  if (r.sidecar && size != r.sidecar->tokens * r.width) {
+    throw DataConfigError(
+        "data.root", path + ": " + std::to_string(size) + " bytes, but " +
+                         token_sidecar_path(path) + " says it holds " +
+                         std::to_string(r.sidecar->tokens) + " " + r.sidecar->dtype + " tokens (" +
+                         std::to_string(r.sidecar->tokens * r.width) +
+                         " bytes); the file was cut off or written again without its "
+                         "description: write both with trainer tokenize");
+  }
+  if (size % r.width != 0) {
+    throw DataConfigError(format == "auto" ? "data.root" : "data.token_format",
+                          path + ": " + std::to_string(size) + " bytes is not a whole number of " +
+                              width_name(r.width) +
+                              " tokens; the file is truncated or not a token file (set "
+                              "data.token_format: bytes for text)");
+  }
+  if (!r.sidecar && format == "auto" && r.width == 2 && looks_like_uint32(*r.file)) {
+    throw DataConfigError(
+        "data.token_format",
+        path +
+            ": auto reads a .bin file as uint16, but every second uint16 of its start is "
+            "below 16, as the high halves of uint32 tokens are (trainer tokenize writes "
+            "uint32 for vocabularies past 65536); set data.token_format: uint32 (or uint16 if "
+            "it is uint16), or write it again with trainer tokenize, whose " +
+            token_sidecar_path(path) + " says its width");
+  }
+}
+
+TokenRange open_tokens(const std::string& path, const std::string& format) {
+  TokenRange r;
+  r.sidecar = read_token_sidecar(path);
+  r.width = token_width(path, format, r.sidecar);
+  r.file = std::make_shared<const TokenFile>(path);
+  check_token_file(r, format);
   r.end = static_cast<int64_t>(r.file->size()) / r.width;
   const std::string mask = mask_path(path);
   if (is_file(mask)) {
@@ -202,6 +275,57 @@ TokenRange open_tokens(const std::string& path, const std::string& format) {
   return r;
 }
 
+// "PATH (uint32, described by PATH.json: a vocabulary of N tokens)", for messages.
+std::string described(const TokenRange& r) {
+  std::string out = r.file->path() + " (" + width_name(r.width);
+  if (r.sidecar) {
+    out += ", described by " + token_sidecar_path(r.file->path()) + ": a vocabulary of " +
+           std::to_string(r.sidecar->vocab_size) + " tokens";
+    if (!r.sidecar->tokenizer_path.empty()) out += " from " + r.sidecar->tokenizer_path;
+  }
+  return out + ")";
+}
+
+// The training and validation files hold ids of one width and, where both are described, of one
+// tokenizer.
+void check_splits_agree(const TokenRange& train, const TokenRange& val) {
+  if (train.file->path() == val.file->path()) return;
+  bool differ = train.width != val.width;
+  if (train.sidecar && val.sidecar) {
+    const auto &a = *train.sidecar, &b = *val.sidecar;
+    differ = differ || a.vocab_size != b.vocab_size ||
+             (!a.tokenizer_xxh64.empty() && !b.tokenizer_xxh64.empty() &&
+              a.tokenizer_xxh64 != b.tokenizer_xxh64);
+  }
+  if (!differ) return;
+  throw DataConfigError("data.root", described(train) + " and " + described(val) +
+                                         " differ: an id would mean another token in each; "
+                                         "write both with trainer tokenize and one tokenizer");
+}
+
+// The vocabulary of the token ids: 256 for bytes; the sidecar's (no id may reach it), else the
+// largest id + 1. `known`: whether it is the vocabulary itself.
+int64_t vocabulary(const TokenRange& train, const TokenRange& val, bool& known) {
+  known = train.width == 1;
+  if (known) return 256;
+  int64_t largest = 0;
+  for (const TokenRange* r : {&train, &val}) {
+    const int64_t m = r->max_token();
+    largest = std::max(largest, m);
+    if (r->sidecar && m >= r->sidecar->vocab_size) {
+      throw DataConfigError("data.root", r->file->path() + " holds id " + std::to_string(m) +
+                                             ", past the vocabulary of " +
+                                             std::to_string(r->sidecar->vocab_size) +
+                                             " tokens that " + token_sidecar_path(r->file->path()) +
+                                             " gives; the file and its description disagree: "
+                                             "write both with trainer tokenize");
+    }
+  }
+  if (!train.sidecar) return largest + 1;
+  known = true;
+  return train.sidecar->vocab_size;
+}
+
 void check_length(const TokenRange& r, int64_t seq_len, const std::string& what) {
   if (r.size() < seq_len + 1) {
     throw DataError(r.file->path() + ": " + what + " has " + std::to_string(r.size()) +
@@ -211,7 +335,8 @@ void check_length(const TokenRange& r, int64_t seq_len, const std::string& what)
 
 // The `data.` keys of tokens.
 struct TokensOptions {
-  std::string token_format = "auto";  // uint16 (nanoGPT .bin), uint32, bytes, auto (by suffix)
+  std::string token_format = "auto";  // uint16 (nanoGPT .bin), uint32, bytes, auto (the
+                                      // sidecar's dtype, else by suffix)
   int64_t seq_len = 0;                // tokens per sample; 0 = the model's context length
   double val_fraction = 0.1;          // tail of a single file held out for validation
 
@@ -248,6 +373,7 @@ Splits make_tokens(const config::DataConfig& cfg, const DataContext& ctx) {
     }
     train = open_tokens(root + "/train.bin", o.token_format);
     val = open_tokens(root + "/val.bin", o.token_format);
+    check_splits_agree(train, val);
     check_length(train, seq_len, "the training split");
     check_length(val, seq_len, "the validation split");
   } else if (is_file(root)) {
@@ -270,9 +396,8 @@ Splits make_tokens(const config::DataConfig& cfg, const DataContext& ctx) {
   Splits splits;
   splits.spec.sample_shape = {seq_len};
   splits.spec.sequence = true;
-  splits.spec.num_classes =
-      train.width == 1 ? 256 : std::max(train.max_token(), val.max_token()) + 1;
-  splits.spec.vocabulary_known = train.width == 1;  // bytes; token ids: the largest seen + 1
+  splits.spec.num_classes = vocabulary(train, val, splits.spec.vocabulary_known);
+  if (train.sidecar) log::info("tokens: " + described(train));
   splits.train = std::make_shared<Tokens>(std::move(train), seq_len, /*random_windows=*/true);
   splits.val = std::make_shared<Tokens>(std::move(val), seq_len, /*random_windows=*/false);
   return splits;
