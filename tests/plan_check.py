@@ -10,7 +10,7 @@ device: shapes, no storage) instead of building it:
    here), and doctor --json's params_bytes is 4 bytes each (float32), at a peak RSS far below
    the model's 32 GB (the machine has 24 GB: building it fails or is killed); with LoRA, whose
    adapters are logged while the run is planned, doctor --json's stdout is still the JSON alone
-   (the logs on stderr).
+   (the logs on stderr); doctor --gpus 8 --gpu-memory 80GB plans the job for 8 GPUs of 80 GB.
 2. The same model as a Hugging Face folder in bf16 (16 GB of sparse shards: the headers real,
    the data holes that take no disk): --dry-run checks every header against the model and says
    so, reading no tensor, at the same small peak RSS; a shard whose header gives one tensor
@@ -181,6 +181,24 @@ def check_seed(trainer, work, want, failures):
         failures.append(f"doctor: a step of {step} bytes holds less than the logits")
     if peak > RSS_LIMIT:
         failures.append(f"doctor --config of the 8B shape: peak RSS {peak} > {RSS_LIMIT}")
+    # Planned for a job elsewhere: --gpus 8 --gpu-memory 80GB with fsdp, the world size and each
+    # GPU's memory as given; fsdp's share of the parameters, gradients and AdamW moments is an
+    # eighth of theirs.
+    code, out, err, _ = run_logged([trainer, "doctor", "--json", "--config", config, "--gpus", "8",
+                                    "--gpu-memory", "80GB", "--set", "dist.strategy=fsdp"], work,
+                                   "doctor_gpus")
+    try:
+        m = json.loads(out)["memory"]
+        shares = (2 * m["params_bytes"] + m["optimizer_bytes"]) // 8
+        if (m["world_size"] != 8 or m["capacity_mb"] != 80 * 10**9 // 2**20
+                or m["strategy"] != "fsdp" or not shares < m["fsdp_bytes"] < m["float32_bytes"]):
+            failures.append(f"doctor --gpus 8 --gpu-memory 80GB: {m}")
+    except (ValueError, KeyError):
+        failures.append(f"doctor --gpus 8 --gpu-memory 80GB: {out[:300]} {err[-1000:]}")
+    for bad in (["--gpus", "0"], ["--gpu-memory", "lots"]):
+        code, out, err, _ = run_logged([trainer, "doctor", "--config", config, *bad], work, "bad")
+        if code != 2 or bad[0] not in err:
+            failures.append(f"doctor {' '.join(bad)}: exit {code}: {err[-500:]}")
     # With LoRA (which logs its adapters while the run is planned): stdout is the JSON alone.
     code, out, err, peak = run_logged([trainer, "doctor", "--json", "--config", config, "--set",
                                        "model.lora.rank=8"], work, "doctor_lora")

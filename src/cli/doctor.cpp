@@ -2,9 +2,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cinttypes>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -118,6 +120,40 @@ struct Capacity {
   bool gpu = false;
 };
 
+// --gpu-memory's text ("80GB", "141GiB", "24G", "81920MiB") in MiB; UsageError naming the flag
+// otherwise. Decimal units are powers of 1000, binary ones (KiB, MiB, GiB, TiB) of 1024; a bare
+// G, M or T is binary, as nvidia-smi counts.
+int64_t gpu_memory_mb(const std::string& text) {
+  size_t end = 0;
+  while (end < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) {
+    ++end;
+  }
+  static const std::map<std::string, double> units = {{"TB", 1e12},
+                                                      {"GB", 1e9},
+                                                      {"MB", 1e6},
+                                                      {"TIB", 1099511627776.0},
+                                                      {"GIB", 1073741824.0},
+                                                      {"MIB", 1048576.0},
+                                                      {"T", 1099511627776.0},
+                                                      {"G", 1073741824.0},
+                                                      {"M", 1048576.0}};
+  std::string unit = text.substr(end);
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const auto it = units.find(unit);
+  double value = 0;
+  try {
+    value = end > 0 ? std::stod(text.substr(0, end)) : 0;
+  } catch (const std::exception&) {
+  }
+  const double mb = it == units.end() ? 0 : value * it->second / 1048576.0;
+  if (!(mb >= 1) || mb > 1e9) {
+    throw UsageError("--gpu-memory: expected a size such as 80GB, 141GiB or 24G, got '" + text +
+                     "'");
+  }
+  return static_cast<int64_t>(mb);
+}
+
 Capacity smallest_device(const doctor::Facts& facts) {
   Capacity c{facts.memory_mb, "the machine's " + bytes_text(facts.memory_mb << 20) + " of memory",
              false};
@@ -229,9 +265,16 @@ std::string parallel_note(const engine::MemoryEstimate& planned, int64_t batch, 
 // The memory a config's training step needs per process, against the device's capacity; the
 // run is planned (its model on the meta device, engine::Build::plan) and its step counted on meta
 // tensors (engine/measure/memory.h): nothing of the model's size is allocated.
+// Where the job is planned for: --gpus and --gpu-memory, else the launcher's world size and the
+// GPUs found.
+struct Target {
+  int64_t gpus = 0;    // 0: the job's world size (job_world_size)
+  int64_t gpu_mb = 0;  // 0: the smallest device found
+};
+
 doctor::Finding memory_finding(const std::string& config_path, std::vector<std::string> sets,
-                               const doctor::Facts& facts, int64_t measure_batch,
-                               nlohmann::json& out) {
+                               const doctor::Facts& facts, const Target& target,
+                               int64_t measure_batch, nlohmann::json& out) {
   sets.push_back("device=cpu");
   sets.push_back("data.workers=0");
   auto loaded = load_config(config_path, sets, {});
@@ -248,10 +291,14 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
   const int64_t batch = cfg.data.batch_size;
   const bool use_bf16 = cfg.amp.enabled && cfg.amp.dtype == "bfloat16";
   const auto& planned = use_bf16 ? bf16 : fp32;
-  const Capacity capacity = smallest_device(facts);
+  const Capacity capacity =
+      target.gpu_mb > 0
+          ? Capacity{target.gpu_mb,
+                     "each GPU's " + bytes_text(target.gpu_mb << 20) + " (--gpu-memory)", true}
+          : smallest_device(facts);
   // A tenth stays free for the CUDA context, library workspaces and fragmentation.
   const int64_t usable = (capacity.mb << 20) / 10 * 9;
-  const int64_t world = job_world_size(facts);
+  const int64_t world = target.gpus > 0 ? target.gpus : job_world_size(facts);
   const int64_t needed = tp > 1 ? planned.tp_total(batch, tp, world, fsdp)
                          : fsdp ? planned.fsdp_total(batch, world)
                                 : planned.total(batch);
@@ -297,6 +344,10 @@ cxxopts::Options doctor_options() {
        "training step needs per process (the step counted on the planned model at batches 2 and "
        "4, extrapolated; no parameter is allocated)",
        cxxopts::value<std::string>(), "FILE")
+      ("gpus", "with --config: plan the job for N GPUs (its world size) instead of the launcher's "
+       "world size or the GPUs found", cxxopts::value<int64_t>(), "N")
+      ("gpu-memory", "with --config: each GPU's memory (80GB, 141GiB, 24G) instead of the smallest "
+       "GPU found", cxxopts::value<std::string>(), "SIZE")
       ("measure-batch", "with --config: also count one step at this batch (JSON memory.measured)",
        cxxopts::value<int64_t>()->default_value("0"), "N")
       ("perf", "measure the server against its specification instead: matmul TFLOP/s, memory "
@@ -349,6 +400,13 @@ int doctor_command(int argc, char** argv) {
   }
   const auto sets =
       args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  if ((args.count("gpus") || args.count("gpu-memory")) && !args.count("config")) {
+    throw UsageError("doctor: --gpus and --gpu-memory plan a config's job; give --config");
+  }
+  if (args.count("gpus") && args["gpus"].as<int64_t>() < 1) {
+    throw UsageError("--gpus: expected a number of GPUs >= 1, got " +
+                     std::to_string(args["gpus"].as<int64_t>()));
+  }
   if (!sets.empty() && !args.count("config")) {
     throw UsageError("doctor: --set overrides keys of --config FILE; give --config");
   }
@@ -367,7 +425,11 @@ int doctor_command(int argc, char** argv) {
   auto findings = doctor::check(facts);
   nlohmann::json memory;
   if (args.count("config")) {
-    findings.push_back(memory_finding(args["config"].as<std::string>(), sets, facts,
+    Target target;
+    if (args.count("gpus")) target.gpus = args["gpus"].as<int64_t>();
+    if (args.count("gpu-memory"))
+      target.gpu_mb = gpu_memory_mb(args["gpu-memory"].as<std::string>());
+    findings.push_back(memory_finding(args["config"].as<std::string>(), sets, facts, target,
                                       args["measure-batch"].as<int64_t>(), memory));
   }
   return print_report(findings, facts, memory, args.count("json") > 0);
