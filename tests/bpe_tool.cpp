@@ -13,12 +13,18 @@
 //   bpe_tool --info TOKENIZER
 //       one JSON object: vocab_size, bos, eos, added_bos, end_of_text, and the id of each token
 //       given after TOKENIZER (token_to_id) with its bytes back (id_to_token)
+//   bpe_tool --time-load TOKENIZER [N]
+//       loads it N times (default 5) in this process; one JSON object: seconds (each load's
+//       wall time: files read, parsed and the tables built), median, vocab_size
 //
 // TOKENIZER: a tokenizer.json, a folder holding one, or a folder with encoder.json and vocab.bpe.
 // Exits 2 for a tokenizer of a kind not built, 1 for other errors, each with one line.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -107,6 +113,24 @@ int info(const BpeTokenizer& tokenizer, int argc, char** argv) {
   return 0;
 }
 
+int time_load(const std::string& path, int count) {
+  std::vector<double> seconds;
+  int64_t vocab_size = 0;
+  for (int i = 0; i < count; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const BpeTokenizer tokenizer = trainer::data::load_tokenizer(path);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    vocab_size = tokenizer.vocab_size();
+  }
+  std::vector<double> sorted = seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const nlohmann::json j = {
+      {"seconds", seconds}, {"median", sorted[sorted.size() / 2]}, {"vocab_size", vocab_size}};
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
 int round_trip(const BpeTokenizer& tokenizer, const std::string& path) {
   const std::string text = read_all(path);
   const auto ids = tokenizer.encode(text, /*allow_special=*/false);
@@ -125,16 +149,19 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const bool ok = (mode == "--encode" && (argc == 5 || argc == 6)) ||
                   (mode == "--decode" && argc == 5) || (mode == "--info" && argc >= 3) ||
+                  (mode == "--time-load" && (argc == 3 || (argc == 4 && std::atoi(argv[3]) > 0))) ||
                   (argc == 3 && mode.rfind("--", 0) != 0);
   if (!ok) {
     std::cerr << "usage: bpe_tool TOKENIZER TEXT_FILE | --encode TOKENIZER IN OUT [--special] | "
-                 "--decode TOKENIZER IN OUT | --info TOKENIZER [TOKEN...]\n";
+                 "--decode TOKENIZER IN OUT | --info TOKENIZER [TOKEN...] | "
+                 "--time-load TOKENIZER [N]\n";
     return 2;
   }
   try {
     if (argc == 3 && mode.rfind("--", 0) != 0) {
       return round_trip(trainer::data::load_tokenizer(argv[1]), argv[2]);
     }
+    if (mode == "--time-load") return time_load(argv[2], argc == 4 ? std::atoi(argv[3]) : 5);
     const BpeTokenizer tokenizer = trainer::data::load_tokenizer(argv[2]);
     if (mode == "--encode") {
       return encode_texts(tokenizer, argv[3], argv[4],

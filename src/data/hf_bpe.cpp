@@ -1,5 +1,6 @@
 #include "data/hf_bpe.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <queue>
@@ -16,53 +17,29 @@ constexpr size_t kShortPiece = 128;
 void BytesTable::reserve(size_t count) {
   size_t capacity = 16;
   while (capacity < count * 2) capacity *= 2;
-  std::vector<Slot> old;
+  if (capacity <= slots_.size()) return;
+  std::vector<Slot> old(capacity);
   old.swap(slots_);
-  slots_.assign(capacity, Slot{});
-  used_ = 0;
   for (const Slot& s : old) {
-    if (s.hash == 0) continue;
-    for (size_t i = s.hash & (capacity - 1);; i = (i + 1) & (capacity - 1)) {
-      if (slots_[i].hash == 0) {
-        slots_[i] = s;
-        ++used_;
-        break;
-      }
-    }
+    if (s.check != 0) place(s, hash_bytes(keys_.data() + s.offset, s.length));
   }
 }
 
-void BytesTable::grow() {
-  reserve(slots_.empty() ? 8 : slots_.size());
-}
-
-void BytesTable::insert(std::string_view key, int32_t id) {
-  if ((used_ + 1) * 2 > slots_.size()) grow();
-  const uint64_t hash = hash_bytes(key.data(), key.size());
+void BytesTable::place(const Slot& slot, uint64_t hash) {
   const size_t mask = slots_.size() - 1;
-  for (size_t i = hash & mask;; i = (i + 1) & mask) {
-    Slot& s = slots_[i];
-    if (s.hash == 0) {
-      s = {hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(key.size()), id};
-      keys_.append(key);
-      ++used_;
-      return;
-    }
-    if (s.hash == hash && std::string_view(keys_).substr(s.offset, s.length) == key) return;
-  }
+  size_t i = first_slot(hash, mask);
+  while (slots_[i].check != 0) i = (i + 1) & mask;
+  slots_[i] = slot;
 }
 
-int32_t BytesTable::find(std::string_view key, uint64_t hash) const {
-  if (slots_.empty()) return -1;
-  const size_t mask = slots_.size() - 1;
-  for (size_t i = hash & mask;; i = (i + 1) & mask) {
-    const Slot& s = slots_[i];
-    if (s.hash == 0) return -1;
-    if (s.hash == hash && s.length == key.size() &&
-        std::memcmp(keys_.data() + s.offset, key.data(), key.size()) == 0) {
-      return s.id;
-    }
-  }
+void BytesTable::insert(std::string_view key, uint64_t hash, int32_t id) {
+  if ((used_ + 1) * 2 > slots_.size()) reserve(std::max<size_t>(used_ + 1, slots_.size()));
+  if (find(key, hash) >= 0) return;
+  place(
+      {check_of(hash), id, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(key.size())},
+      hash);
+  keys_.append(key);
+  ++used_;
 }
 
 void MergeTable::build(const std::vector<std::pair<int32_t, int32_t>>& pairs,

@@ -12,7 +12,8 @@
 
 namespace trainer::data {
 
-// A 64-bit hash of bytes (never 0).
+// A 64-bit hash of bytes (never 0). The bytes past the last whole 8 are read as whole words, not
+// copied byte by byte (a copy of variable length stalls the load of the word after it).
 inline uint64_t hash_bytes(const char* p, size_t n) {
   uint64_t h = 0x9E3779B97F4A7C15ULL ^ (n * 0xFF51AFD7ED558CCDULL);
   for (; n >= 8; p += 8, n -= 8) {
@@ -21,9 +22,17 @@ inline uint64_t hash_bytes(const char* p, size_t n) {
     h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
     h ^= h >> 31;
   }
-  if (n > 0) {
+  if (n > 0) {  // the last 1 to 7 bytes, read whole (two words that may overlap, or three bytes)
     uint64_t w = 0;
-    std::memcpy(&w, p, n);
+    if (n >= 4) {
+      uint32_t first, last;
+      std::memcpy(&first, p, 4);
+      std::memcpy(&last, p + n - 4, 4);
+      w = (static_cast<uint64_t>(first) << 32) | last;
+    } else {
+      const auto byte = [p](size_t i) { return static_cast<uint64_t>(static_cast<uint8_t>(p[i])); };
+      w = (byte(0) << 16) | (byte(n / 2) << 8) | byte(n - 1);
+    }
     h = (h ^ w) * 0x94D049BB133111EBULL;
   }
   h ^= h >> 32;
@@ -32,21 +41,51 @@ inline uint64_t hash_bytes(const char* p, size_t n) {
   return h | 1;
 }
 
-// Byte strings to ids, open addressing.
+// The first slot to probe for `hash` in a table of mask + 1 slots (a power of two). The hash's
+// lowest bit is always set: slots are taken from the bits above it.
+inline size_t first_slot(uint64_t hash, size_t mask) {
+  return static_cast<size_t>(hash >> 1) & mask;
+}
+
+// Byte strings to ids, open addressing: 16-byte slots (four to a cache line), the keys in one
+// buffer.
 class BytesTable {
  public:
   void reserve(size_t count);
-  void insert(std::string_view key, int32_t id);  // the first insert of a key wins
+  // Adds `key` (hash = hash_bytes(key)) with `id` (>= 0); the first insert of a key wins.
+  void insert(std::string_view key, uint64_t hash, int32_t id);
+  void insert(std::string_view key, int32_t id) {
+    insert(key, hash_bytes(key.data(), key.size()), id);
+  }
   // The id of `key` (hash = hash_bytes(key)); -1 when absent.
-  int32_t find(std::string_view key, uint64_t hash) const;
+  int32_t find(std::string_view key, uint64_t hash) const {
+    if (slots_.empty()) return -1;
+    const auto check = check_of(hash);
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = first_slot(hash, mask);; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.check == 0) return -1;
+      if (s.check == check && s.length == key.size() &&
+          std::memcmp(keys_.data() + s.offset, key.data(), key.size()) == 0) {
+        return s.id;
+      }
+    }
+  }
+  // Starts loading the slot a find of `hash` looks at first (for finds of many keys).
+  void prefetch(uint64_t hash) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[first_slot(hash, slots_.size() - 1)]);
+  }
+  // The keys held.
+  size_t size() const { return used_; }
 
  private:
   struct Slot {
-    uint64_t hash = 0;  // 0: empty
-    uint32_t offset = 0, length = 0;
+    uint32_t check = 0;  // the hash's upper half, never 0; 0: empty
     int32_t id = -1;
+    uint32_t offset = 0, length = 0;
   };
-  void grow();
+  static uint32_t check_of(uint64_t hash) { return static_cast<uint32_t>(hash >> 32) | 1u; }
+  void place(const Slot& slot, uint64_t hash);
   std::vector<Slot> slots_;
   std::string keys_;
   size_t used_ = 0;

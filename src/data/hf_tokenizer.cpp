@@ -16,8 +16,9 @@ namespace trainer::data {
 struct BpeTokenizer::Impl {
   std::array<int32_t, 256> byte_ids{};
   MergeTable merges;
-  BytesTable vocab_bytes;  // the model's tokens by their bytes (for ignore_merges)
-  std::unordered_map<std::string, int64_t> by_token;  // added tokens, then the model's
+  BytesTable model_tokens;  // the model's tokens as spelled (a spelling's first id)
+  BytesTable vocab_bytes;   // the model's tokens by their bytes (with ignore_merges)
+  std::unordered_map<std::string, int64_t> added;  // added tokens (found before the model's)
   AddedTokenMatcher raw, normalized;  // added tokens matched before / after normalizing
 };
 
@@ -64,49 +65,86 @@ std::string byte_token(int b) {
   return s;
 }
 
+// Loading a big vocabulary is bound by the hash tables' cache misses: the slot of a key is
+// fetched this many keys before the key is looked up.
+constexpr size_t kAhead = 8;
+
+uint64_t hash_of(std::string_view s) {
+  return hash_bytes(s.data(), s.size());
+}
+
 }  // namespace
 
-void BpeTokenizer::load_model(const BpeSpec& spec, Impl& impl) {
-  std::unordered_map<std::string, int32_t> model;  // the model's tokens
-  model.reserve(spec.vocab.size());
-  tokens_ = spec.vocab;
-  bytes_.resize(tokens_.size());
-  impl.vocab_bytes.reserve(tokens_.size());
-  for (size_t id = 0; id < tokens_.size(); ++id) {
+void BpeTokenizer::load_model(BpeSpec& spec, Impl& impl) {
+  tokens_ = std::move(spec.vocab);
+  const size_t n = tokens_.size();
+  bytes_.resize(n);
+  std::vector<uint64_t> hashes(n), byte_hashes(n);  // of the tokens, of their bytes
+  std::vector<uint8_t> mapped(n, 0);                // whether their characters are bytes
+  for (size_t id = 0; id < n; ++id) {
+    bool m = false;
+    bytes_[id] = byte_level_decode(tokens_[id], m);
+    mapped[id] = m && !tokens_[id].empty() && ignore_merges_;
+    hashes[id] = hash_of(tokens_[id]);
+    if (mapped[id]) byte_hashes[id] = hash_of(bytes_[id]);
+  }
+  impl.model_tokens.reserve(n);
+  if (ignore_merges_) impl.vocab_bytes.reserve(n);
+  for (size_t id = 0; id < n; ++id) {
+    if (id + kAhead < n) {
+      impl.model_tokens.prefetch(hashes[id + kAhead]);
+      if (mapped[id + kAhead]) impl.vocab_bytes.prefetch(byte_hashes[id + kAhead]);
+    }
     if (tokens_[id].empty()) continue;
-    model.emplace(tokens_[id], static_cast<int32_t>(id));
-    bool mapped = false;
-    bytes_[id] = byte_level_decode(tokens_[id], mapped);
-    if (mapped) impl.vocab_bytes.insert(bytes_[id], static_cast<int32_t>(id));
+    impl.model_tokens.insert(tokens_[id], hashes[id], static_cast<int32_t>(id));
+    if (mapped[id]) impl.vocab_bytes.insert(bytes_[id], byte_hashes[id], static_cast<int32_t>(id));
   }
   for (int b = 0; b < 256; ++b) {
-    const auto it = model.find(byte_token(b));
-    if (it == model.end()) {
+    const std::string token = byte_token(b);
+    const int32_t id = impl.model_tokens.find(token, hash_of(token));
+    if (id < 0) {
       throw DataError(source_ + ": model.vocab has no token for byte " + std::to_string(b) + " ('" +
-                      byte_token(b) + "'); a byte-level BPE vocabulary holds all 256");
+                      token + "'); a byte-level BPE vocabulary holds all 256");
     }
-    impl.byte_ids[static_cast<size_t>(b)] = it->second;
+    impl.byte_ids[static_cast<size_t>(b)] = id;
   }
-  std::vector<std::pair<int32_t, int32_t>> pairs;
-  std::vector<int32_t> merged;
-  pairs.reserve(spec.merges.size());
-  merged.reserve(spec.merges.size());
-  for (size_t r = 0; r < spec.merges.size(); ++r) {
+  load_merges(spec, impl);
+}
+
+void BpeTokenizer::load_merges(const BpeSpec& spec, Impl& impl) {
+  const size_t n = spec.merges.size();
+  struct Hashes {
+    uint64_t left, right, joined;
+  };
+  std::string joined;
+  const auto hashes_of = [&](size_t r) {
     const auto& [a, b] = spec.merges[r];
-    const auto ia = model.find(a), ib = model.find(b), iab = model.find(a + b);
-    if (ia == model.end() || ib == model.end() || iab == model.end()) {
+    joined.assign(a).append(b);
+    const Hashes h{hash_of(a), hash_of(b), hash_of(joined)};
+    for (const uint64_t x : {h.left, h.right, h.joined}) impl.model_tokens.prefetch(x);
+    return h;
+  };
+  Hashes ahead[kAhead];
+  for (size_t r = 0; r < std::min(n, kAhead); ++r) ahead[r] = hashes_of(r);
+  std::vector<std::pair<int32_t, int32_t>> pairs(n);
+  std::vector<int32_t> merged(n);
+  for (size_t r = 0; r < n; ++r) {
+    const Hashes h = ahead[r % kAhead];
+    if (r + kAhead < n) ahead[r % kAhead] = hashes_of(r + kAhead);
+    const auto& [a, b] = spec.merges[r];
+    joined.assign(a).append(b);
+    pairs[r] = {impl.model_tokens.find(a, h.left), impl.model_tokens.find(b, h.right)};
+    merged[r] = impl.model_tokens.find(joined, h.joined);
+    if (pairs[r].first < 0 || pairs[r].second < 0 || merged[r] < 0) {
       throw DataError(source_ + ": model.merges[" + std::to_string(r) + "] '" + a + " " + b +
                       "' joins or makes a token that model.vocab lacks");
     }
-    pairs.emplace_back(ia->second, ib->second);
-    merged.push_back(iab->second);
   }
   impl.merges.build(pairs, merged);
-  for (const auto& [token, id] : model) impl.by_token.emplace(token, id);
 }
 
 void BpeTokenizer::load_added(const BpeSpec& spec, Impl& impl) {
-  const auto model_size = static_cast<int64_t>(impl.by_token.size());
+  const auto model_size = static_cast<int64_t>(impl.model_tokens.size());
   std::unordered_map<std::string, int64_t> added;                 // as tokenizers' added_tokens_map
   int64_t most = -1;                                              // its largest id
   std::vector<AddedTokenMatcher::Pattern> raw[2], normalized[2];  // [0]: special, [1]: not
@@ -116,8 +154,10 @@ void BpeTokenizer::load_added(const BpeSpec& spec, Impl& impl) {
     int64_t id = -1;
     if (const auto it = added.find(t.content); it != added.end()) {
       id = it->second;
-    } else if (const auto m = impl.by_token.find(t.content); m != impl.by_token.end()) {
-      id = m->second;
+    } else if (const int32_t m = impl.model_tokens.find(
+                   t.content, hash_bytes(t.content.data(), t.content.size()));
+               m >= 0) {
+      id = m;
     } else {
       id = most < 0 ? model_size : (most >= model_size || model_size == 0 ? most + 1 : model_size);
     }
@@ -146,7 +186,7 @@ void BpeTokenizer::load_added(const BpeSpec& spec, Impl& impl) {
   for (auto* set : {raw, normalized}) set[0].insert(set[0].end(), set[1].begin(), set[1].end());
   impl.raw = AddedTokenMatcher(raw[0]);
   impl.normalized = AddedTokenMatcher(normalized[0]);
-  for (const auto& [token, id] : added) impl.by_token[token] = id;
+  impl.added = std::move(added);
 }
 
 BpeTokenizer::BpeTokenizer(BpeSpec spec)
@@ -164,8 +204,8 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
 }
 
 int64_t BpeTokenizer::token_to_id(const std::string& token) const {
-  const auto it = impl_->by_token.find(token);
-  return it == impl_->by_token.end() ? -1 : it->second;
+  if (const auto it = impl_->added.find(token); it != impl_->added.end()) return it->second;
+  return impl_->model_tokens.find(token, hash_bytes(token.data(), token.size()));
 }
 
 const std::string& BpeTokenizer::id_to_token(int64_t id) const {
@@ -283,7 +323,7 @@ const int32_t* BpeTokenizer::PieceCache::find(std::string_view piece, uint64_t h
                                               size_t& count) const {
   if (slots_.empty()) return nullptr;
   const size_t mask = slots_.size() - 1;
-  for (size_t i = hash & mask;; i = (i + 1) & mask) {
+  for (size_t i = first_slot(hash, mask);; i = (i + 1) & mask) {
     const Slot& s = slots_[i];
     if (s.hash == 0) return nullptr;
     if (s.hash == hash && s.key_length == piece.size() &&
@@ -300,7 +340,7 @@ void BpeTokenizer::PieceCache::grow() {
   const size_t mask = slots_.size() - 1;
   for (const Slot& s : old) {
     if (s.hash == 0) continue;
-    size_t i = s.hash & mask;
+    size_t i = first_slot(s.hash, mask);
     while (slots_[i].hash != 0) i = (i + 1) & mask;
     slots_[i] = s;
   }
@@ -310,7 +350,7 @@ void BpeTokenizer::PieceCache::insert(std::string_view piece, uint64_t hash, con
                                       size_t count) {
   if ((used_ + 1) * 2 > slots_.size()) grow();
   const size_t mask = slots_.size() - 1;
-  size_t i = hash & mask;
+  size_t i = first_slot(hash, mask);
   while (slots_[i].hash != 0) i = (i + 1) & mask;
   slots_[i] = {hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(piece.size()),
                static_cast<uint32_t>(ids_.size()), static_cast<uint32_t>(count)};

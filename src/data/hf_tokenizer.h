@@ -108,7 +108,8 @@ class BpeTokenizer {
 
  private:
   struct Impl;
-  void load_model(const BpeSpec& spec, Impl& impl);
+  void load_model(BpeSpec& spec, Impl& impl);  // takes spec.vocab
+  void load_merges(const BpeSpec& spec, Impl& impl);
   void load_added(const BpeSpec& spec, Impl& impl);
   void encode_part(std::string_view part, bool allow_special, PieceCache* cache,
                    std::vector<int32_t>& out) const;

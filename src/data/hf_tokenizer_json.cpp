@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "data/gpt2_bpe.h"
 #include "data/hf_tokenizer.h"
+#include "data/hf_tokenizer_reader.h"
 #include "util/fileio.h"
 #include "util/json_error.h"
 
@@ -28,9 +29,8 @@ const char* const kBuilt =
   throw TokenizerUnsupported(path + ": " + field + ": " + what + "; " + kBuilt);
 }
 
-// The JSON document of `path`, read once into memory; `keep` (nlohmann's parser callback) may
-// leave parts out of the document as they are parsed.
-Json read_json(const std::string& path, const Json::parser_callback_t& keep = nullptr) {
+// The text of `path`, read once into memory.
+std::string read_text(const std::string& path) {
   if (const std::string why = input_problem(path); !why.empty() && fs::exists(path)) {
     throw DataError(why + "; it must be a JSON file");  // a folder or a FIFO
   }
@@ -42,77 +42,18 @@ Json read_json(const std::string& path, const Json::parser_callback_t& keep = nu
   if (!in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
     throw DataError(path + ": cannot read");
   }
+  return text;
+}
+
+// The JSON document of `path`.
+Json read_json(const std::string& path) {
+  const std::string text = read_text(path);
   try {
-    return Json::parse(text, keep);
+    return Json::parse(text);
   } catch (const Json::exception& e) {
     throw DataError(not_json_message(path, e));
   }
 }
-
-// model.vocab's and model.merges' entries, taken as the parse meets them and left out of the
-// document: a big vocabulary's document would hold each token and merge as its own nodes, about
-// 20 times the file (Llama 3's 7 MB tokenizer.json took 140 MB that way).
-struct ModelLists {
-  bool vocab_object = false, merges_array = false;
-  std::vector<std::pair<std::string, Json>> vocab;          // token, id as written
-  std::vector<std::pair<std::string, std::string>> merges;  // by rank
-  int64_t bad_merge = -1;                                   // the first malformed one's rank
-  std::string bad_merge_text;                               // and its JSON
-  std::string key_model, key_field, token;                  // where the parse is
-
-  // The parser callback (depth: of the event's container; the root object's keys at 1).
-  bool take(int depth, Json::parse_event_t event, Json& parsed) {
-    using E = Json::parse_event_t;
-    if (event == E::key && depth <= 2)
-      (depth == 1 ? key_model : key_field) = parsed.get<std::string>();
-    if (depth == 1) key_field.clear();
-    if (key_model != "model" || depth < 2) return true;
-    if (depth == 2 && key_field == "vocab" && event == E::object_start) vocab_object = true;
-    if (depth == 2 && key_field == "merges" && event == E::array_start) merges_array = true;
-    if (depth < 3) return true;
-    if (key_field == "vocab" && vocab_object) return take_token(depth, event, parsed);
-    if (key_field == "merges" && merges_array) return take_merge(depth, event, parsed);
-    return true;
-  }
-
-  bool take_token(int depth, Json::parse_event_t event, Json& parsed) {
-    using E = Json::parse_event_t;
-    if (depth != 3) return false;  // inside a malformed id
-    if (event == E::key) {
-      token = parsed.get<std::string>();
-    } else if (event == E::value) {
-      vocab.emplace_back(std::move(token), std::move(parsed));
-    } else if (event == E::object_start || event == E::array_start) {
-      vocab.emplace_back(std::move(token), Json(event == E::object_start ? "{...}" : "[...]"));
-    }
-    return false;
-  }
-
-  // An element of model.merges: at depth 3, a value, or an array's start and end (kept until it
-  // ends, then judged as a pair), or an object's start.
-  bool take_merge(int depth, Json::parse_event_t event, Json& parsed) {
-    using E = Json::parse_event_t;
-    if (depth > 3 || event == E::array_start) return true;
-    if (event == E::value && parsed.is_string()) {  // "a b"
-      const std::string& m = parsed.get_ref<const std::string&>();
-      const auto space = m.find(' ');
-      if (space != std::string::npos && m.find(' ', space + 1) == std::string::npos) {
-        merges.emplace_back(m.substr(0, space), m.substr(space + 1));
-        return false;
-      }
-    } else if (event == E::array_end && parsed.size() == 2 && parsed[0].is_string() &&
-               parsed[1].is_string()) {
-      merges.emplace_back(parsed[0].get<std::string>(), parsed[1].get<std::string>());
-      return false;
-    }
-    if (bad_merge < 0) {
-      bad_merge = static_cast<int64_t>(merges.size());
-      bad_merge_text = event == E::object_start ? "{...}" : parsed.dump();
-    }
-    merges.emplace_back();  // keeps the ranks of those after it
-    return false;
-  }
-};
 
 // node[key] as a bool: `fallback` when absent or null; DataError when of another type.
 bool flag(const Json& node, const char* key, bool fallback, const std::string& path,
@@ -230,29 +171,33 @@ void check_model(const Json& model, const std::string& path) {
   }
 }
 
-void read_model(const Json& model, ModelLists& lists, const std::string& path, BpeSpec& spec) {
+void read_model(const Json& model, TokenizerLists& lists, const std::string& path, BpeSpec& spec) {
   check_model(model, path);
   spec.ignore_merges = flag(model, "ignore_merges", false, path, "model");
-  if (!lists.vocab_object || lists.vocab.empty()) {
+  if (!lists.vocab_object || lists.tokens.empty()) {
     throw DataError(path + ": model.vocab: no tokens");
   }
-  const auto count = static_cast<int64_t>(lists.vocab.size());
-  spec.vocab.assign(lists.vocab.size(), "");
-  std::vector<bool> taken(lists.vocab.size(), false);
-  for (auto& [token, id] : lists.vocab) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= count) {
-      throw DataError(path + ": model.vocab: token '" + token + "' has id " + id.dump() +
+  const auto count = static_cast<int64_t>(lists.tokens.size());
+  spec.vocab.assign(lists.tokens.size(), "");
+  std::vector<bool> taken(lists.tokens.size(), false);
+  for (size_t i = 0; i < lists.tokens.size(); ++i) {
+    const int64_t id = lists.ids[i];
+    if (id < 0 || id >= count) {
+      const std::string written =
+          id < 0 ? lists.odd[static_cast<size_t>(-1 - id)].dump() : std::to_string(id);
+      throw DataError(path + ": model.vocab: token '" + lists.tokens[i] + "' has id " + written +
                       ", not one of 0.." + std::to_string(count - 1));
     }
-    const auto at = static_cast<size_t>(id.get<int64_t>());
+    const auto at = static_cast<size_t>(id);
     if (taken[at]) {
-      throw DataError(path + ": model.vocab: tokens '" + spec.vocab[at] + "' and '" + token +
-                      "' both have id " + id.dump() + "; each id must be one token's");
+      throw DataError(path + ": model.vocab: tokens '" + spec.vocab[at] + "' and '" +
+                      lists.tokens[i] + "' both have id " + std::to_string(id) +
+                      "; each id must be one token's");
     }
     taken[at] = true;
-    spec.vocab[at] = std::move(token);
+    spec.vocab[at] = std::move(lists.tokens[i]);
   }
-  lists.vocab = {};
+  lists.tokens = {};
   if (!lists.merges_array) throw DataError(path + ": model.merges: not a list");
   if (lists.bad_merge >= 0) {
     throw DataError(path + ": model.merges[" + std::to_string(lists.bad_merge) +
@@ -326,10 +271,8 @@ void read_bos_eos(const Json& root, const std::string& config, BpeSpec& spec) {
 }  // namespace
 
 BpeSpec read_tokenizer_json(const std::string& path, const std::string& config) {
-  ModelLists lists;
-  const Json root = read_json(path, [&lists](int depth, Json::parse_event_t event, Json& parsed) {
-    return lists.take(depth, event, parsed);
-  });
+  TokenizerLists lists;
+  const Json root = read_tokenizer_document(read_text(path), path, lists);
   if (!root.is_object() || !root.contains("model")) {
     throw DataError(path + ": not a tokenizer.json (no \"model\")");
   }
