@@ -371,6 +371,21 @@ TEST_F(ConfigTest, SeveralProblemsTogether) {
   EXPECT_HAS(all, path + ":4:3: optim.momentun: unknown key; did you mean optim.momentum?");
 }
 
+// The README's example: an unknown key and a value out of range are reported together.
+TEST_F(ConfigTest, UnknownKeysAndRangeProblemsTogether) {
+  auto path = write("mine.yaml", "optim:\n  lrr: 0.1\ndata:\n  batch_size: 0\n");
+  auto issues = fail(path, {"sched.gamma=0"});
+  std::string all;
+  for (const auto& i : issues) all += i.str() + "\n";
+  EXPECT_EQ(issues.size(), 3u) << all;
+  EXPECT_HAS(all, path + ":2:3: optim.lrr: unknown key; did you mean optim.lr?");
+  EXPECT_HAS(all, path + ":4:3: data.batch_size: must be >= 1, got 0");
+  EXPECT_HAS(all, "--set sched.gamma=0: sched.gamma: must be in (0, 1], got 0");
+  // A setting that only some machines allow waits for check(), which knows the machine.
+  auto machine = fail(write("cuda.yaml", "sed: 1\ndevice: cuda:7\n"));
+  EXPECT_EQ(machine.size(), 1u);
+}
+
 TEST_F(ConfigTest, IssuesFromFileAndOverridesTogether) {
   auto path = write("fo.yaml", "sed: 1\n");
   try {

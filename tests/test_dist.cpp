@@ -10,8 +10,11 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <regex>
+#include <sstream>
 
 #include "cli_fixture.h"
+#include "distributed/failure_text.h"
 #include "util/net.h"
 
 namespace {
@@ -280,6 +283,26 @@ std::string wait_for_listener(const std::string& port) {
          ") 2>/dev/null && break; sleep 0.1; done\n";
 }
 
+// A step's failure in a group, from a Group collective's error (its own cause given) or from
+// Gloo directly: one line, the cause once, no library source path; other brackets kept.
+TEST(StepFailureLine, SaysTheCauseOnceWithoutTheLibrarysSourcePath) {
+  using trainer::distributed::step_failure_line;
+  const std::string gloo =
+      "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:538] Read error "
+      "[127.0.0.1]:29500: Connection reset by peer";
+  const std::string group = "rank 0: all_reduce across 2 ranks failed: " + gloo +
+                            " (another rank ended or is stuck; dist.timeout_s is 600 s)";
+  EXPECT_EQ(step_failure_line(0, 12, group, 600),
+            "rank 0: step 12 failed: all_reduce across 2 ranks failed: Read error "
+            "[127.0.0.1]:29500: Connection reset by peer (another rank ended or is stuck; "
+            "dist.timeout_s is 600 s)");
+  EXPECT_EQ(step_failure_line(1, 3, gloo, 2.5),
+            "rank 1: step 3 failed: Read error [127.0.0.1]:29500: Connection reset by peer (when "
+            "another rank has ended or is stuck, collectives fail after dist.timeout_s, 2.5 s)");
+  EXPECT_EQ(trainer::without_source_paths("a [x.cc:12] b [/p/q.h:7] c [1, 2]"),
+            "a [x.cc:12] b c [1, 2]");
+}
+
 TEST_F(Dist, AKilledRankEndsTheJobNamingIt) {
   const fs::path run_dir = dir_ / "run";
   const auto r = sh("\"$TRAINER\" launch --standalone --nproc-per-node 2 --grace-period 5 -- " +
@@ -293,6 +316,15 @@ TEST_F(Dist, AKilledRankEndsTheJobNamingIt) {
   EXPECT_LE(seconds, 30);
   EXPECT_NE(r.err.find("failed"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("SIGKILL"), std::string::npos) << r.err;
+  // The surviving rank's line: the library's words without its source paths ("[/.../pair.cc:N]"),
+  // the likely cause said once.
+  EXPECT_FALSE(std::regex_search(r.err, std::regex(R"(\[[^\]\n]*\.(cc|cpp|h):[0-9]+\])"))) << r.err;
+  std::istringstream lines(r.err);
+  for (std::string line; std::getline(lines, line);) {
+    const auto first = line.find("ended or is stuck");
+    if (first == std::string::npos) continue;
+    EXPECT_EQ(line.find("ended or is stuck", first + 1), std::string::npos) << line;
+  }
 }
 
 TEST_F(Dist, ARestartedJobEndsAsAnUninterruptedOne) {

@@ -60,6 +60,53 @@ TEST(Flops, ElementwiseWorkIsNotCounted) {
   EXPECT_EQ(count_flops([&] { torch::relu(x * 2 + 1).softmax(/*dim=*/1); }), 0);
 }
 
+// The products a real backward runs (on the CPU, autograd runs it on this thread), counted.
+int64_t backward_flops(const torch::Tensor& y) {
+  return count_flops([&] { y.sum().backward(); });
+}
+
+// LoRA's layer: a frozen base weight and a trained low-rank update, after a trained layer. The
+// base costs its forward and its input's gradient, no weight gradient: 2 x all parameters x
+// tokens forward, as much for the input gradients, 2 x the trained parameters for the weights'.
+TEST(Flops, AFrozenWeightCostsNoWeightGradient) {
+  const int64_t B = 6, in = 20, h = 24, o = 16, r = 4;
+  torch::nn::Linear first(torch::nn::LinearOptions(in, h).bias(false));
+  torch::nn::Linear base(torch::nn::LinearOptions(h, o).bias(false));
+  torch::nn::Linear a(torch::nn::LinearOptions(h, r).bias(false));
+  torch::nn::Linear b(torch::nn::LinearOptions(r, o).bias(false));
+  base->weight.set_requires_grad(false);
+  const auto x = torch::randn({B, in});  // [B, in]: data, no gradient
+  const auto forward = [&] {
+    const auto z = first->forward(x);  // [B, h]
+    return base->forward(z) + b->forward(a->forward(z));
+  };
+  const int64_t counted = count_train_flops([&] { forward(); });
+  // The brief's rule, but the first layer's input is data: no gradient for it.
+  const int64_t all = in * h + h * o + h * r + r * o, trained = in * h + h * r + r * o;
+  EXPECT_EQ(counted, 2 * B * all + 2 * B * (all - in * h) + 2 * B * trained);
+  // The products the backward runs.
+  int64_t fwd = count_flops([&] { forward(); });
+  const auto y = forward();
+  EXPECT_EQ(counted, fwd + backward_flops(y));
+  EXPECT_LT(counted, 3 * fwd);
+}
+
+// Everything trained: 3 x the forward (the rule of the other models), attention's too.
+TEST(Flops, AFullyTrainedStepIsThreeForwards) {
+  torch::nn::Linear l1(12, 10), l2(10, 6);
+  const auto x = torch::randn({5, 12}).requires_grad_(true);  // [B, in]
+  const auto forward = [&] { return l2->forward(torch::relu(l1->forward(x))); };
+  const int64_t fwd = count_flops([&] { forward(); });
+  EXPECT_EQ(count_train_flops([&] { forward(); }), 3 * fwd);
+  EXPECT_EQ(3 * fwd, fwd + backward_flops(forward()));
+  const auto q = torch::randn({2, 4, 16, 8}).requires_grad_(true);  // [B, H, L, E]
+  const auto kv = torch::randn({2, 4, 16, 8});                      // [B, H, S, E], data
+  const auto attend = [&] { at::scaled_dot_product_attention(q, kv, kv, {}, 0.0, true); };
+  // dQ and dP (for q) only: half the forward each.
+  EXPECT_EQ(count_train_flops(attend), 2 * count_flops(attend));
+  EXPECT_EQ(count_flops(attend), 4 * 2 * 4 * 16 * 16 * 8);
+}
+
 TEST(Flops, TrainerCountsOneForwardOverOneBatch) {
   test_support::TempDir tmp("flops");
   const auto path = tmp.path() / "mlp.yaml";

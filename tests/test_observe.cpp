@@ -209,4 +209,71 @@ TEST_F(Cli, LanguageModelsLogModelFlopsUtilisationAndEvaluationProgress) {
   for (const auto& record : train_records(dir_ / "mlp")) EXPECT_FALSE(record.contains("mfu"));
 }
 
+// LoRA's model FLOPs count what its step computes: the frozen base's products forward and their
+// input gradients (none before the first adapted layer: the embeddings and the first norm are
+// frozen), the adapters' products forward, input and weight gradients. Counted here by hand from
+// the gpt's shapes (2 FLOPs a multiply-add).
+TEST_F(Cli, LoraModelFlopsLeaveOutTheFrozenWeightsGradients) {
+  const auto corpus = write("corpus.txt", std::string(4000, 'a') + "the quick brown fox\n");
+  auto r = run("--config configs/gpt_char.yaml --set data.root='" + corpus.string() +
+               "' --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2 "
+               "--set model.block_size=32 --set data.batch_size=8 --set train.max_steps=1 "
+               "--set model.lora.rank=4 --set run.progress=never --run-dir '" +
+               (dir_ / "lora").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_NE(r.err.find("2 layers adapted (c_attn), rank 4"), std::string::npos) << r.err;
+  const double T = 32, E = 32, V = 256, R = 4;
+  const double c_attn = 2 * T * E * 3 * E, proj = 2 * T * E * E, mlp = 2 * 2 * T * E * 4 * E;
+  const double attention = 4 * T * T * E, head = 2 * T * E * V;
+  const double a = 2 * T * E * R, b = 2 * T * R * 3 * E;  // the adapters' products
+  const double layer = c_attn + a + b + attention + proj + mlp;
+  const double forward = 2 * layer + head;
+  // Backward: the first layer's c_attn input needs no gradient; attention twice its forward.
+  const double first = a + 2 * b + 2 * attention + proj + mlp;
+  const double second = c_attn + 2 * a + 2 * b + 2 * attention + proj + mlp;
+  const double expected = forward + first + second + head;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex(R"(model FLOPs ([0-9.e+]+) per sample)")))
+      << r.err;
+  EXPECT_NEAR(std::stod(m[1].str()), expected, 1e-5 * expected);
+  EXPECT_LT(expected, 3 * forward);
+}
+
+// A slow run, its stderr not a terminal: its first step is logged at once (with run.log_every
+// later), the rates with three significant digits, the samples data.drop_last leaves out said,
+// and after a resume, the steps of the run and of this process told apart.
+TEST_F(Cli, ASlowRunLogsItsFirstStepItsRatesAndWhatAResumeTrained) {
+  const auto run_dir = dir_ / "slow";
+  // 21 samples in batches of 2: 10 batches an epoch, 21 % 2 = 1 sample left out.
+  const std::string args =
+      "--config configs/synthetic.yaml --set data.batch_size=2 --set data.train_samples=21 "
+      "--set data.throttle_ms=300 --set train.max_steps=4 --set run.log_every=4 "
+      "--set run.eval_every=0 --set train.eval_at_end=false --set run.progress=auto "
+      "--run-dir '" +
+      run_dir.string() + "'";
+  auto r = run(args + " --set train.stop_at_step=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("step 1/4 epoch 0: first step in "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("data.drop_last: each epoch leaves out 1 of the 21 training samples"),
+            std::string::npos)
+      << r.err;
+  r = run(args + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("step 3/4 epoch 0: first step in "), std::string::npos) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.err, m, std::regex(R"(step 4/4 epoch 0 loss \S+ lr \S+ ([0-9.]+) samples/s)")))
+      << r.err;
+  const auto records = train_records(run_dir);
+  ASSERT_FALSE(records.empty());
+  const double sps = records.back()["samples_per_sec"].get<double>();
+  ASSERT_LT(sps, 100.0);  // batches of 2 samples, each 300 ms late: a rate shown with decimals
+  EXPECT_NEAR(std::stod(m[1].str()), sps, 0.01 * sps) << m[0];
+  EXPECT_NE(m[1].str().find('.'), std::string::npos) << m[0];
+  ASSERT_TRUE(std::regex_search(r.err, m,
+                                std::regex(R"(done: 4 steps \(2 in this process, ([0-9.]+) s\))")))
+      << r.err;
+  EXPECT_GT(std::stod(m[1].str()), 0.0);
+}
+
 }  // namespace

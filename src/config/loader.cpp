@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -38,6 +39,13 @@ std::vector<Issue> without_repeats(std::vector<Issue> issues) {
     if (seen.insert(issue.str()).second) out.push_back(std::move(issue));
   }
   return out;
+}
+
+Environment any_machine() {
+  Environment env;
+  env.cuda_available = true;
+  env.cuda_devices = std::numeric_limits<int64_t>::max();
+  return env;
 }
 
 namespace {
@@ -166,13 +174,18 @@ LoadedConfig load(const std::string& path, const std::vector<std::string>& overr
   stack.emplace_back(canon, path);
   loader.load_file(path, stack);
   for (const auto& o : overrides) loader.apply_override(o);
-  if (!loader.issues.empty()) throw ConfigError(detail::without_repeats(std::move(loader.issues)));
 
   LoadedConfig out;
   out.cfg = std::move(loader.cfg);
   out.source = path;
   out.origins = std::move(loader.origins);
   if (out.cfg.run.dir.empty()) out.cfg.run.dir = "runs/" + fs::path(path).stem().string();
+  if (!loader.issues.empty()) {
+    // The values that loaded are checked too, so that one report holds every problem; the checks
+    // about the machine and registered names come with check(), once the file loads.
+    for (auto& issue : validate(out, detail::any_machine())) loader.issues.push_back(issue);
+    throw ConfigError(detail::without_repeats(std::move(loader.issues)));
+  }
   return out;
 }
 

@@ -30,7 +30,9 @@ struct LoadedConfig {
 // Reads `path` (following `base:`) over `defaults`, applies the `KEY.PATH=VALUE` overrides in
 // order and fills in run.dir when it was left empty. `defaults` holds every registered entry's
 // own keys (engine::config_defaults()); a key no section or entry declares is an error. Throws
-// ConfigError listing every problem found. Does not run validate().
+// ConfigError listing every problem found; when it finds some, the values that loaded are also
+// checked by validate() (on a machine that allows every device setting) and reported in the same
+// ConfigError. A file that loads is not validated here: check() does that.
 LoadedConfig load(const std::string& path, const std::vector<std::string>& overrides,
                   const Config& defaults);
 

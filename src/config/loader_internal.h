@@ -20,6 +20,7 @@
 
 #include "config/config.h"
 #include "config/issues.h"
+#include "config/loader.h"
 
 namespace trainer::config::detail {
 
@@ -120,6 +121,10 @@ struct Ctx {
 // Identical issues once each, in order: a value with a problem that several entries share is
 // reported by each of them.
 std::vector<Issue> without_repeats(std::vector<Issue> issues);
+
+// A machine on which every device setting is possible and no registered name is checked: the
+// checks of validate() under it find only the problems that are problems on any machine.
+Environment any_machine();
 
 // ------------------------------------------------------------------------------------------------
 // apply.cpp: scalars, key paths and applying YAML to the structs

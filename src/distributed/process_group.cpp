@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "util/device.h"
+#include "util/error_text.h"
 #include "util/format.h"
 #include "util/net.h"
 
@@ -59,7 +60,8 @@ struct Group::Impl {
       throw GroupError(
           strprintf("rank %d: %s across %d ranks failed: %s (another rank ended or is stuck; "
                     "dist.timeout_s is %g s)",
-                    env.rank, what, env.world_size, error_line(e).c_str(), options.timeout_s));
+                    env.rank, what, env.world_size, without_source_paths(error_line(e)).c_str(),
+                    options.timeout_s));
     }
   }
 
@@ -345,7 +347,8 @@ void Group::broadcast(std::vector<torch::Tensor> tensors, int root) {
     throw GroupError(
         strprintf("rank %d: broadcast from rank %d failed: %s (another rank ended or is stuck; "
                   "dist.timeout_s is %g s)",
-                  impl_->env.rank, root, error_line(e).c_str(), impl_->options.timeout_s));
+                  impl_->env.rank, root, without_source_paths(error_line(e)).c_str(),
+                  impl_->options.timeout_s));
   }
 }
 

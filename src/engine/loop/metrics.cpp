@@ -22,6 +22,12 @@ namespace trainer::engine {
 
 namespace {
 
+// A rate with three significant digits below 100 ("0.0312", "12.0"), whole above.
+std::string rate_text(double per_sec) {
+  if (per_sec >= 99.95 || per_sec == 0.0) return strprintf("%.0f", per_sec);
+  return strprintf("%#.3g", per_sec);
+}
+
 // A record as one JSON line. A number that is inf or NaN (the loss of a window whose every step
 // had a bad loss, for one) is written as Python's json module writes it: NaN, Infinity,
 // -Infinity, which Python's json and pandas read back as floats.
@@ -130,10 +136,9 @@ void Progress::update(int64_t step, int64_t total_steps, int64_t epoch, double l
   // Before the first log line there is no loss to show yet.
   const std::string loss_text = std::isfinite(loss) ? strprintf("%.4f", loss) : "-";
   std::fprintf(stderr,
-               "\r\033[Kepoch %" PRId64 " [%s] %" PRId64 "/%" PRId64
-               " loss %s %.0f samples/s ETA %s",
-               epoch, bar.c_str(), step, total_steps, loss_text.c_str(), samples_per_sec,
-               format_duration(eta_seconds).c_str());
+               "\r\033[Kepoch %" PRId64 " [%s] %" PRId64 "/%" PRId64 " loss %s %s samples/s ETA %s",
+               epoch, bar.c_str(), step, total_steps, loss_text.c_str(),
+               rate_text(samples_per_sec).c_str(), format_duration(eta_seconds).c_str());
   std::fflush(stderr);
   drawn_ = true;
 }
@@ -290,14 +295,14 @@ void MetricsLog::train(int64_t epoch) {
   if (state_.window_grad_norm.defined() && state_.window_steps > 0) {
     record["grad_norm"] = grad_norm_sum / static_cast<double>(state_.window_steps);
   }
-  std::string line =
-      strprintf("step %" PRId64 "/%" PRId64 " epoch %" PRId64 " loss %.4f lr %.3g %.0f samples/s",
-                state_.step, parts_.total_steps, epoch, last_loss_, lr, last_sps_);
+  std::string line = strprintf(
+      "step %" PRId64 "/%" PRId64 " epoch %" PRId64 " loss %.4f lr %.3g %s samples/s", state_.step,
+      parts_.total_steps, epoch, last_loss_, lr, rate_text(last_sps_).c_str());
   const auto& spec = parts_.splits.spec;
   if (spec.sequence && !spec.sample_shape.empty()) {  // a language model: T tokens per sample
     const double tokens_per_sec = last_sps_ * static_cast<double>(spec.sample_shape[0]);
     record["tokens_per_sec"] = tokens_per_sec;
-    line += strprintf(" %.0f tokens/s", tokens_per_sec);
+    line += " " + rate_text(tokens_per_sec) + " tokens/s";
   }
   if (flops_per_sample_ > 0 && peak_tflops_ > 0) {  // every rank drives one device
     const double devices = parts_.group ? parts_.group->world_size() : 1;
@@ -353,8 +358,20 @@ void MetricsLog::eval(const EvalResult& e, int64_t epoch, const std::string& spl
   log::info(line);
 }
 
+void MetricsLog::first_step_line(int64_t epoch) {
+  const int64_t step = state_.step;
+  if (step != first_step_ + 1 || cfg_.run.log_every <= 1 || step % cfg_.run.log_every == 0 ||
+      step == parts_.total_steps) {
+    return;
+  }
+  log::info(strprintf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
+                      ": first step in %.1f s, ETA %s (train lines every %" PRId64 " steps)",
+                      step, parts_.total_steps, epoch, seconds_since(start_),
+                      format_duration(eta()).c_str(), cfg_.run.log_every));
+}
+
 void MetricsLog::progress(int64_t epoch) {
-  if (!progress_.active()) return;
+  if (!progress_.active()) return first_step_line(epoch);
   // Before the first train record: this process's samples since the start, times the
   // data-parallel ranks (a tensor-parallel group's ranks share their samples).
   double sps = last_sps_;

@@ -114,7 +114,8 @@ class MetricsLog {
     flops_per_sample_ = flops_per_sample;
     peak_tflops_ = peak_tflops;
   }
-  // Redraws the progress bar.
+  // Redraws the progress bar; without one, logs this process's first step when its train line
+  // comes later (run.log_every).
   void progress(int64_t epoch);
   // The evaluation's progress bar (engine::evaluate's `progress`), `split` naming it.
   EvalProgress eval_progress(const std::string& split) {
@@ -139,6 +140,8 @@ class MetricsLog {
     double loss = 0.0, samples = 0.0, grad_norm = 0.0;
   };
   WindowSums window_sums();
+  // The line of this process's first step, unless a train line is due there.
+  void first_step_line(int64_t epoch);
   // NVML's and the allocator's figures, into the record and the line.
   void add_gpu_readings(nlohmann::json& record, std::string& line);
 

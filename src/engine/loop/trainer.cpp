@@ -2,9 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
+#include "distributed/failure_text.h"
 #include "engine/loop/batches.h"
 #include "engine/loop/components.h"
 #include "engine/loop/graphed_step.h"
@@ -14,6 +16,8 @@
 #include "engine/loop/trainer_state.h"
 #include "engine/measure/flops.h"
 #include "engine/measure/op_count.h"
+#include "engine/use/probes.h"
+#include "nn/autocast.h"
 #include "util/device.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -52,6 +56,20 @@ std::string out_of_memory_message(const Components& parts, const config::LoadedC
                              .c_str());
 }
 
+// data.drop_last: the training samples each epoch leaves out (its last, short batch of each
+// rank), or "" when it leaves none out.
+std::string dropped_samples_line(const config::Config& cfg, const Components& parts) {
+  if (!cfg.data.drop_last || !parts.splits.train || !parts.train_loader) return "";
+  const int64_t n = parts.splits.train->size();
+  const int64_t ranks = parts.data_parallel_size();
+  const int64_t dropped = n - parts.train_loader->samples_per_epoch() * ranks;
+  if (dropped <= 0) return "";
+  return strprintf("data.drop_last: each epoch leaves out %" PRId64 " of the %" PRId64
+                   " training samples (batches of %" PRId64 " on %" PRId64
+                   " rank(s)); set data.drop_last: false to train on every one",
+                   dropped, n, cfg.data.batch_size, ranks);
+}
+
 // One run of fit(): the loop's decisions after each step and at each epoch's end.
 class Run {
  public:
@@ -66,6 +84,9 @@ class Run {
     log::info(strprintf("training %" PRId64 " steps (%" PRId64 " per epoch) on %s",
                         s.parts.total_steps - s.state.step, s.parts.steps_per_epoch,
                         s.parts.device.str().c_str()));
+    if (const auto dropped = dropped_samples_line(cfg_, s.parts); !dropped.empty()) {
+      log::info(dropped);
+    }
   }
 
   bool steps_left() const { return s_.state.step < s_.parts.total_steps; }
@@ -140,6 +161,7 @@ class Run {
     s_.checkpointer.wait();  // run.checkpoint_async: the last write done
     log_.clear();
     result_.steps = st.step;
+    result_.first_step = std::max<int64_t>(s_.checkpointer.resumed_step(), 0);
     result_.seconds = log_.seconds();
     const std::string last = s_.checkpointer.last();  // a tag: absolute, as trainer.run_dir
     log_.finish(result_.stopped ? "KILLED" : "FINISHED",
@@ -171,12 +193,8 @@ class Run {
           out_of_memory_message(s_.parts, s_.loaded, s_.state.step + 1, error_line(e), snapshot));
     } catch (const std::exception& e) {
       if (!s_.parts.group) throw;
-      // Gloo reports a lost peer or a timeout as a plain error.
-      throw std::runtime_error(strprintf("rank %d: step %" PRId64
-                                         " failed: %s (when another rank has ended or is stuck, "
-                                         "collectives fail after dist.timeout_s, %g s)",
-                                         s_.job.rank, s_.state.step + 1, error_line(e).c_str(),
-                                         cfg_.dist.timeout_s));
+      throw std::runtime_error(distributed::step_failure_line(s_.job.rank, s_.state.step + 1,
+                                                              error_line(e), cfg_.dist.timeout_s));
     }
   }
 
@@ -344,11 +362,28 @@ class Run {
 // device's matrix-product rate in the compute dtype, measured as bench measures it, for the train
 // records' MFU. Every rank must call this, in the same order (fsdp and tensor parallelism gather
 // in the forward).
-static void measure_utilisation(Trainer& trainer, const Trainer::State& s, MetricsLog& log) {
-  const auto& p = s.parts;
+// The model FLOPs of a training step over one batch (engine/flops.h): the forward and what its
+// backward computes, which leaves out the weight gradients of frozen weights (LoRA's base).
+// With dist.strategy fsdp in a group every rank must call this, in the same order.
+static int64_t train_step_flops(Components& p, int64_t batch) {
+  const auto inputs = first_samples(p, batch).inputs.to(p.device);  // [B, ...]
+  p.model->eval();  // batch-norm statistics and dropout's draws left alone
+  if (p.fsdp) p.fsdp->gather_root();
+  const int64_t flops = count_train_flops([&] {
+    nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
+    p.model->forward(inputs);
+  });
+  if (p.fsdp) p.fsdp->release_root();
+  p.model->train();
+  return flops;
+}
+
+static void measure_utilisation(Trainer::State& s, MetricsLog& log) {
+  auto& p = s.parts;
   if (!p.splits.spec.sequence) return;
-  const double per_sample = 3.0 * static_cast<double>(trainer.forward_flops()) * p.tp_size() /
-                            static_cast<double>(s.loaded.cfg.data.batch_size);
+  const int64_t batch = s.loaded.cfg.data.batch_size;
+  const double per_sample =
+      static_cast<double>(train_step_flops(p, batch)) * p.tp_size() / static_cast<double>(batch);
   const c10::ScalarType dtype = p.precision.autocast ? p.precision.dtype : torch::kFloat;
   const double peak = matmul_peak_tflops(p.device, dtype);
   log.set_utilisation(per_sample, peak);
@@ -369,7 +404,7 @@ Trainer::~Trainer() = default;
 
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   Run run(*s_, stop);
-  measure_utilisation(*this, *s_, run.log());
+  measure_utilisation(*s_, run.log());
   StepBatches batches(*s_->parts.train_loader, s_->state, s_->parts.steps_per_epoch,
                       s_->loaded.cfg.train.grad_accum_steps);
   while (run.steps_left()) {

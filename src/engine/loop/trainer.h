@@ -36,10 +36,11 @@ struct HeldState {
 // What fit() did.
 struct FitResult {
   int64_t steps = 0;            // optimizer steps taken, counted from the start of the run
+  int64_t first_step = 0;       // the step this process started from (a resumed run's step)
   bool stopped = false;         // ended early (stop flag or train.stop_at_step), after a checkpoint
   bool reached_target = false;  // ended when an evaluation reached train.stop_at_top1
   EvalResult last_eval;         // the last evaluation (samples == 0 when none ran)
-  double seconds = 0.0;         // wall time of the loop
+  double seconds = 0.0;         // wall time of the loop (this process's steps from first_step)
   // Host reads (synchronisations with the device) per step made inside the steps, and in all
   // outside them (logging, evaluation, checkpoints); ATen operators per step, counted over a
   // few steps after the first (0 when the run had too few).

@@ -54,7 +54,28 @@ int64_t product_flops(const std::vector<int64_t>& a, const std::vector<int64_t>&
 struct Shapes : at::ObserverContext {
   Kind kind = Kind::none;
   std::vector<std::vector<int64_t>> inputs;
+  std::vector<bool> grads;  // which inputs require gradients (count_train_flops only)
 };
+
+// The operations the backward of operation `s` computes, in halves of its forward's: two for
+// each differentiated operand of a product; attention's dV, dP, dQ and dK one each.
+int64_t backward_halves(const Shapes& s) {
+  const auto& g = s.grads;
+  const auto at = [&](size_t i) { return i < g.size() && g[i]; };
+  switch (s.kind) {
+    case Kind::matmul:
+    case Kind::linear:
+    case Kind::conv:
+      return 2 * (at(0) + at(1));
+    case Kind::addmm:
+      return 2 * (at(1) + at(2));
+    case Kind::attention:
+      return at(2) + (at(0) || at(1)) + at(0) + at(1);
+    case Kind::none:
+      break;
+  }
+  return 0;
+}
 
 int64_t flops_of(const Shapes& s, const at::RecordFunction& fn) {
   const auto& in = s.inputs;
@@ -91,7 +112,8 @@ int64_t flops_of(const Shapes& s, const at::RecordFunction& fn) {
 
 // The live count: one per process; counted operations on this thread only.
 std::atomic<int64_t*> total{nullptr};
-thread_local int open_counted = 0;  // counted operations entered and not left on this thread
+thread_local int open_counted = 0;        // counted operations entered and not left on this thread
+thread_local bool with_backward = false;  // count_train_flops: the backward's products too
 
 // Inputs can be read only when an operation starts, results only when it ends.
 std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
@@ -100,7 +122,11 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
   auto shapes = std::make_unique<Shapes>();
   shapes->kind = kind;
   if (++open_counted == 1) {  // the outermost counted operation: the one counted
-    for (const auto& v : fn.inputs()) shapes->inputs.push_back(sizes_of(v));
+    for (const auto& v : fn.inputs()) {
+      shapes->inputs.push_back(sizes_of(v));
+      shapes->grads.push_back(with_backward && v.isTensor() && v.toTensor().defined() &&
+                              v.toTensor().requires_grad());
+    }
   }
   return shapes;
 }
@@ -109,7 +135,10 @@ void leave(const at::RecordFunction& fn, at::ObserverContext* context) {
   auto* shapes = static_cast<Shapes*>(context);
   if (!shapes) return;
   if (--open_counted == 0) {
-    if (int64_t* t = total.load()) *t += flops_of(*shapes, fn);
+    if (int64_t* t = total.load()) {
+      const int64_t forward = flops_of(*shapes, fn);
+      *t += forward + forward / 2 * backward_halves(*shapes);
+    }
   }
 }
 
@@ -138,6 +167,19 @@ int64_t count_flops(const std::function<void()>& fn) {
   at::removeCallback(handle);
   total = nullptr;
   return counted;
+}
+
+int64_t count_train_flops(const std::function<void()>& fn) {
+  torch::AutoGradMode grad(true);
+  with_backward = true;
+  try {
+    const int64_t counted = count_flops(fn);
+    with_backward = false;
+    return counted;
+  } catch (...) {
+    with_backward = false;
+    throw;
+  }
 }
 
 namespace {

@@ -17,6 +17,15 @@ namespace trainer::engine {
 // once. Other operations (element-wise, normalisation, softmax) are not counted.
 int64_t count_flops(const std::function<void()>& fn);
 
+// The floating-point operations of a training step of the forward pass `fn`: the forward as
+// count_flops counts it, and the products its backward computes, counted from which operands of
+// each counted operation require gradients (`fn` runs with gradients enabled): a product's
+// gradient for its input (when the input requires one) and for its weight (when the weight is
+// trained), each as many as the product's forward. A frozen weight (LoRA's base) costs no
+// weight gradient; a first layer whose input requires no gradient costs no input gradient.
+// Attention's backward: dV, dP (for q or k), dQ and dK, each half its forward.
+int64_t count_train_flops(const std::function<void()>& fn);
+
 // TFLOP/s of an n x n by n x n matrix product in `dtype` on `device`, the best of 5 after 2
 // untimed: n = 8192 on a GPU, 1024 on the CPU; the operands draw from no random generator.
 // Synchronises the device around each product.
