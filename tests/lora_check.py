@@ -25,7 +25,12 @@ one-window token folders: every batch holds all four).
    logits.
 7. Bad input, one line and exit 2 each: model.lora.rank above every adapted layer's widths;
    model.lora.rank 0 with other model.lora keys set; an adapter export of a run without LoRA; a
-   resume on a base whose weights changed (same path, same config.json).
+   resume on a base whose weights changed (same path, same config.json); `export --format peft`
+   and `--format hf --merge` with --out the run's base folder (its path, a symlink, `..`);
+   `--format peft --merge`.
+8. model.lora.targets all-linear (a string, as PEFT's target_modules, or a one-entry list) adapts
+   the layers PEFT's get_peft_model resolves "all-linear" to (every linear layer but lm_head), on
+   the Llama base and on the GPT-2 one (Conv1D layers).
 
 --distributed: ddp, fsdp and dist.tp_size 2 on two processes equal one process (10 steps within
 1e-5 relative); an fsdp checkpoint (sharded adapters and AdamW state) resumes in one process.
@@ -306,6 +311,61 @@ def check_gpt(binary, work, folders, windows, failures):
     print(f"gpt: merged export logits relative max |diff| {diff:.3g} against PEFT's")
     if not diff <= LOGITS_TOL:
         failures.append(f"gpt: merged export: logits differ from PEFT's by {diff}")
+    check_all_linear(t, folder, failures, load=load, label="gpt")
+
+
+def peft_all_linear(model):
+    """The layers PEFT adapts for target_modules="all-linear" (get_peft_model resolves it)."""
+    from peft import get_peft_model
+    from peft.tuners.lora import LoraLayer
+    peft = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA,
+                                            target_modules="all-linear", task_type="CAUSAL_LM"))
+    prefix = "base_model.model."
+    return sorted(n[len(prefix):] for n, m in peft.named_modules() if isinstance(m, LoraLayer))
+
+
+def trainer_adapted(t, name):
+    """The layers a one-step run of `t` adapts, from its --format peft export's tensor names."""
+    out = os.path.join(t.work, name + "_peft")
+    t.export(t.train(name, steps=1, lr=0.0), out, "--format", "peft")
+    names = load_file(os.path.join(out, "adapter_model.safetensors"))
+    return sorted(n[len("base_model.model."):-len(".lora_A.weight")] for n in names
+                  if n.endswith(".lora_A.weight"))
+
+
+def check_all_linear(t, base, failures, load=load_base, label="llama"):
+    """model.lora.targets all-linear (PEFT's shorthand, a string, or a one-entry list) adapts the
+    layers PEFT resolves it to: every linear layer but the output layer."""
+    theirs = peft_all_linear(load(base))
+    for i, targets in enumerate(("all-linear", ["ALL-LINEAR"])):
+        ours = trainer_adapted(Trainer(t.binary, t.work, t.base, t.folders, t.model_keys,
+                                       targets=targets), f"{label}_all_linear{i}")
+        print(f"{label}: targets {targets!r}: {len(ours)} layers adapted, PEFT {len(theirs)}")
+        if ours != theirs:
+            failures.append(f"{label}: targets {targets!r} adapt {ours}, PEFT {theirs}")
+
+
+def check_export_into_base(t, base, failures):
+    """An export whose --out is the run's base folder (by its path, a symlink, `..`) exits 2 with
+    one line and writes nothing there, --format peft as --format hf --merge; --format peft
+    --merge (which would write the adapters unmerged) exits 2."""
+    before = sorted(os.listdir(base))
+    link = os.path.join(t.work, "base_link")
+    os.symlink(base, link)
+    dotted = os.path.join(base, "..", os.path.basename(base))
+    for out in (base, link, dotted):
+        for options in (("--format", "peft"), ("--format", "hf", "--merge")):
+            r = t.export(os.path.join(t.work, "lora50"), out, *options, expect=2)
+            lines = r.stderr.strip().splitlines()
+            if len(lines) != 1 or "model.pretrained folder" not in lines[0]:
+                failures.append(f"export {' '.join(options)} --out {out}: {r.stderr!r}")
+    if sorted(os.listdir(base)) != before:
+        failures.append(f"exports into the base wrote {set(os.listdir(base)) - set(before)}")
+    out = os.path.join(t.work, "peft_merge")
+    r = t.export(os.path.join(t.work, "lora50"), out, "--format", "peft", "--merge", expect=2)
+    if "--merge goes with --format hf" not in r.stderr or os.path.exists(out):
+        failures.append(f"export --format peft --merge: {r.stderr!r}")
+    os.remove(link)
 
 
 def check_bad_input(t, base, failures):
@@ -322,6 +382,8 @@ def check_bad_input(t, base, failures):
     lines = r.stderr.strip().splitlines()
     if len(lines) != 1 or "without model.lora" not in lines[0]:
         failures.append(f"adapter export of a full run: {r.stderr!r}")
+    check_export_into_base(t, base, failures)
+    check_all_linear(t, base, failures)
     save_base(base, seed=2)  # another base at the same path, the same config.json
     run_dir = os.path.join(t.work, "lora50")
     r = run([t.binary, "--config", t.config("lora50", steps=STEPS + 5), "--run-dir", run_dir,

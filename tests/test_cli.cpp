@@ -726,6 +726,48 @@ TEST_F(Cli, ExportToHuggingFaceNeedsAModelThatHasTheLayout) {
   EXPECT_FALSE(fs::exists(dir_ / "hf"));
 }
 
+// export's flags: a --max-shard-size of 2^64 bytes or more (beyond what a file's size can be) is
+// exit 2, one line naming the flag, nothing written; 2^64 - 1 writes one model.safetensors as
+// save_pretrained does for a limit the weights fit. A flag the format would drop (--dtype,
+// --max-shard-size, --tokenizer, --merge beside --format pt; --merge, --dtype beside --format
+// peft) is exit 2, one line naming it, nothing written.
+TEST_F(Cli, ExportRefusesASizeBeyondBytesAndFlagsItWouldDrop) {
+  const auto corpus = write("corpus.txt", std::string(2000, 'c') + "xyz\n");
+  const auto run_dir = dir_ / "g";
+  ASSERT_EQ(run("--config configs/gpt_char.yaml --set data.root='" + corpus.string() +
+                "' --set model.n_layer=1 --set model.n_embd=16 --set model.n_head=2 "
+                "--set model.block_size=16 --set data.batch_size=8 --set train.max_steps=1 "
+                "--set run.progress=never --run-dir '" +
+                run_dir.string() + "'")
+                .code,
+            0);
+  const auto out = dir_ / "out";
+  const std::string exp =
+      "export --checkpoint '" + run_dir.string() + "' --out '" + out.string() + "' ";
+  const auto refused = [&](const std::string& options, const std::string& flag) {
+    const auto r = run(exp + options);
+    EXPECT_EQ(r.code, 2) << options << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << options << ": " << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << options << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << options;
+  };
+  const std::string largest = "--max-shard-size: the largest size is 18446744073709551615 bytes";
+  refused("--format hf --max-shard-size 20000000000TB", largest);
+  refused("--format hf --max-shard-size 18446744073709551616", largest);
+  refused("--format hf --max-shard-size 18446744.1TB", largest);
+  refused("--dtype float16", "--dtype goes with --format hf");
+  refused("--format pt --max-shard-size 1GB", "--max-shard-size goes with --format hf");
+  refused("--format pt --merge", "--merge goes with --format hf");
+  refused("--format peft --merge", "--merge goes with --format hf");
+  refused("--format peft --dtype bfloat16", "--dtype goes with --format hf");
+  refused("--format peft --tokenizer '" + corpus.string() + "'",
+          "--tokenizer goes with --format hf");
+  const auto r = run(exp + "--format hf --max-shard-size 18446744073709551615");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(out / "model.safetensors.index.json"));
+}
+
 // trainer generate on a byte-level gpt: streamed text that starts with the prompt, the same
 // text for the same seed, other text for another; a model that is not a language model is a
 // usage error.

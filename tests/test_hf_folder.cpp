@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "checkpoint/hf_folder.h"
 #include "checkpoint/safetensors.h"
@@ -115,6 +116,39 @@ TEST(HfFolderTest, ShardsWrittenAreReadBackAndAMissingShardIsNamed) {
             std::string::npos)
       << error;
   EXPECT_NE(error.find("holding z"), std::string::npos) << error;
+}
+
+// transformers' from_pretrained takes model.safetensors before model.safetensors.index.json: a
+// folder with both (a sharded save into a folder that held one file) is read from the one file,
+// the index and its shards neither read nor checked; the files listed are those read.
+TEST(HfFolderTest, ModelSafetensorsComesBeforeAnIndexAsInTransformers) {
+  test_support::TempDir tmp("hf_precedence");
+  const std::string dir = tmp.path().string();
+  const NamedTensors shards = {{"x", torch::randn({100})}, {"y", torch::randn({300})}};
+  write_hf_weights(dir, shards, 500);  // two shards and the index
+  const auto sharded = hf_weight_files(dir);
+  ASSERT_EQ(sharded.size(), 3u);
+  EXPECT_EQ(fs::path(sharded[2]).filename(), "model.safetensors.index.json");
+  write_file((tmp / "model-extra.safetensors").string(), {{"q", torch::randn({4})}});
+  EXPECT_EQ(hf_weight_files(dir), sharded);  // a file the index does not list is not read
+  EXPECT_EQ(hf_files_read(open_hf_weights(dir)),
+            "model.safetensors.index.json and its 2 shards (model-00001-of-00002.safetensors .. "
+            "model-00002-of-00002.safetensors)");
+  const auto single = torch::randn({7});
+  write_file((tmp / "model.safetensors").string(), {{"x", single}});
+  for (const bool stale : {false, true}) {
+    if (stale) fs::remove(tmp / "model-00002-of-00002.safetensors");
+    const auto w = open_hf_weights(dir);
+    ASSERT_EQ(w.tensors.size(), 1u) << stale;
+    EXPECT_TRUE(torch::equal(w.files[0].read(*w.tensors.at("x").entry), single));
+    EXPECT_EQ(w.index, "");
+    EXPECT_EQ(w.unread_index, (tmp / "model.safetensors.index.json").string());
+    EXPECT_NE(hf_files_read(w).find("model.safetensors (" + w.unread_index +
+                                    " and its shards beside it not read"),
+              std::string::npos)
+        << hf_files_read(w);
+    EXPECT_EQ(hf_weight_files(dir), std::vector<std::string>{(tmp / "model.safetensors").string()});
+  }
 }
 
 }  // namespace

@@ -215,6 +215,26 @@ TEST(Lora, TargetsThatNameNoLinearLayerAreRefusedBeforeAnythingChanges) {
   EXPECT_EQ(add_adapters(*net, {}, o, torch::kFloat).size(), 2u);
 }
 
+// [all-linear] (PEFT's shorthand, any case): every nn::Linear but the output layer, the module
+// of the model's last parameter where that is one (gpt's lm_head is no nn::Linear: none left out).
+TEST(Lora, AllLinearAdaptsEveryLinearLayerButTheOutputLayer) {
+  auto gpt = small_gpt();
+  std::vector<std::string> all;
+  for (const auto& item : gpt->named_modules("", false)) {
+    if (item.value()->as<LinearImpl>()) all.push_back(item.key());
+  }
+  EXPECT_EQ(add_adapters(*gpt, {"All-Linear"}, LoraOptions{}, torch::kFloat), all);
+  struct Net : torch::nn::Module {
+    Linear hidden{register_module("hidden", Linear(torch::nn::LinearOptions(4, 8)))};
+    Linear out{register_module("out", Linear(torch::nn::LinearOptions(8, 2)))};
+  } net;
+  LoraOptions rank2;
+  rank2.rank = 2;
+  EXPECT_EQ(add_adapters(net, {kAllLinear}, rank2, torch::kFloat),
+            std::vector<std::string>{"hidden"});
+  EXPECT_FALSE(net.out->adapted());
+}
+
 }  // namespace
 }  // namespace trainer::nn
 
@@ -317,6 +337,22 @@ TEST_F(LoraRun, TargetsNamingNoLinearLayerAreAConfigError) {
   }
 }
 
+// model.lora.targets: all-linear, a string as PEFT's target_modules takes it, adapts every linear
+// layer (gpt's lm_head is no nn::Linear) and is kept as [all-linear].
+TEST_F(LoraRun, AllLinearIsTakenAsAStringOrAList) {
+  for (const char* value : {"all-linear", "[all-linear]"}) {
+    const auto loaded = lora({std::string("model.lora.targets=") + value});
+    EXPECT_EQ(loaded.cfg.model.lora.targets, std::vector<std::string>{"all-linear"}) << value;
+    Trainer t(loaded);
+    size_t linear = 0;
+    for (const auto& item : t.model().named_modules("", false)) {
+      linear += item.value()->as<nn::LinearImpl>() != nullptr;
+    }
+    EXPECT_EQ(nn::adapted_layers(t.model()).size(), linear) << value;
+    EXPECT_EQ(linear, 8u);  // 2 blocks of c_attn, c_proj, c_fc, c_proj
+  }
+}
+
 TEST_F(LoraRun, TheSectionsKeysAreChecked) {
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"model.lora.rank=-1", "model.lora.rank"},
@@ -324,6 +360,7 @@ TEST_F(LoraRun, TheSectionsKeysAreChecked) {
       {"model.lora.dropout=1", "model.lora.dropout"},
       {"model.lora.base_dtype=int8", "model.lora.base_dtype"},
       {"model.lora.targets=[attn.c_attn]", "model.lora.targets"},
+      {"model.lora.targets=[all-linear, c_fc]", "model.lora.targets"},
       {"model.lora.rank=0", "model.lora.rank"},    // LoRA off while targets and alpha are set
       {"model.lora.rank=65", "model.lora.rank"}};  // c_attn 16 -> 48, c_proj 64 -> 16 at most
   for (const auto& [setting, key] : bad) {

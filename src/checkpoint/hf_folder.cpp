@@ -108,12 +108,14 @@ nlohmann::json read_json_object(const std::string& path) {
 HfWeights open_hf_weights(const std::string& dir) {
   HfWeights out;
   std::error_code ec;
-  if (fs::is_regular_file(join(dir, kIndex), ec)) {
-    out.index = join(dir, kIndex);
-    open_indexed(dir, out);
-  } else if (fs::is_regular_file(join(dir, kWeights), ec)) {
+  const bool index = fs::is_regular_file(join(dir, kIndex), ec);
+  if (fs::is_regular_file(join(dir, kWeights), ec)) {  // first, as from_pretrained takes it
+    if (index) out.unread_index = join(dir, kIndex);
     out.files.emplace_back(join(dir, kWeights));
     for (const auto& e : out.files[0].entries()) out.tensors[e.name] = {0, &e};
+  } else if (index) {
+    out.index = join(dir, kIndex);
+    open_indexed(dir, out);
   } else {
     const bool bin = fs::exists(join(dir, "pytorch_model.bin"), ec) ||
                      fs::exists(join(dir, "pytorch_model.bin.index.json"), ec);
@@ -124,6 +126,37 @@ HfWeights open_hf_weights(const std::string& dir) {
   }
   for (const auto& [name, where] : out.tensors) out.bytes += where.entry->bytes;
   return out;
+}
+
+std::vector<std::string> hf_weight_files(const std::string& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(join(dir, kWeights), ec)) return {join(dir, kWeights)};
+  if (!fs::is_regular_file(join(dir, kIndex), ec)) return {};
+  std::set<std::string> files = {join(dir, kIndex)};
+  try {
+    for (const auto& [tensor, shard] : weight_map(join(dir, kIndex))) {
+      if (fs::is_regular_file(join(dir, shard), ec)) files.insert(join(dir, shard));
+    }
+  } catch (const FormatError&) {
+    // not an index: the file alone
+  }
+  return {files.begin(), files.end()};
+}
+
+std::string hf_files_read(const HfWeights& weights) {
+  if (weights.index.empty()) {
+    const std::string name = fs::path(weights.files.at(0).path()).filename().string();
+    return weights.unread_index.empty()
+               ? name
+               : name + " (" + weights.unread_index +
+                     " and its shards beside it not read: transformers reads " + name + " first)";
+  }
+  const auto name = [&](size_t f) {
+    return fs::path(weights.files.at(f).path()).filename().string();
+  };
+  const size_t n = weights.files.size();
+  return std::string(kIndex) + " and its " + std::to_string(n) +
+         (n == 1 ? " shard (" : " shards (") + name(0) + (n == 1 ? "" : " .. " + name(n - 1)) + ")";
 }
 
 std::vector<std::string> hf_side_files(const std::string& dir) {

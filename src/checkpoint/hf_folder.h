@@ -27,7 +27,8 @@ nlohmann::json read_json_object(const std::string& path);
 // A folder's weights: each safetensors file opened (its header read and checked) and where each
 // tensor lies.
 struct HfWeights {
-  std::string index;                     // the index file's path; "" for a lone model.safetensors
+  std::string index;         // the index file's path; "" for model.safetensors
+  std::string unread_index;  // an index beside model.safetensors, not read (as transformers)
   std::vector<SafetensorsReader> files;  // in the order of their names
   struct Where {
     size_t file = 0;                          // in `files`
@@ -37,13 +38,24 @@ struct HfWeights {
   uint64_t bytes = 0;                    // the tensors' bytes, all files together
 };
 
-// Opens the weights of folder `dir`: model.safetensors.index.json's shards when it exists, else
-// model.safetensors. Throws FormatError naming the file and, where one is at fault, the tensor:
-// neither file exists; the index is not JSON or lacks its weight_map; it names a shard that does
-// not exist or is malformed or truncated, a tensor its shard does not hold, or a shard outside
-// the folder; a shard holds a tensor the index puts in another shard or does not list; a tensor
-// lies in two files.
+// Opens the weights of folder `dir` in transformers' from_pretrained precedence: model.safetensors
+// when it exists (an index beside it and its shards are not read), else the shards
+// model.safetensors.index.json lists. Throws FormatError naming the file and, where one is at
+// fault, the tensor: neither file exists; the index is not JSON or lacks its weight_map; it names
+// a shard that does not exist or is malformed or truncated, a tensor its shard does not hold, or a
+// shard outside the folder; a shard holds a tensor the index puts in another shard or does not
+// list; a tensor lies in two files.
 HfWeights open_hf_weights(const std::string& dir);
+
+// The files of folder `dir` that open_hf_weights reads, by path, in the order of their names:
+// model.safetensors, else the index and the shards it lists that exist (the index alone when it
+// is not a readable index). None when neither exists. Never throws.
+std::vector<std::string> hf_weight_files(const std::string& dir);
+
+// Which files `weights` were read from, for the log: "model.safetensors", with "(DIR's
+// model.safetensors.index.json and its shards not read, as transformers)" when an index lies
+// beside it, or "model.safetensors.index.json and its N shards (FIRST .. LAST)".
+std::string hf_files_read(const HfWeights& weights);
 
 // The names of the files of folder `dir` that describe the tokenizer and generation and that
 // exist (tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model,

@@ -2,11 +2,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <cinttypes>
 #include <iostream>
 #include <iterator>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -120,36 +118,13 @@ struct Capacity {
   bool gpu = false;
 };
 
-// --gpu-memory's text ("80GB", "141GiB", "24G", "81920MiB") in MiB; UsageError naming the flag
-// otherwise. Decimal units are powers of 1000, binary ones (KiB, MiB, GiB, TiB) of 1024; a bare
-// G, M or T is binary, as nvidia-smi counts.
+// --gpu-memory's text ("80GB", "141GiB", "81920MiB"; util/format.h's parse_size) in MiB;
+// UsageError naming the flag otherwise.
 int64_t gpu_memory_mb(const std::string& text) {
-  size_t end = 0;
-  while (end < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) {
-    ++end;
-  }
-  static const std::map<std::string, double> units = {{"TB", 1e12},
-                                                      {"GB", 1e9},
-                                                      {"MB", 1e6},
-                                                      {"TIB", 1099511627776.0},
-                                                      {"GIB", 1073741824.0},
-                                                      {"MIB", 1048576.0},
-                                                      {"T", 1099511627776.0},
-                                                      {"G", 1073741824.0},
-                                                      {"M", 1048576.0}};
-  std::string unit = text.substr(end);
-  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  const auto it = units.find(unit);
-  double value = 0;
-  try {
-    value = end > 0 ? std::stod(text.substr(0, end)) : 0;
-  } catch (const std::exception&) {
-  }
-  const double mb = it == units.end() ? 0 : value * it->second / 1048576.0;
+  const double mb = parse_size(text) / 1048576.0;
   if (!(mb >= 1) || mb > 1e9) {
-    throw UsageError("--gpu-memory: expected a size such as 80GB, 141GiB or 24G, got '" + text +
-                     "'");
+    throw UsageError("--gpu-memory: expected a size such as 80GB, 141GiB or 24576MiB, got '" +
+                     text + "'");
   }
   return static_cast<int64_t>(mb);
 }
@@ -346,7 +321,7 @@ cxxopts::Options doctor_options() {
        cxxopts::value<std::string>(), "FILE")
       ("gpus", "with --config: plan the job for N GPUs (its world size) instead of the launcher's "
        "world size or the GPUs found", cxxopts::value<int64_t>(), "N")
-      ("gpu-memory", "with --config: each GPU's memory (80GB, 141GiB, 24G) instead of the smallest "
+      ("gpu-memory", "with --config: each GPU's memory (80GB, 141GiB) instead of the smallest "
        "GPU found", cxxopts::value<std::string>(), "SIZE")
       ("measure-batch", "with --config: also count one step at this batch (JSON memory.measured)",
        cxxopts::value<int64_t>()->default_value("0"), "N")

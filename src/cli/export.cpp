@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_folder.h"
 #include "cli/checkpoint_model.h"
 #include "cli/commands.h"
 #include "cli/export_hf.h"
@@ -58,20 +59,26 @@ checkpoint::NamedTensors chosen_weights(const checkpoint::State& state, engine::
   return engine::model_weights(state);
 }
 
+// The files an export of `format` writes at --out `out`: the file, or those written into the
+// folder.
+std::vector<std::string> written_files(const std::string& out, const std::string& format) {
+  if (format == "hf") {
+    return {(fs::path(out) / "model.safetensors").string(),
+            (fs::path(out) / "config.json").string()};
+  }
+  if (format == "peft") {
+    return {(fs::path(out) / "adapter_model.safetensors").string(),
+            (fs::path(out) / "adapter_config.json").string()};
+  }
+  return {out};
+}
+
 // UsageError unless --out may be written: for pt a file, for hf a folder and the files written
 // into it; none of them a device, a FIFO, a folder where a file goes, or the checkpoint itself.
 void check_out(const std::string& out, const std::string& format, const std::string& checkpoint) {
-  std::vector<std::string> files = {out};
+  const auto files = written_files(out, format);
   std::string why;
-  if (format == "hf") {
-    why = output_problem(out, OutputKind::folder);
-    files = {(fs::path(out) / "model.safetensors").string(),
-             (fs::path(out) / "config.json").string()};
-  } else if (format == "peft") {
-    why = output_problem(out, OutputKind::folder);
-    files = {(fs::path(out) / "adapter_model.safetensors").string(),
-             (fs::path(out) / "adapter_config.json").string()};
-  }
+  if (format == "hf" || format == "peft") why = output_problem(out, OutputKind::folder);
   for (size_t i = 0; i < files.size() && why.empty(); ++i) {
     why = output_problem(files[i], OutputKind::file);
     if (why.empty() && !output_problem(files[i], OutputKind::file, {checkpoint}).empty()) {
@@ -81,6 +88,51 @@ void check_out(const std::string& out, const std::string& format, const std::str
     }
   }
   if (!why.empty()) throw UsageError("--out " + why);
+}
+
+// UsageError when the export would write into the run's base (model.pretrained `config`'s): its
+// folder (--format hf or peft) or its weights file, by any path (a symlink, `..`).
+void check_not_base(const std::string& out, const std::string& format,
+                    const nlohmann::json& config) {
+  if (!config.contains("model.pretrained") || !config["model.pretrained"].is_string()) return;
+  const std::string base = config["model.pretrained"].get<std::string>();
+  std::error_code ec;
+  if (base.empty() || !fs::exists(base, ec)) return;
+  if (checkpoint::is_directory(base)) {
+    if (format == "pt" || !fs::equivalent(base, out, ec)) return;
+    throw UsageError("--out " + out + " is the run's model.pretrained folder " + base +
+                     (format == "peft"
+                          ? "; adapters written there would load with the base as one model "
+                            "(from_pretrained reads adapter_config.json in a model folder) and "
+                            "the run's base would change"
+                          : "; exporting there would replace the weights it was initialised "
+                            "from") +
+                     "; choose another --out");
+  }
+  for (const auto& file : written_files(out, format)) {
+    if (fs::equivalent(base, file, ec)) {
+      throw UsageError("--out " + out + ": " + file +
+                       " is the run's model.pretrained weights "
+                       "file; exporting there would replace the weights it was initialised "
+                       "from; choose another --out");
+    }
+  }
+}
+
+// UsageError for a --format other than pt, hf and peft, and for a flag the format would drop:
+// --merge, --dtype, --max-shard-size and --tokenizer go with --format hf alone.
+void check_format_flags(const cxxopts::ParseResult& args, const std::string& format) {
+  if (format != "pt" && format != "hf" && format != "peft") {
+    throw UsageError("--format: expected pt, hf or peft, got '" + format + "'");
+  }
+  if (format == "hf") return;
+  for (const char* flag : {"merge", "dtype", "max-shard-size", "tokenizer"}) {
+    if (!args.count(flag)) continue;
+    throw UsageError(std::string("--") + flag + " goes with --format hf" +
+                     (format == "peft" ? "; --format peft writes the adapters alone, as trained"
+                                       : "; --format pt writes the checkpoint's weights as they "
+                                         "are"));
+  }
 }
 
 cxxopts::Options export_options() {
@@ -134,7 +186,9 @@ int export_command(int argc, char** argv) {
   log::setup(log::Level::info, /*rank=*/0);
   const std::string path = checkpoint_file(args["checkpoint"].as<std::string>());
   const auto out = args["out"].as<std::string>();
-  check_out(out, args["format"].as<std::string>(), path);
+  const std::string format = args["format"].as<std::string>();
+  check_format_flags(args, format);
+  check_out(out, format, path);
   const auto state = checkpoint::load(path);
   bool averaged = false;
   const auto weights = chosen_weights(state, weights_use(args), path, averaged);
@@ -149,7 +203,7 @@ int export_command(int argc, char** argv) {
         "or the step, or it holds no model.* tensor)");
   }
   const std::string model = config["model.name"].get<std::string>();
-  const std::string format = args["format"].as<std::string>();
+  check_not_base(out, format, config);
   if (format == "peft") return export_peft(path, out, state.meta, weights);  // a LoRA run's
   if (format == "hf") {
     const HfExport e{path,
@@ -161,9 +215,6 @@ int export_command(int argc, char** argv) {
                      args.count("tokenizer") ? args["tokenizer"].as<std::string>() : ""};
     return export_hf(e, hf_weights(path, state.meta, weights, args.count("merge") > 0));
   }
-  if (format != "pt") throw UsageError("--format: expected pt, hf or peft, got '" + format + "'");
-  if (args.count("merge")) throw UsageError("--merge goes with --format hf");
-  if (args.count("tokenizer")) throw UsageError("--tokenizer goes with --format hf");
   const auto metadata = pt_metadata(state, model, step);
   write_atomically(
       out, [&](const ByteSink& sink) { checkpoint::write_safetensors(weights, metadata, sink); });

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -11,8 +12,10 @@
 
 #include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
+#include "cli/tokenizer_option.h"
 #include "models/model.h"
 #include "util/fileio.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace trainer::cli {
@@ -39,13 +42,7 @@ std::string source_folder(const HfExport& e) {
               " is gone; its tokenizer files and token ids are not copied");
     return "";
   }
-  if (!checkpoint::is_directory(dir)) return "";
-  if (fs::equivalent(dir, e.out, ec)) {
-    throw UsageError("--out " + e.out +
-                     " is the run's model.pretrained folder; exporting there would replace the "
-                     "weights it was initialised from; choose another --out");
-  }
-  return dir;
+  return checkpoint::is_directory(dir) ? dir : "";  // never --out (export.cpp's check_not_base)
 }
 
 // The folder's config.json, or null when it cannot be read (with a warning).
@@ -109,16 +106,32 @@ std::string config_string(const HfExport& e, const char* key) {
   return c.contains(key) && c[key].is_string() ? c[key].get<std::string>() : std::string();
 }
 
+// Whether folder `dir` holds a tokenizer AutoTokenizer reads: tokenizer.json, tokenizer.model,
+// vocab.json, or GPT-2's encoder.json and vocab.bpe.
+bool holds_tokenizer(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json"}) {
+    if (fs::is_regular_file(dir / name, ec)) return true;
+  }
+  return fs::is_regular_file(dir / "encoder.json", ec) &&
+         fs::is_regular_file(dir / "vocab.bpe", ec);
+}
+
 // Where the tokenizer files come from: --tokenizer, else the run's data.tokenizer (chat data),
 // else its model.pretrained folder (a folder, or the folder of a weights file in one); "" for
-// none. A path from the run that is gone is a warning and "".
+// none. A path from the run that is gone is a warning and "". UsageError for a --tokenizer that
+// does not exist or is a folder without a tokenizer.
 std::string tokenizer_source(const HfExport& e, const std::string& pretrained_folder) {
   if (!e.tokenizer.empty()) {
     std::error_code ec;
+    const char* const kinds =
+        "a tokenizer.json, a folder holding one, or GPT-2's encoder.json and vocab.bpe";
     if (!fs::exists(e.tokenizer, ec)) {
-      throw UsageError("--tokenizer " + e.tokenizer +
-                       ": no such file or folder (a tokenizer.json, a folder holding one, or "
-                       "GPT-2's encoder.json and vocab.bpe)");
+      throw UsageError("--tokenizer " + e.tokenizer + ": no such file or folder (" + kinds + ")");
+    }
+    if (fs::is_directory(e.tokenizer, ec) && !holds_tokenizer(e.tokenizer)) {
+      throw UsageError("--tokenizer " + e.tokenizer + ": the folder holds no tokenizer (" + kinds +
+                       ", or tokenizer.model); name the folder or file of the model's tokenizer");
     }
     return e.tokenizer;
   }
@@ -134,6 +147,69 @@ std::string tokenizer_source(const HfExport& e, const std::string& pretrained_fo
     return fs::path(pretrained).parent_path().string();  // a weights file in a model folder
   }
   return "";
+}
+
+// One more than the largest id of a JSON object's values (token -> id), or `n` if larger.
+int64_t ids_bound(const nlohmann::json& map, int64_t n) {
+  if (!map.is_object()) return n;
+  for (const auto& id : map) {
+    if (id.is_number_integer()) n = std::max(n, id.get<int64_t>() + 1);
+  }
+  return n;
+}
+
+// The number of token ids the tokenizer at `source` (tokenizer_source()) gives, one more than
+// the largest, as its files list them: tokenizer.json's model vocabulary (a map, or Unigram's
+// list) and added_tokens, else vocab.json's or GPT-2's encoder.json's with added_tokens.json; 0
+// when its files list none (tokenizer.model alone). UsageError naming a file that is not JSON.
+int64_t tokenizer_vocabulary(const std::string& source) {
+  std::error_code ec;
+  const bool file = fs::is_regular_file(source, ec);
+  const fs::path dir = file ? fs::path(source).parent_path() : fs::path(source);
+  const auto json_of = [](const fs::path& path) {
+    try {
+      return checkpoint::read_json_object(path.string());
+    } catch (const checkpoint::FormatError& e) {
+      throw UsageError(std::string("--tokenizer: ") + e.what());
+    }
+  };
+  const fs::path tokenizer_json = file ? fs::path(source) : dir / "tokenizer.json";
+  if (fs::is_regular_file(tokenizer_json, ec)) {
+    const auto json = json_of(tokenizer_json);
+    const auto model = json.value("model", nlohmann::json::object());
+    const auto vocab =
+        model.is_object() ? model.value("vocab", nlohmann::json()) : nlohmann::json();
+    int64_t n = vocab.is_array() ? static_cast<int64_t>(vocab.size()) : ids_bound(vocab, 0);
+    for (const auto& added : json.value("added_tokens", nlohmann::json::array())) {
+      if (added.is_object() && added.contains("id") && added["id"].is_number_integer()) {
+        n = std::max(n, added["id"].get<int64_t>() + 1);
+      }
+    }
+    return n;
+  }
+  int64_t n = 0;
+  if (fs::is_regular_file(dir / "vocab.json", ec)) {
+    n = ids_bound(json_of(dir / "vocab.json"), 0);
+  } else if (fs::is_regular_file(dir / "encoder.json", ec)) {
+    n = ids_bound(json_of(dir / "encoder.json"), 0);
+  }
+  if (n > 0 && fs::is_regular_file(dir / "added_tokens.json", ec)) {
+    n = ids_bound(json_of(dir / "added_tokens.json"), n);
+  }
+  return n;
+}
+
+// UsageError when the model of `config` (config.json's vocab_size) lacks ids the tokenizer at
+// `tokenizer` gives, as generate refuses the pair.
+void check_tokenizer_fits(const HfExport& e, const std::string& tokenizer,
+                          const nlohmann::json& config) {
+  if (tokenizer.empty() || !config.contains("vocab_size") ||
+      !config["vocab_size"].is_number_integer()) {
+    return;
+  }
+  require_vocabulary_holds(
+      config["vocab_size"].get<int64_t>(), tokenizer_vocabulary(tokenizer),
+      e.tokenizer.empty() ? "export: the tokenizer of " + tokenizer : "--tokenizer " + tokenizer);
 }
 
 // Copies `from` to `out`/`name`; returns `name`.
@@ -181,29 +257,22 @@ nlohmann::json with_source_ids(nlohmann::json config, const nlohmann::json& sour
 }  // namespace
 
 uint64_t parse_shard_size(const std::string& text) {
-  static const std::map<std::string, double> units = {
-      {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"", 1}};
-  size_t end = 0;
-  while (end < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) {
-    ++end;
+  const auto usage = [&](const std::string& why) {
+    return UsageError("--max-shard-size: " + why + ", got '" + text + "'");
+  };
+  const double bytes = parse_size(text);
+  if (!(bytes >= 1)) throw usage("expected a size such as 5GB, 500MB or a number of bytes");
+  // A byte count beyond what a file's size can be (2^64 bytes and up) would wrap: refused.
+  const char* const too_large = "the largest size is 18446744073709551615 bytes (18446744TB)";
+  if (text.find_first_not_of("0123456789") == std::string::npos) {
+    try {
+      return std::stoull(text);  // exactly, beyond a double's 53 bits
+    } catch (const std::out_of_range&) {
+      throw usage(too_large);
+    }
   }
-  std::string unit = text.substr(end);
-  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  const auto it = units.find(unit);
-  double value = 0;
-  try {
-    value = end > 0 ? std::stod(text.substr(0, end)) : 0;
-  } catch (const std::exception&) {
-    value = 0;
-  }
-  if (it == units.end() || !(value * it->second >= 1) || !std::isfinite(value)) {
-    throw UsageError(
-        "--max-shard-size: expected a size such as 5GB, 500MB or a number of bytes, "
-        "got '" +
-        text + "'");
-  }
-  return static_cast<uint64_t>(value * it->second);
+  if (bytes >= 18446744073709551616.0) throw usage(too_large);
+  return static_cast<uint64_t>(bytes);
 }
 
 int export_hf(const HfExport& e, const checkpoint::NamedTensors& weights) {
@@ -225,6 +294,8 @@ int export_hf(const HfExport& e, const checkpoint::NamedTensors& weights) {
   auto& [tensors, config] = converted;
   const std::string source = source_folder(e);
   const auto source_json = source_config(source);
+  const std::string tokenizer = tokenizer_source(e, source);
+  check_tokenizer_fits(e, tokenizer, config);
   const auto dtype = export_dtype(
       e.dtype, source_json, tensors.empty() ? torch::kFloat : tensors[0].second.scalar_type());
   for (auto& [name, t] : tensors) {
@@ -241,9 +312,7 @@ int export_hf(const HfExport& e, const checkpoint::NamedTensors& weights) {
   write_text_atomically((fs::path(e.out) / "generation_config.json").string(),
                         generation_config(source, config));
   std::string written;
-  for (const auto& name : copy_tokenizer_files(tokenizer_source(e, source), e.out)) {
-    written += ", " + name;
-  }
+  for (const auto& name : copy_tokenizer_files(tokenizer, e.out)) written += ", " + name;
   std::cout << "wrote " << e.out << ": " << hf->name << " (" << config.value("model_type", "")
             << ", " << dtype_name(dtype) << "), " << tensors.size() << " tensors in "
             << (files.size() > 1 ? files.size() - 1 : 1) << " safetensors files, config.json, "

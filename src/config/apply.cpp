@@ -1,6 +1,7 @@
 // Applying YAML values to the config structs: parsing scalars into typed fields, listing key paths,
 // and the "did you mean" suggestions for unknown keys.
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -216,6 +217,56 @@ void apply_list(SectionList<S>& field, const YAML::Node& node, const YAML::Mark&
   (*ctx.origins)[path] = ctx.at(mark);
 }
 
+// Whether `node` at `path` is model.lora.targets given as PEFT's shorthand alone (all-linear, in
+// any case, as PEFT compares it; nn/lora.h resolves it): a string, as PEFT's target_modules takes
+// it, or a one-entry list.
+bool all_linear_shorthand(const std::string& path, const YAML::Node& node) {
+  if (path != "model.lora.targets") return false;
+  const YAML::Node one = node.IsSequence() && node.size() == 1 ? node[0] : node;
+  if (!one.IsScalar()) return false;
+  std::string text = one.Scalar();
+  for (auto& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return text == "all-linear";
+}
+
+// A list value (a std::vector of scalars): every item parsed, or issues naming the items that
+// are not of the type.
+template <class T>
+void apply_vector(T& field, const YAML::Node& node, const YAML::Mark& mark, const std::string& path,
+                  const Ctx& ctx) {
+  using E = typename T::value_type;
+  if constexpr (std::is_same_v<E, std::string>) {
+    if (all_linear_shorthand(path, node)) {
+      field = {"all-linear"};  // stored as a one-entry list
+      (*ctx.origins)[path] = ctx.at(mark);
+      return;
+    }
+  }
+  if (!node.IsSequence()) {
+    std::string got = describe(node);
+    std::string hint = node.IsScalar() ? "; write it as [" + node.Scalar() + "]" : "";
+    ctx.issue(mark, path, std::string("expected ") + type_name<T>() + ", got " + got + hint);
+    return;
+  }
+  T out;
+  bool ok = true;
+  for (size_t i = 0; i < node.size(); ++i) {
+    E e{};
+    YAML::Node item = node[i];
+    if (!parse_scalar(item, e)) {
+      ctx.issue(item.Mark().is_null() ? mark : item.Mark(), path,
+                std::string("expected ") + type_name<T>() + ", got " + describe(item) +
+                    " at item " + std::to_string(i + 1));
+      ok = false;
+      continue;
+    }
+    out.push_back(e);
+  }
+  if (!ok) return;
+  field = std::move(out);
+  (*ctx.origins)[path] = ctx.at(mark);
+}
+
 template <class T>
 void apply_value(T& field, const YAML::Node& node, const YAML::Mark& mark, const std::string& path,
                  const Ctx& ctx) {
@@ -233,30 +284,7 @@ void apply_value(T& field, const YAML::Node& node, const YAML::Mark& mark, const
   } else if constexpr (is_section_list_v<T>) {
     apply_list(field, node, mark, path, ctx);
   } else if constexpr (is_vector<T>::value) {
-    using E = typename T::value_type;
-    if (!node.IsSequence()) {
-      std::string got = describe(node);
-      std::string hint = node.IsScalar() ? "; write it as [" + node.Scalar() + "]" : "";
-      ctx.issue(mark, path, std::string("expected ") + type_name<T>() + ", got " + got + hint);
-      return;
-    }
-    T out;
-    bool ok = true;
-    for (size_t i = 0; i < node.size(); ++i) {
-      E e{};
-      YAML::Node item = node[i];
-      if (!parse_scalar(item, e)) {
-        ctx.issue(item.Mark().is_null() ? mark : item.Mark(), path,
-                  std::string("expected ") + type_name<T>() + ", got " + describe(item) +
-                      " at item " + std::to_string(i + 1));
-        ok = false;
-        continue;
-      }
-      out.push_back(e);
-    }
-    if (!ok) return;
-    field = std::move(out);
-    (*ctx.origins)[path] = ctx.at(mark);
+    apply_vector(field, node, mark, path, ctx);
   } else {
     T v{};
     if (!parse_scalar(node, v)) {

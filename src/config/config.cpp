@@ -2,6 +2,7 @@
 // are in validate.cpp's validate(); each registered entry checks its own keys in its file.
 #include "config/config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -70,6 +71,11 @@ void LoraConfig::validate(Checks& c) const {
   }
   if (!(dropout >= 0.0 && dropout < 1.0)) {
     c.add("dropout", "must be in [0, 1), got " + format_number(dropout));
+  }
+  if (targets.size() > 1 && std::count(targets.begin(), targets.end(), "all-linear")) {
+    c.add("targets",
+          "all-linear (PEFT's shorthand: every linear layer but the output layer) stands alone; "
+          "give it alone, or name the layers without it");
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     if (targets[i].empty() || targets[i].find('.') != std::string::npos) {

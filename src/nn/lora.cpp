@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <set>
 
@@ -175,23 +176,57 @@ std::vector<std::string> default_lora_targets(const torch::nn::Module& model) {
   return out;
 }
 
-std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std::string> targets,
-                                      const LoraOptions& options, c10::ScalarType base_dtype) {
-  const auto layers = linear_layers(model);
+bool is_all_linear(const std::vector<std::string>& targets) {
+  if (targets.size() != 1) return false;
+  std::string text = targets[0];
+  for (auto& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return text == kAllLinear;
+}
+
+namespace {
+
+// The linear layers `targets` name (LoraTargetError as add_adapters): for all-linear every
+// nn::Linear but the output layer (the module of the model's last parameter, where it is one), as
+// PEFT's _maybe_include_all_linear_layers leaves out the output embeddings.
+std::vector<std::pair<std::string, LinearImpl*>> chosen_layers(
+    const torch::nn::Module& model, std::vector<std::string> targets,
+    const std::vector<std::pair<std::string, LinearImpl*>>& layers) {
+  if (is_all_linear(targets)) {
+    const auto params = model.named_parameters(/*recurse=*/true);
+    const std::string last = params.is_empty() ? "" : params.keys().back();
+    std::vector<std::pair<std::string, LinearImpl*>> out;
+    for (const auto& named : layers) {
+      if (last.rfind(named.first + ".", 0) != 0) out.push_back(named);
+    }
+    if (out.empty())
+      throw LoraTargetError("all-linear: the model has no linear layer but its output layer");
+    return out;
+  }
   if (targets.empty()) targets = default_lora_targets(model);
   if (targets.empty()) {
     std::set<std::string> linear;
     for (const auto& [name, layer] : layers) linear.insert(last_part(name));
     throw LoraTargetError(
-        "the model has none of PEFT's default targets (q_proj, v_proj, c_attn); name them; the "
-        "linear layers are: " +
+        "the model has none of PEFT's default targets (q_proj, v_proj, c_attn); name them, or "
+        "give all-linear; the linear layers are: " +
         joined(linear));
   }
   check_targets(model, targets, layers);
   const std::set<std::string> wanted(targets.begin(), targets.end());
+  std::vector<std::pair<std::string, LinearImpl*>> out;
+  for (const auto& named : layers) {
+    if (wanted.count(last_part(named.first))) out.push_back(named);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std::string> targets,
+                                      const LoraOptions& options, c10::ScalarType base_dtype) {
+  const auto layers = chosen_layers(model, std::move(targets), linear_layers(model));
   int64_t widest = 0;  // the adapted layers' largest input or output width
   for (const auto& [name, layer] : layers) {
-    if (!wanted.count(last_part(name))) continue;
     widest = std::max({widest, layer->options.in_features(), layer->options.out_features()});
   }
   if (options.rank > widest) {
@@ -211,7 +246,6 @@ std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std:
   }
   std::vector<std::string> adapted;
   for (const auto& [name, layer] : layers) {
-    if (!wanted.count(last_part(name))) continue;
     layer->add_adapter(options);
     adapted.push_back(name);
   }

@@ -102,8 +102,17 @@ class LoraRankError : public std::invalid_argument {
 // v_proj) and GPT-2 (c_attn), those of them the model has.
 std::vector<std::string> default_lora_targets(const torch::nn::Module& model);
 
+// PEFT's shorthand for every linear layer but the output layer (its target_modules="all-linear"),
+// as model.lora.targets' one entry.
+inline constexpr const char* kAllLinear = "all-linear";
+
+// Whether `targets` is [all-linear] (kAllLinear, in any case, as PEFT compares it).
+bool is_all_linear(const std::vector<std::string>& targets);
+
 // Attaches an adapter to every nn::Linear of `model` whose module name's last part is one of
-// `targets` (empty: default_lora_targets), freezes every other parameter (requires_grad false)
+// `targets` (empty: default_lora_targets; [all-linear]: every nn::Linear but the output layer,
+// the module holding the model's last parameter, as PEFT resolves it: llama's and gpt's lm_head
+// is no nn::Linear, an mlp's last layer is), freezes every other parameter (requires_grad false)
 // and casts them to `base_dtype`. Returns the adapted layers' module names, in module order.
 // Throws LoraTargetError, before changing anything, when a target names no nn::Linear, and
 // LoraRankError when the rank exceeds the adapted layers' widths.

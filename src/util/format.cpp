@@ -1,9 +1,11 @@
 #include "util/format.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 namespace trainer {
 
@@ -44,6 +46,33 @@ std::string format_number(double v) {
     s.erase(i, j - i);
   }
   return s;
+}
+
+double parse_size(const std::string& text) {
+  size_t end = 0;
+  while (end < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) {
+    ++end;
+  }
+  std::string unit = text.substr(end);
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  static const std::map<std::string, double> units = {{"", 1},
+                                                      {"B", 1},
+                                                      {"KB", 1e3},
+                                                      {"MB", 1e6},
+                                                      {"GB", 1e9},
+                                                      {"TB", 1e12},
+                                                      {"KIB", 1024},
+                                                      {"MIB", 1024.0 * 1024},
+                                                      {"GIB", 1024.0 * 1024 * 1024},
+                                                      {"TIB", 1024.0 * 1024 * 1024 * 1024}};
+  const auto it = units.find(unit);
+  if (end == 0 || it == units.end()) return -1;
+  char* stop = nullptr;
+  const std::string number = text.substr(0, end);
+  const double value = std::strtod(number.c_str(), &stop);
+  if (stop != number.c_str() + number.size() || !std::isfinite(value)) return -1;
+  return value * it->second;
 }
 
 }  // namespace trainer

@@ -15,4 +15,9 @@ std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 
 // ".nan", ".inf" and "-.inf" for the non-finite values.
 std::string format_number(double v);
 
+// The bytes of a size written as a number and a unit ("5GB", "500MB", "141GiB", "1024"), or a
+// negative number when `text` is not one. Units, in any case: none or B (bytes), KB MB GB TB
+// (powers of 1000), KiB MiB GiB TiB (powers of 1024).
+double parse_size(const std::string& text);
+
 }  // namespace trainer

@@ -59,18 +59,16 @@ void sample_file(std::vector<uint8_t>& out, const fs::path& file) {
   });
 }
 
-// The files that define model.pretrained's weights: a folder's config.json, index and
-// safetensors files (by name), or the one file.
+// The files that define model.pretrained's weights: a folder's config.json and the weight files
+// that loading reads (checkpoint::hf_weight_files: model.safetensors, else the index and its
+// shards), by name; or the one file.
 std::vector<fs::path> base_files(const std::string& pretrained) {
   if (!checkpoint::is_directory(pretrained)) return {pretrained};
   std::vector<fs::path> out;
-  for (const auto& entry : fs::directory_iterator(pretrained)) {
-    const std::string name = entry.path().filename().string();
-    const bool weights = entry.path().extension() == ".safetensors";
-    if (weights || name == "config.json" || name == "model.safetensors.index.json") {
-      out.push_back(entry.path());
-    }
-  }
+  const fs::path config = fs::path(pretrained) / "config.json";
+  std::error_code ec;
+  if (fs::is_regular_file(config, ec)) out.push_back(config);
+  for (const auto& file : checkpoint::hf_weight_files(pretrained)) out.emplace_back(file);
   std::sort(out.begin(), out.end());
   return out;
 }

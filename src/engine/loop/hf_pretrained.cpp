@@ -246,9 +246,10 @@ LoadPlan checked_plan(const models::NetImpl& model, const config::LoadedConfig& 
 
 void log_loaded(const config::LoadedConfig& loaded, const checkpoint::HfWeights& weights,
                 const LoadPlan& plan, const char* how) {
-  log::info(strprintf("initialised from %s: %zu tensors in %zu files (%.1f MB)%s%s%s",
+  log::info(strprintf("initialised from %s: %zu tensors in %zu files (%.1f MB: %s)%s%s%s",
                       loaded.cfg.model.pretrained.c_str(), weights.tensors.size(),
-                      weights.files.size(), static_cast<double>(weights.bytes) / 1e6, how,
+                      weights.files.size(), static_cast<double>(weights.bytes) / 1e6,
+                      checkpoint::hf_files_read(weights).c_str(), how,
                       plan.kept.empty() ? "" : "; kept as built: ", listed(plan.kept).c_str()));
 }
 

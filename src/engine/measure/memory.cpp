@@ -13,10 +13,35 @@
 namespace trainer::engine {
 namespace {
 
+// The bytes an allocator has out and their peak since the last reset, under its lock.
+class Tally {
+ public:
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ = 0;
+    peak_ = 0;
+  }
+  int64_t peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+
+ protected:
+  // With mu_ held.
+  void add(int64_t bytes) {
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+  }
+
+  std::mutex mu_;
+  int64_t live_ = 0;
+  int64_t peak_ = 0;
+};
+
 // Wraps the CPU allocator and counts the bytes it has out. Installed only while measuring; the
 // tensors it made keep its deleter, so it lives as long as the process (one instance). The data
 // pointer doubles as the context, as raw_allocate() requires.
-class CountingAllocator final : public c10::Allocator {
+class CountingAllocator final : public c10::Allocator, public Tally {
  public:
   static CountingAllocator& instance() {
     static CountingAllocator* counting = new CountingAllocator(c10::GetCPUAllocator());
@@ -28,8 +53,7 @@ class CountingAllocator final : public c10::Allocator {
     void* data = inner.get();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      live_ += static_cast<int64_t>(n);
-      peak_ = std::max(peak_, live_);
+      add(static_cast<int64_t>(n));
       blocks_.emplace(data, Block{std::move(inner), n});
     }
     return c10::DataPtr(data, data, &release, c10::Device(c10::DeviceType::CPU));
@@ -41,15 +65,6 @@ class CountingAllocator final : public c10::Allocator {
     std::memcpy(dest, src, count);
   }
 
-  void reset() {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_ = 0;
-    peak_ = 0;
-  }
-  int64_t peak() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return peak_;
-  }
   c10::Allocator* inner() const { return inner_; }
 
  private:
@@ -73,16 +88,13 @@ class CountingAllocator final : public c10::Allocator {
   }
 
   c10::Allocator* inner_;
-  std::mutex mu_;
-  int64_t live_ = 0;
-  int64_t peak_ = 0;
   std::unordered_map<void*, Block> blocks_;
 };
 
 // Stands in for the meta device's allocator (which hands out no memory) and counts the bytes its
 // tensors would hold: each allocation's context records its size. Installed only while
 // measuring; one instance, living as long as the process (its tensors keep its deleter).
-class MetaCountingAllocator final : public c10::Allocator {
+class MetaCountingAllocator final : public c10::Allocator, public Tally {
  public:
   static MetaCountingAllocator& instance() {
     static auto* counting = new MetaCountingAllocator(c10::GetAllocator(c10::DeviceType::Meta));
@@ -92,23 +104,13 @@ class MetaCountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      live_ += static_cast<int64_t>(n);
-      peak_ = std::max(peak_, live_);
+      add(static_cast<int64_t>(n));
     }
     return c10::DataPtr(nullptr, new size_t(n), &release, c10::Device(c10::DeviceType::Meta));
   }
 
   void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {}
 
-  void reset() {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_ = 0;
-    peak_ = 0;
-  }
-  int64_t peak() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return peak_;
-  }
   c10::Allocator* inner() const { return inner_; }
 
  private:
@@ -125,9 +127,6 @@ class MetaCountingAllocator final : public c10::Allocator {
   }
 
   c10::Allocator* inner_;
-  std::mutex mu_;
-  int64_t live_ = 0;
-  int64_t peak_ = 0;
 };
 
 // Runs `fn` with `counting` installed as the allocator of `device` (above the default's
