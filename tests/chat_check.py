@@ -27,7 +27,8 @@ special tokens written in the text) and 60 prompt/completion records (strings an
   templates (plain: bos, the contents, eos after each assistant one).
 - Another template: exit 2 naming data.chat_template and scripts/render_chat.py; render_chat.py
   writes token and mask files equal to the reference, and the tokens data set reads the mask.
-- Bad input: not JSON (a number beyond a double's range too), a role outside the templates, a
+- Bad input: not JSON (a number beyond a double's range too), a file that is one JSON array
+  (Alpaca's pretty-printed alpaca_data.json: named as such), a role outside the templates, a
   content that is not a string, a messages record under train_on completion, an empty
   conversation, no trained token: a line naming the file and line (exit 2, or a warning and the
   line dropped); a tokenizer_config.json chat_template that is not text: exit 2 naming the file.
@@ -471,6 +472,11 @@ def check_bad_input(chat_tool, work, small):
         ([good], [f"val_files={work}"], 2, f"data.val_files: {work} is a folder"),
         ([good], [f"tokenizer={number_template}"], 2,
          "tokenizer_config.json: chat_template is 5, not a template's text"),
+        # Alpaca's alpaca_data.json (a pretty-printed JSON array), and chat records as one array.
+        (json.dumps([{"instruction": "Give three tips.", "input": "", "output": "1. Eat."}] * 2,
+                    indent=4).splitlines(), [], 2,
+         "bad.jsonl is a JSON array, not JSON Lines (one record per line)"),
+        (["[" + good + ", " + good + "]"], [], 2, "bad.jsonl is a JSON array, not JSON Lines"),
     ] + tool_cases(good)
     bad = os.path.join(work, "bad.jsonl")
     for lines, settings, status, message in cases:

@@ -21,8 +21,13 @@ the copies tests/chat_check.py compares the chat data set with), and a tiny rand
   generate(eos_token_id=that token) stops, the token itself not printed.
 - A run on chat data: its data.chat_template (llama3, llama3.1 with data.chat_date) and
   data.tokenizer (a folder without a template) render the prompt as the published templates do.
-- Bad input, exit 2 naming data.chat_template and --chat: a folder without a chat template, a
-  template none of the built-in ones; --system without --chat is exit 2.
+- --chat-template NAME on a run on token data with a folder without a template (llama3,
+  llama3.1, qwen2.5, chatml) renders the prompt as the published template does.
+- Without --chat, a tokenizer whose post-processor adds Llama 3's bos: the prompt's ids equal
+  tokenizers' encode(prompt), a prompt starting with <|begin_of_text|> too ([bos, bos, ...]).
+- Bad input, exit 2 naming --chat-template and --chat: a folder without a chat template, a
+  template none of the built-in ones; --system or --chat-template without --chat, and a
+  --chat-template that names no format, are exit 2.
 Exits 77 (skipped) when transformers or tokenizers is not installed.
 """
 import itertools
@@ -43,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 try:
     import torch
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
 except ImportError as e:
     print(f"skipped: {e}")
@@ -236,6 +241,48 @@ def check_chat_run(trainer, work, vocab_json, model_dir, vocab):
               f"template's")
 
 
+def check_chat_template_flag(trainer, work, vocab_json, config):
+    """--chat-template on a run on token data renders as the published template named."""
+    bare = tokenizer_folder(work, "flag-bare", vocab_json,
+                            {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"})
+    for fmt, case in (("llama3", "llama3-instruct"), ("llama3.1", "llama3.1-instruct"),
+                      ("qwen2.5", "qwen2.5-instruct"), ("chatml", "chatml")):
+        t = hf_tokenizer(vocab_json, {**template_file(case), "bos_token": "<|begin_of_text|>"})
+        for system, user in PROMPTS[:2]:
+            want = list(t.apply_chat_template(messages(system, user), add_generation_prompt=True,
+                                              tokenize=True))
+            code, _, err, ids = generate(trainer, config, system, user, "--tokenizer", bare,
+                                         "--chat-template", fmt)
+            if code != 0 or ids != want:
+                fail(f"--chat-template {fmt}: exit {code}, ids {ids}, expected {want}; "
+                     f"{err[-600:]}")
+        print(f"--chat-template {fmt} on a token-data run: ids as the published template's")
+
+
+def check_text_prompt_bos(trainer, work, vocab_json, config):
+    """Without --chat: the prompt's ids as tokenizers' encode with a bos-adding post-processor."""
+    tok = Tokenizer.from_file(vocab_json)
+    bos = "<|begin_of_text|>"
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))])
+    folder = os.path.join(work, "bos-adding")
+    os.makedirs(folder, exist_ok=True)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": bos, "tokenizer_class": "PreTrainedTokenizerFast"}, f)
+    for prompt in ("Hello there", bos + "Hello there", bos + bos + "hi", "a " + bos + " b"):
+        want = tok.encode(prompt).ids
+        r = subprocess.run([trainer, "generate", "--config", config, "--tokenizer", folder,
+                            "--prompt", prompt, "--max-new-tokens", "1", "--log-level", "debug"],
+                           capture_output=True, text=True, errors="replace")
+        m = re.search(r"the prompt's \d+ token ids:((?: \d+)*)", r.stderr)
+        ids = [int(x) for x in m.group(1).split()] if m else None
+        if r.returncode != 0 or ids != want:
+            fail(f"prompt {prompt!r}: exit {r.returncode}, ids {ids}, tokenizers' encode {want}; "
+                 f"{r.stderr[-400:]}")
+    print("prompts with and without <|begin_of_text|>: ids as tokenizers' encode")
+
+
 def check_bad_input(trainer, work, vocab_json, config):
     bare = tokenizer_folder(work, "no-template", vocab_json, {"bos_token": "<|begin_of_text|>"})
     other = tokenizer_folder(work, "other-template", vocab_json,
@@ -243,7 +290,7 @@ def check_bad_input(trainer, work, vocab_json, config):
     for what, folder in (("no template", bare), ("another template", other)):
         code, _, err, _ = generate(trainer, config, None, "hi", "--tokenizer", folder)
         line = err.strip().splitlines()[-1] if err.strip() else ""
-        if code != 2 or "data.chat_template" not in line or "--chat" not in line:
+        if code != 2 or "--chat-template llama3|" not in line:
             fail(f"{what}: exit {code} (expected 2), last line {line!r}")
         else:
             print(f"{what}: exit 2: {line}")
@@ -251,6 +298,17 @@ def check_bad_input(trainer, work, vocab_json, config):
                        capture_output=True, text=True)
     if r.returncode != 2 or "--chat" not in r.stderr:
         fail(f"--system without --chat: exit {r.returncode}, {r.stderr[-300:]!r}")
+    r = subprocess.run([trainer, "generate", "--config", config, "--chat-template", "llama3",
+                        "--prompt", "y"], capture_output=True, text=True)
+    if r.returncode != 2 or "add --chat" not in r.stderr:
+        fail(f"--chat-template without --chat: exit {r.returncode}, {r.stderr[-300:]!r}")
+    code, _, err, _ = generate(trainer, config, None, "hi", "--tokenizer", bare,
+                               "--chat-template", "llama4")
+    line = err.strip().splitlines()[-1] if err.strip() else ""
+    if code != 2 or "--chat-template" not in line or "llama3.1" not in line:
+        fail(f"--chat-template llama4: exit {code} (expected 2), last line {line!r}")
+    else:
+        print(f"--chat-template llama4: exit 2: {line}")
 
 
 def main():
@@ -270,6 +328,8 @@ def main():
         check_templates(trainer, work, vocab_json, config, model)
         check_end_of_turn(trainer, work, vocab_json, model, vocab)
         check_chat_run(trainer, work, vocab_json, model_dir, vocab)
+        check_chat_template_flag(trainer, work, vocab_json, config)
+        check_text_prompt_bos(trainer, work, vocab_json, config)
         check_bad_input(trainer, work, vocab_json, config)
     if failures:
         sys.exit(f"{len(failures)} failures; the first: {failures[0]}")

@@ -60,20 +60,26 @@ def debian_texts():
 
 
 def check_bad_inputs(trainer, data, tmp):
-    """Text files that cannot be read: exit 2 before anything is read or written, one line naming
-    the file (a FIFO nobody writes would block the read forever)."""
+    """Text files that cannot be read, and --threads past 1024: exit 2 before anything is read or
+    written, one line naming the file or the option (a FIFO nobody writes would block the read
+    forever)."""
     text = os.path.join(tmp, "ok.txt")
     with open(text, "w") as f:
         f.write("hello\n")
     fifo = os.path.join(tmp, "fifo")
     os.mkfifo(fifo)
     failures = []
-    for path, needle in [(os.path.join(tmp, "missing.txt"), "missing.txt: no such file"),
-                         (tmp, f"{tmp} is a folder"), (fifo, "fifo is not a regular file")]:
+    cases = [([path], needle) for path, needle in [
+        (os.path.join(tmp, "missing.txt"), "missing.txt: no such file"),
+        (tmp, f"{tmp} is a folder"), (fifo, "fifo is not a regular file")]]
+    # More threads than any machine runs: refused before any is started (not std::bad_alloc).
+    cases += [(["--threads", n], f"--threads {n}: at most 1024") for n in ("1000000000", "1025")]
+    for extra, needle in cases:
+        path = extra[-1]
         out = os.path.join(tmp, "bad.bin")
         try:
             r = subprocess.run([trainer, "tokenize", "--tokenizer", data, "--out", out, text,
-                                path], capture_output=True, text=True, timeout=60)
+                                *extra], capture_output=True, text=True, timeout=60)
         except subprocess.TimeoutExpired:
             failures.append(f"tokenize of {path}: no answer in 60 s")
             continue
@@ -81,7 +87,8 @@ def check_bad_inputs(trainer, data, tmp):
         if r.returncode != 2 or needle not in err or "\n" in err or os.path.exists(out):
             failures.append(f"tokenize of {path}: exit {r.returncode} (expected 2 with "
                             f"{needle!r}): {err!r}")
-    print(f"unreadable text files: {3 - len(failures)} of 3 refused with one line")
+    print(f"unreadable text files and --threads past 1024: {len(cases) - len(failures)} of "
+          f"{len(cases)} refused with one line")
     return failures
 
 

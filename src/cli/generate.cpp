@@ -83,10 +83,14 @@ cxxopts::Options generate_options() {
        cxxopts::value<std::string>(), "PATH")
       ("prompt", "the text to continue", cxxopts::value<std::string>()->default_value(""), "TEXT")
       ("prompt-file", "the text to continue, from a file", cxxopts::value<std::string>(), "FILE")
-      ("chat", "the prompt is a user message: rendered with the model's chat template (the run's "
-       "data.chat_template, else the one recognised in the tokenizer folder's "
-       "tokenizer_config.json) and the assistant's generation prompt; prints the reply alone, "
+      ("chat", "the prompt is a user message: rendered with the model's chat template "
+       "(--chat-template, else the run's data.chat_template, else the one recognised in the "
+       "tokenizer folder's tokenizer_config.json) and the assistant's generation prompt; prints "
+       "the reply alone, "
        "ended at the template's end-of-turn token")
+      ("chat-template", "with --chat: render in this built-in chat format (llama3, llama3.1, "
+       "llama3.2, chatml, qwen2, qwen2.5, qwen3, plain) instead of the run's data.chat_template "
+       "or the tokenizer folder's template", cxxopts::value<std::string>(), "NAME")
       ("system", "with --chat: a system message before the user's", cxxopts::value<std::string>(),
        "TEXT")
       ("max-new-tokens", "tokens to generate", cxxopts::value<int64_t>()->default_value("256"), "N")
@@ -109,8 +113,9 @@ cxxopts::Options generate_options() {
 }
 
 // The tokens of `text` as tokenizers' encode(text) gives them: special tokens written in it
-// matched, and the post-processor's bos (Llama 3's) before them. An empty text is the bos, else
-// the end-of-text token (GPT-2's <|endoftext|>, as GPT-2 starts).
+// matched, and the post-processor's bos (Llama 3's) before them, also before a bos written at the
+// text's start (as tokenizers adds it). An empty text is the bos, else the end-of-text token
+// (GPT-2's <|endoftext|>, as GPT-2 starts).
 std::vector<int64_t> tokenizer_ids(const data::BpeTokenizer& bpe, const std::string& text) {
   if (text.empty()) {
     const int64_t start = bpe.bos_id() >= 0 ? bpe.bos_id() : bpe.end_of_text();
@@ -121,9 +126,7 @@ std::vector<int64_t> tokenizer_ids(const data::BpeTokenizer& bpe, const std::str
     return {start};
   }
   std::vector<int64_t> ids = bpe.encode(text, /*allow_special=*/true);
-  if (bpe.added_bos_id() >= 0 && ids.front() != bpe.added_bos_id()) {
-    ids.insert(ids.begin(), bpe.added_bos_id());
-  }
+  if (bpe.added_bos_id() >= 0) ids.insert(ids.begin(), bpe.added_bos_id());
   return ids;
 }
 
@@ -151,10 +154,7 @@ std::string tokenizer_path(const cxxopts::ParseResult& args, const config::Loade
 // The tokenizer at `path`, whose ids the model's `vocabulary` must hold.
 std::unique_ptr<data::BpeTokenizer> model_tokenizer(const std::string& path, int64_t vocabulary) {
   auto bpe = std::make_unique<data::BpeTokenizer>(load_tokenizer_or_usage(path));
-  if (vocabulary < bpe->vocab_size()) {
-    throw UsageError("--tokenizer: the model's vocabulary has " + std::to_string(vocabulary) +
-                     " tokens, fewer than the tokenizer's " + std::to_string(bpe->vocab_size()));
-  }
+  require_vocabulary_holds(vocabulary, bpe->vocab_size(), "--tokenizer " + path);
   return bpe;
 }
 
@@ -211,6 +211,9 @@ struct Prompt {
 Prompt text_prompt(const cxxopts::ParseResult& args, const config::LoadedConfig& loaded,
                    int64_t vocabulary) {
   if (args.count("system")) throw UsageError("--system gives --chat's system message; add --chat");
+  if (args.count("chat-template")) {
+    throw UsageError("--chat-template gives --chat's format; add --chat");
+  }
   const std::string given = prompt_text(args);
   const std::string tokenizer = tokenizer_path(args, loaded);
   Prompt p;
@@ -224,6 +227,18 @@ std::string tokenizer_folder(const std::string& path) {
   if (checkpoint::is_directory(path)) return path;
   const auto parent = std::filesystem::path(path).parent_path();
   return parent.empty() ? "." : parent.string();
+}
+
+// The chat format --chat renders in: --chat-template, else a chat run's data.chat_template, else
+// "auto" (the tokenizer folder's template).
+std::string chat_template_name(const cxxopts::ParseResult& args, const data::ChatOptions* run) {
+  if (!args.count("chat-template")) return run ? run->chat_template : "auto";
+  const std::string name = args["chat-template"].as<std::string>();
+  if (!data::chat_format_named(name)) {
+    throw UsageError("--chat-template: \"" + name + "\" is none of " +
+                     join(data::chat_format_names(), "|"));
+  }
+  return name;
 }
 
 // --chat: [--system's message,] the prompt as a user message, rendered in the run's chat format
@@ -244,15 +259,15 @@ Prompt chat_prompt(const cxxopts::ParseResult& args, const config::LoadedConfig&
   std::unique_ptr<data::ChatEncoder> encoder;
   try {
     const auto format =
-        data::pick_chat_format(run ? run->chat_template : "auto", tokenizer_folder(tokenizer));
+        data::pick_chat_format(chat_template_name(args, run), tokenizer_folder(tokenizer));
     encoder = std::make_unique<data::ChatEncoder>(
         *p.bpe, format, data::chat_specials(*p.bpe, format, run ? run->chat_date : ""),
         data::TrainOn::assistant);
   } catch (const data::DataConfigError& e) {
     const std::string why = e.message().substr(0, e.message().find("; set data.chat_template"));
-    throw UsageError("generate --chat: " + why +
-                     "; set data.chat_template: " + join(data::chat_format_names(), "|") +
-                     " in the run's config (a chat data set's key), or generate without --chat");
+    throw UsageError("generate --chat: " + why + "; give --chat-template " +
+                     join(data::chat_format_names(), "|") +
+                     " (the format the model was trained in), or generate without --chat");
   } catch (const data::ChatEncodeError& e) {
     throw UsageError(std::string("generate --chat: ") + e.what());
   }

@@ -57,9 +57,20 @@ void check_paths(const std::string& out, const std::vector<std::string>& files,
   }
 }
 
-}  // namespace
+// --threads: 0 for one per core, else at most kMaxThreads (each is a thread and a cache).
+int encoding_threads(int threads) {
+  constexpr int kMaxThreads = 1024;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads < 0) throw UsageError("--threads: expected 0 (one per core) or more");
+  if (threads > kMaxThreads) {
+    throw UsageError(
+        strprintf("--threads %d: at most %d (this machine has %d cores; 0: one per core)", threads,
+                  kMaxThreads, cores));
+  }
+  return threads == 0 ? cores : threads;
+}
 
-int tokenize_command(int argc, char** argv) {
+cxxopts::Options tokenize_options() {
   cxxopts::Options options("trainer tokenize",
                            "Encodes text files with a byte-level BPE tokenizer into a token file "
                            "(data.name: tokens), the end-of-text token between the files, and "
@@ -74,7 +85,7 @@ int tokenize_command(int argc, char** argv) {
       ("out", "the token file to write (written atomically), e.g. train.bin; its description "
        "goes to FILE.json (train.bin.json)",
        cxxopts::value<std::string>(), "FILE")
-      ("threads", "encoding threads (0: one per core)",
+      ("threads", "encoding threads, at most 1024 (0: one per core)",
        cxxopts::value<int>()->default_value("0"), "N")
       ("format", "token width: uint16 (nanoGPT's .bin), uint32, or auto (uint16 when the "
        "vocabulary fits)", cxxopts::value<std::string>()->default_value("auto"), "F")
@@ -84,6 +95,13 @@ int tokenize_command(int argc, char** argv) {
   // clang-format on
   options.parse_positional({"files"});
   options.positional_help("FILES...");
+  return options;
+}
+
+}  // namespace
+
+int tokenize_command(int argc, char** argv) {
+  auto options = tokenize_options();
   const cxxopts::ParseResult args = parse_or_usage(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help();
@@ -97,9 +115,7 @@ int tokenize_command(int argc, char** argv) {
   check_paths(out, files, args["tokenizer"].as<std::string>());
   const data::BpeTokenizer tokenizer = load_tokenizer_or_usage(args["tokenizer"].as<std::string>());
   const int width = token_width(args["format"].as<std::string>(), tokenizer.vocab_size());
-  int threads = args["threads"].as<int>();
-  if (threads < 0) throw UsageError("--threads: expected 0 (one per core) or more");
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = encoding_threads(args["threads"].as<int>());
   const auto start = std::chrono::steady_clock::now();
   const auto r =
       data::tokenize_files(tokenizer, files, out, width, threads, args.count("allow-special") > 0);

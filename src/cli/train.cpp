@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "config/loader.h"
+#include "data/chat.h"
 #include "distributed/env.h"
 #include "engine/loop/components.h"
 #include "engine/loop/mlflow_run.h"
@@ -129,7 +130,11 @@ void log_result(const engine::FitResult& result, const engine::Trainer& engine) 
     return;
   }
   const auto& e = result.last_eval;
-  std::string line = strprintf("done: %" PRId64 " steps in %.1f s", result.steps, result.seconds);
+  std::string line =
+      result.first_step > 0
+          ? strprintf("done: %" PRId64 " steps (%" PRId64 " in this process, %.1f s)", result.steps,
+                      result.steps - result.first_step, result.seconds)
+          : strprintf("done: %" PRId64 " steps in %.1f s", result.steps, result.seconds);
   if (e.samples > 0 && e.sequence) {
     line += strprintf("; val loss %.4f, ppl %.3f", e.loss, e.ppl);
   } else if (e.samples > 0) {
@@ -141,6 +146,50 @@ void log_result(const engine::FitResult& result, const engine::Trainer& engine) 
                       " more for logging, evaluation and checkpoints)",
                       result.ops_per_step, result.host_reads_per_step,
                       result.host_reads_outside_steps));
+}
+
+// The config.yaml of the run a resume continues: the run dir's (--resume auto, a restart), the one
+// named, or the one holding the checkpoint file named (RUN_DIR/checkpoints/FILE).
+fs::path resumed_config(const config::LoadedConfig& loaded, const std::string& resume) {
+  std::error_code ec;
+  if (resume.empty() || resume == "auto") return fs::path(loaded.cfg.run.dir) / "config.yaml";
+  if (fs::is_directory(resume, ec)) return fs::path(resume) / "config.yaml";
+  return fs::path(resume).parent_path().parent_path() / "config.yaml";
+}
+
+// data.chat_date of a run whose chat template dates its system header today (Llama 3.2),
+// resolved once and recorded in config.yaml and the checkpoints: when resuming, the date the
+// run's config.yaml recorded, else today's. Every rank takes rank 0's (the engine broadcasts it).
+void resolve_chat_date(config::LoadedConfig& loaded, bool resuming, const std::string& resume) {
+  if (!data::chat_dated_today(loaded.cfg.data, engine::data_context(loaded.cfg))) return;
+  std::string date;
+  const fs::path saved = resumed_config(loaded, resume);
+  std::error_code ec;
+  if (resuming && fs::is_regular_file(saved, ec)) {
+    try {
+      const auto before = config::load(saved.string(), {}, engine::config_defaults());
+      if (before.cfg.data.name == "chat") date = before.cfg.data.own<data::ChatOptions>().chat_date;
+    } catch (const std::exception& e) {
+      log::warn("data.chat_date: " + saved.string() + " cannot be read (" + e.what() +
+                "); the run renders today's date");
+    }
+  }
+  if (date.empty()) date = data::chat_today();
+  loaded.cfg.data.options.set("chat_date", date);
+  log::info("data.chat_date: " + date + " (the date the " +
+            std::string(resuming ? "resumed " : "") +
+            "run renders in its chat template's system header, recorded in config.yaml)");
+}
+
+// --dry-run's kind: "plan" (the flag alone), "load", or "" without the flag.
+std::string dry_run_kind(const cxxopts::ParseResult& args) {
+  const std::string kind = args.count("dry-run") ? args["dry-run"].as<std::string>() : "";
+  if (!kind.empty() && kind != "plan" && kind != "load") {
+    throw UsageError("--dry-run: '" + kind +
+                     "' is not a kind of dry run; use --dry-run (plan: no parameter allocated) "
+                     "or --dry-run=load (the model built and loaded as training does)");
+  }
+  return kind;
 }
 
 }  // namespace
@@ -185,8 +234,9 @@ int train_command(int argc, char** argv) {
     throw UsageError("--resume: " + resume +
                      " is neither a checkpoint file nor a run dir (or use --resume auto)");
   }
-  const auto loaded = load_config(args["config"].as<std::string>(), overrides_of(args),
-                                  engine::config_environment());
+  auto loaded = load_config(args["config"].as<std::string>(), overrides_of(args),
+                            engine::config_environment());
+  resolve_chat_date(loaded, !resume.empty() || job.restart_count > 0, resume);
   const std::string resolved = config::to_yaml(loaded.cfg);
   if (args.count("print-config")) {
     std::cout << resolved;
@@ -200,12 +250,7 @@ int train_command(int argc, char** argv) {
               loaded.cfg.dist.strategy + "), as trainer launch --standalone starts it");
     return run_local_job(std::vector<std::string>(argv + 1, argv + argc), nproc);
   }
-  const std::string dry_run = args.count("dry-run") ? args["dry-run"].as<std::string>() : "";
-  if (!dry_run.empty() && dry_run != "plan" && dry_run != "load") {
-    throw UsageError("--dry-run: '" + dry_run +
-                     "' is not a kind of dry run; use --dry-run (plan: no parameter allocated) "
-                     "or --dry-run=load (the model built and loaded as training does)");
-  }
+  const std::string dry_run = dry_run_kind(args);
   engine::Trainer engine(loaded, job,
                          dry_run == "plan" ? engine::Build::plan : engine::Build::train);
   if (job.rank == 0) {

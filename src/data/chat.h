@@ -40,7 +40,8 @@ struct ChatOptions {
   std::string train_on = "assistant";  // assistant, all, last or completion (chat_encode.h)
   bool pack = false;                   // several conversations per sample, block-causal
   std::string chat_date;  // Llama 3.1 and 3.2's "Today Date" ("26 Jul 2024"); empty: the
-                          // template's own (3.1: 26 Jul 2024; 3.2: today, as transformers)
+                          // template's own (3.1: 26 Jul 2024; 3.2: today, as transformers), which
+                          // a training run resolves once and records (chat_dated_today)
 
   template <class V>
   void visit(V& v) {
@@ -56,6 +57,12 @@ struct ChatOptions {
   }
   void validate(config::Checks& c) const;
 };
+
+// Whether a run on the data section `cfg` renders today's date (data.name chat, no
+// data.chat_date, and a format dated today: Llama 3.2's, forced or recognised in the tokenizer's
+// folder), which the run then resolves once and records as data.chat_date. Reads only the
+// template; false where the data set would refuse its settings.
+bool chat_dated_today(const config::DataConfig& cfg, const DataContext& ctx);
 
 // One split's conversations, tokenized, end to end.
 struct ChatConversations {

@@ -103,6 +103,17 @@ ChatFormat pick_chat_format(const std::string& chat_template, const std::string&
   return *format;
 }
 
+std::optional<ChatFormat> find_chat_format(const std::string& chat_template,
+                                           const std::string& folder) {
+  if (chat_template != "auto") return chat_format_named(chat_template);
+  try {
+    std::string source;
+    return recognize_chat_template(folder_template(folder, source));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 ChatSpecials chat_specials(const BpeTokenizer& tokenizer, ChatFormat format,
                            const std::string& date) {
   const auto text = [&](int64_t id) { return id >= 0 ? tokenizer.id_to_token(id) : ""; };

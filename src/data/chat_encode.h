@@ -45,6 +45,10 @@ class ChatEncodeError : public std::invalid_argument {
 // DataError for a tokenizer_config.json that is not JSON.
 ChatFormat pick_chat_format(const std::string& chat_template, const std::string& folder);
 
+// The format pick_chat_format picks, without logging; nullopt where it would throw.
+std::optional<ChatFormat> find_chat_format(const std::string& chat_template,
+                                           const std::string& folder);
+
 // What `format` renders with `tokenizer` besides the messages: its bos (plain: the bos its
 // post-processor adds), its eos, and `date` (data.chat_date) as Llama 3.1 and 3.2's date.
 ChatSpecials chat_specials(const BpeTokenizer& tokenizer, ChatFormat format,

@@ -238,7 +238,40 @@ void split_lines(const std::vector<Line>& lines, std::vector<LineResult>& result
   }
 }
 
+// DataConfigError for the first line that cannot be used (under data.val_files for a validation
+// file, else data.root or data.files); a file that is one JSON array is named as such.
+void refuse_unusable(const std::vector<Line>& lines, const std::vector<LineResult>& results,
+                     const std::vector<std::vector<uint8_t>>& buffers,
+                     const std::vector<std::string>& files, size_t first_val, bool root_key) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (results[i].fatal.empty()) continue;
+    const auto f = static_cast<size_t>(lines[i].file);
+    const std::string key = f >= first_val ? "data.val_files"
+                            : root_key     ? "data.root"
+                                           : "data.files";
+    const std::string_view text(reinterpret_cast<const char*>(buffers[f].data()),
+                                buffers[f].size());
+    if (json_array_file(text)) {
+      throw DataConfigError(key, files[f] +
+                                     " is a JSON array, not JSON Lines (one record per line); "
+                                     "write each record on a line of its own (jq -c '.[]' " +
+                                     files[f] + ")");
+    }
+    throw DataConfigError(key, results[i].fatal);
+  }
+}
+
 }  // namespace
+
+bool chat_dated_today(const config::DataConfig& cfg, const DataContext& ctx) {
+  if (cfg.name != "chat") return false;
+  const auto& o = cfg.own<ChatOptions>();
+  if (!o.chat_date.empty()) return false;
+  std::string path = o.tokenizer.empty() ? ctx.pretrained : o.tokenizer;
+  if (o.tokenizer.empty() && is_file(path)) path = tokenizer_folder(path);  // a safetensors file
+  const auto format = find_chat_format(o.chat_template, tokenizer_folder(path));
+  return format && chat_format_dated_today(*format);
+}
 
 ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
   const auto& o = cfg.own<ChatOptions>();
@@ -282,13 +315,7 @@ ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
   std::vector<std::vector<uint8_t>> buffers;
   const auto lines = read_lines(data.train.files, buffers);
   auto results = encode_lines(lines, data.train.files, *encoder);
-  for (size_t i = 0; i < lines.size(); ++i) {
-    if (results[i].fatal.empty()) continue;
-    throw DataConfigError(lines[i].file >= static_cast<int32_t>(first_val) ? "data.val_files"
-                          : o.files.empty()                                ? "data.root"
-                                                                           : "data.files",
-                          results[i].fatal);
-  }
+  refuse_unusable(lines, results, buffers, data.train.files, first_val, o.files.empty());
   data.val.files = data.train.files;
   split_lines(lines, results, first_val, o.val_fraction, static_cast<uint64_t>(ctx.seed), data);
   return data;

@@ -148,6 +148,12 @@ bool blank_line(std::string_view line) {
   return true;
 }
 
+bool json_array_file(std::string_view text) {
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  return first != std::string_view::npos && text[first] == '[' &&
+         Json::accept(text.begin(), text.end());
+}
+
 ChatRecord parse_chat_record(std::string_view line, const std::string& where) {
   const Json record = parse_json(line, where);
   if (!record.is_object()) {

@@ -38,6 +38,10 @@ class ChatRecordError : public std::invalid_argument {
 // Whether `line` holds only whitespace (such lines are skipped).
 bool blank_line(std::string_view line);
 
+// Whether `text`, a whole file, is one JSON array (e.g. Alpaca's alpaca_data.json, pretty-printed):
+// records written as JSON, not JSON Lines.
+bool json_array_file(std::string_view text);
+
 // The record of one JSONL line; `where` is "FILE:LINE". Throws ChatRecordError.
 ChatRecord parse_chat_record(std::string_view line, const std::string& where);
 

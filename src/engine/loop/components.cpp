@@ -126,8 +126,15 @@ void make_loaders(Components& c, const config::Config& cfg, const distributed::D
 // The splits, this rank's loaders and the run's length in steps.
 void make_data(Components& c, const config::LoadedConfig& loaded, const distributed::DistEnv& job) {
   const auto& cfg = loaded.cfg;
+  // A chat run's data.chat_date as rank 0 resolved it (cli/train.cpp), on every rank.
+  config::DataConfig data = cfg.data;
+  if (c.group && cfg.data.name == "chat") {
+    data.options.set(
+        "chat_date",
+        c.group->broadcast_text(cfg.data.options.value<std::string>("chat_date"), /*root=*/0));
+  }
   try {
-    c.splits = data::dataset_registry().get(cfg.data.name)(cfg.data, data_context(cfg));
+    c.splits = data::dataset_registry().get(cfg.data.name)(data, data_context(cfg));
   } catch (const data::DataConfigError& e) {
     config_error(loaded, e.key(), e.message());
   }
@@ -227,6 +234,18 @@ bool streams_into_parts(const Components& c, const config::Config& cfg) {
          !cfg.model.lora.enabled();
 }
 
+// c.model built under `deferral` (nn/deferred_init.h); a planned one wholly on the meta device.
+void build_net(Components& c, const config::LoadedConfig& loaded, nn::Deferral deferral) {
+  try {
+    nn::DeferredInit deferred(deferral);
+    c.model = models::build_model(loaded.cfg.model, c.input);
+    // What the model built with storage (norms, buffers; a model that ignores the setting).
+    if (deferral == nn::Deferral::shapes_only) nn::move_to_meta(*c.model);
+  } catch (const models::ModelError& e) {
+    config_error(loaded, e.key(), e.what());
+  }
+}
+
 // The model, its weights loaded (under tp, this rank's parts); where they stream into the FSDP
 // shards (streams_into_parts), the reader make_fsdp fills them from instead.
 ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
@@ -242,16 +261,10 @@ ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
   }
   const bool plan = c.build == Build::plan;
   const bool stream = !plan && streams_into_parts(c, cfg);
-  try {
-    nn::DeferredInit deferred(plan     ? nn::Deferral::shapes_only
-                              : stream ? nn::Deferral::unwritten
-                                       : nn::Deferral::none);
-    c.model = models::build_model(cfg.model, c.input);
-    // What the model built with storage (norms, buffers; a model that ignores the setting).
-    if (plan) nn::move_to_meta(*c.model);
-  } catch (const models::ModelError& e) {
-    config_error(loaded, e.key(), e.what());
-  }
+  build_net(c, loaded,
+            plan     ? nn::Deferral::shapes_only
+            : stream ? nn::Deferral::unwritten
+                     : nn::Deferral::none);
   if (spec.packed && !c.model->takes_positions()) {
     config_error(loaded, "data.pack",
                  "model " + cfg.model.name +
