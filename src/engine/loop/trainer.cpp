@@ -16,7 +16,6 @@
 #include "engine/loop/trainer_state.h"
 #include "engine/measure/flops.h"
 #include "engine/measure/op_count.h"
-#include "engine/use/probes.h"
 #include "nn/autocast.h"
 #include "util/device.h"
 #include "util/format.h"
@@ -357,33 +356,17 @@ class Run {
 
 }  // namespace
 
-// Language models: the model FLOPs of a training sample (3 x the forward's matrix products, as
-// trainer bench counts a step; under dist.tp_size a rank's share times the group's ranks) and the
+// Language models: the model FLOPs of a training sample (Trainer::train_flops: the forward and
+// what its backward computes; under dist.tp_size a rank's share times the group's ranks) and the
 // device's matrix-product rate in the compute dtype, measured as bench measures it, for the train
 // records' MFU. Every rank must call this, in the same order (fsdp and tensor parallelism gather
 // in the forward).
-// The model FLOPs of a training step over one batch (engine/flops.h): the forward and what its
-// backward computes, which leaves out the weight gradients of frozen weights (LoRA's base).
-// With dist.strategy fsdp in a group every rank must call this, in the same order.
-static int64_t train_step_flops(Components& p, int64_t batch) {
-  const auto inputs = first_samples(p, batch).inputs.to(p.device);  // [B, ...]
-  p.model->eval();  // batch-norm statistics and dropout's draws left alone
-  if (p.fsdp) p.fsdp->gather_root();
-  const int64_t flops = count_train_flops([&] {
-    nn::AutocastGuard autocast(p.device.type(), p.precision.dtype, p.precision.autocast);
-    p.model->forward(inputs);
-  });
-  if (p.fsdp) p.fsdp->release_root();
-  p.model->train();
-  return flops;
-}
-
-static void measure_utilisation(Trainer::State& s, MetricsLog& log) {
+static void measure_utilisation(Trainer& trainer, Trainer::State& s, MetricsLog& log) {
   auto& p = s.parts;
   if (!p.splits.spec.sequence) return;
   const int64_t batch = s.loaded.cfg.data.batch_size;
   const double per_sample =
-      static_cast<double>(train_step_flops(p, batch)) * p.tp_size() / static_cast<double>(batch);
+      static_cast<double>(trainer.train_flops()) * p.tp_size() / static_cast<double>(batch);
   const c10::ScalarType dtype = p.precision.autocast ? p.precision.dtype : torch::kFloat;
   const double peak = matmul_peak_tflops(p.device, dtype);
   log.set_utilisation(per_sample, peak);
@@ -404,7 +387,7 @@ Trainer::~Trainer() = default;
 
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   Run run(*s_, stop);
-  measure_utilisation(*s_, run.log());
+  measure_utilisation(*this, *s_, run.log());
   StepBatches batches(*s_->parts.train_loader, s_->state, s_->parts.steps_per_epoch,
                       s_->loaded.cfg.train.grad_accum_steps);
   while (run.steps_left()) {

@@ -108,6 +108,10 @@ class Trainer {
   // The floating-point operations of one forward pass over one training batch (engine/flops.h),
   // under autocast when amp.enabled.
   int64_t forward_flops();
+  // The model FLOPs of a training step over one training batch (engine/use/probes.h's
+  // train_step_flops: frozen weights cost no weight gradient). Every rank must call this, in the
+  // same order.
+  int64_t train_flops();
 
   // The newest checkpoint written or resumed from; "" when none.
   std::string last_checkpoint() const;

@@ -34,6 +34,20 @@ int64_t forward_flops(Components& parts, int64_t batch) {
   return flops;
 }
 
+int64_t train_step_flops(Components& parts, int64_t batch) {
+  const auto inputs = first_samples(parts, batch).inputs.to(parts.device);  // [B, ...]
+  parts.model->eval();  // batch-norm statistics and dropout's draws left alone
+  if (parts.fsdp) parts.fsdp->gather_root();
+  const int64_t flops = count_train_flops([&] {
+    nn::AutocastGuard autocast(parts.device.type(), parts.precision.dtype,
+                               parts.precision.autocast);
+    parts.model->forward(inputs);
+  });
+  if (parts.fsdp) parts.fsdp->release_root();
+  parts.model->train();
+  return flops;
+}
+
 namespace {
 
 // A planned model's step (Build::plan) on meta tensors. Meta tensors do not take autocast, so

@@ -20,6 +20,13 @@ data::Batch first_samples(const Components& parts, int64_t batch);
 // fsdp in a group every rank must call this, in the same order (the blocks are gathered).
 int64_t forward_flops(Components& parts, int64_t batch);
 
+// The model FLOPs of a training step over `batch` training samples (engine/measure/flops.h's
+// count_train_flops): the forward and what its backward computes, which leaves out the weight
+// gradients of frozen weights (LoRA's base); under autocast when the run uses it. Leaves the
+// model in training mode. With dist.strategy fsdp in a group every rank must call this, in the
+// same order.
+int64_t train_step_flops(Components& parts, int64_t batch);
+
 // The measured CPU peak of one forward/backward of `net` at `batch` training samples (float32 or
 // bfloat16 autocast), without parameters and optimizer state. The model must be on the CPU.
 int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t batch);

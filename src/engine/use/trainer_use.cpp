@@ -157,6 +157,10 @@ int64_t Trainer::forward_flops() {
   return engine::forward_flops(s_->parts, s_->loaded.cfg.data.batch_size);
 }
 
+int64_t Trainer::train_flops() {
+  return train_step_flops(s_->parts, s_->loaded.cfg.data.batch_size);
+}
+
 int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
   return step_peak(s_->parts, *s_->parts.model, bf16, batch);
 }
