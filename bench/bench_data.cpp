@@ -16,7 +16,7 @@
 
 #include "config/loader.h"
 #include "data/dataset.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 
 namespace {
 

@@ -18,8 +18,8 @@
 #include "models/cached_decoder.h"
 #include "models/decoder.h"
 #include "nn/aligned_head.h"
-#include "nn/fused_gpt_ops.h"
-#include "nn/fused_ops.h"
+#include "nn/fused/fused_gpt_ops.h"
+#include "nn/fused/fused_ops.h"
 
 namespace trainer::models {
 namespace {
@@ -64,7 +64,7 @@ struct GptOptions {
     // llama's values too: the key is shared, and every model's checks see it.
     c.one_of("fused_kernels", fused_kernels, {"auto", "on", "off"});
   }
-  // Whether LayerNorm, its residual add and the MLP's bias + GELU take nn/fused_gpt_ops.h's
+  // Whether LayerNorm, its residual add and the MLP's bias + GELU take nn/fused/fused_gpt_ops.h's
   // kernels where their tensors allow (CUDA).
   bool fused() const { return fused_kernels != "off"; }
 };
@@ -75,7 +75,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // LayerNorm over the last dimension whose bias is optional (torch::nn::LayerNorm always has one).
-// `fused`: on a CUDA device one kernel each way (nn/fused_gpt_ops.h), giving what ATen's gives:
+// `fused`: on a CUDA device one kernel each way (nn/fused/fused_gpt_ops.h), giving what ATen's gives:
 // the dtype (float32 under autocast, whose layer_norm runs in float32) and the values within
 // rounding.
 class GptLayerNormImpl : public torch::nn::Module {
@@ -234,7 +234,7 @@ class GptMlpImpl : public torch::nn::Module {
  private:
   // gelu_tanh(c_fc(x)): [B, T, C] -> [B, T, 4C']. With model.fused_kernels on a CUDA device and
   // c_fc a whole layer without a LoRA adapter, c_fc's product without its bias, then the bias add
-  // and the GELU in one kernel each way (nn/fused_gpt_ops.h; under autocast the bias cast to the
+  // and the GELU in one kernel each way (nn/fused/fused_gpt_ops.h; under autocast the bias cast to the
   // product's dtype, as autocast's linear casts it).
   torch::Tensor hidden(const torch::Tensor& x) {
     if (fused_ && !tp && !c_fc->adapted() && x.is_cuda() && nn::fused_kernels_built()) {

@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "models/builtin.h"
-#include "nn/fused_ops.h"
-#include "nn/fused_rotary_ops.h"
+#include "nn/fused/fused_ops.h"
+#include "nn/fused/fused_rotary_ops.h"
 
 namespace trainer::models::llama {
 
@@ -88,8 +88,8 @@ struct LlamaOptions {
   }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_width() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
-  // Whether RMSNorm, SwiGLU and the rotary embeddings take the fused kernels (nn/fused_ops.h,
-  // nn/fused_rotary_ops.h) where their tensors allow (CUDA).
+  // Whether RMSNorm, SwiGLU and the rotary embeddings take the fused kernels (nn/fused/fused_ops.h,
+  // nn/fused/fused_rotary_ops.h) where their tensors allow (CUDA).
   bool fused() const { return fused_kernels != "off"; }
 };
 
@@ -120,7 +120,7 @@ inline torch::Tensor inverse_frequencies(const LlamaOptions& o) {
 // positions [B, T] (data::Batch::positions), each token's own: [B, T, 1, head_dim] each.
 // With model.fused_kernels on a CUDA device the rotation is `tables` instead (cos and sin
 // undefined): every position's float32 cos and sin, and the row each token reads, for the fused
-// kernel (nn/fused_rotary_ops.h).
+// kernel (nn/fused/fused_rotary_ops.h).
 struct Rope {
   Rope() = default;
   Rope(torch::Tensor cos_, torch::Tensor sin_) : cos(std::move(cos_)), sin(std::move(sin_)) {}
@@ -167,7 +167,7 @@ inline std::pair<torch::Tensor, torch::Tensor> rotate_qk(const torch::Tensor& q,
 }
 
 // transformers' LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, cast back, times the weight.
-// `fused`: on a CUDA device one kernel each way (nn/fused_ops.h), the same arithmetic.
+// `fused`: on a CUDA device one kernel each way (nn/fused/fused_ops.h), the same arithmetic.
 class LlamaRmsNormImpl : public torch::nn::Module {
  public:
   LlamaRmsNormImpl(int64_t dim, double eps, bool fused = false) : eps_(eps), fused_(fused) {
@@ -315,7 +315,7 @@ TORCH_MODULE(LlamaAttention);
 
 // SwiGLU: down(silu(gate(x)) * up(x)). Under tp gate and up are column-parallel and down
 // row-parallel: this rank computes I' = intermediate_size / tp of the hidden units. With
-// model.fused_kernels on a CUDA device silu(gate) * up is one kernel each way (nn/fused_ops.h).
+// model.fused_kernels on a CUDA device silu(gate) * up is one kernel each way (nn/fused/fused_ops.h).
 class LlamaMlpImpl : public torch::nn::Module {
  public:
   explicit LlamaMlpImpl(const LlamaOptions& o) : fused_(o.fused()) {

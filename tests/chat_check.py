@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The chat data set (data.name: chat, src/data/chat.h) against transformers' apply_chat_template
+"""The chat data set (data.name: chat, src/data/tokens/chat.h) against transformers' apply_chat_template
 (CTest Chat.MatchesApplyChatTemplate).
 
   chat_check.py CHAT_TOOL TRAINER

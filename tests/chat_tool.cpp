@@ -1,4 +1,4 @@
-// Helper of tests/chat_check.py: the chat data set (data/chat.h) and the samples of a token data
+// Helper of tests/chat_check.py: the chat data set (data/tokens/chat.h) and the samples of a token data
 // set, as the trainer builds them.
 //
 //   chat_tool OUT KEY=VALUE...
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "data/chat.h"
+#include "data/tokens/chat.h"
 #include "data/dataset.h"
 #include "util/log.h"
 

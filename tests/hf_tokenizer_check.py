@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The byte-level BPE tokenizer (src/data/hf_tokenizer.h) against Hugging Face's `tokenizers`,
+"""The byte-level BPE tokenizer (src/text/tokenizer/hf_tokenizer.h) against Hugging Face's `tokenizers`,
 token for token (CTest Tokenizer.HfTokenizerMatchesTokenizers).
 
   hf_tokenizer_check.py BPE_TOOL TRAINER

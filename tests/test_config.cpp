@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "config/loader.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;

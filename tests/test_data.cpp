@@ -18,8 +18,8 @@
 
 #include "config/config.h"
 #include "data/dataset.h"
-#include "data/memory_images.h"
-#include "data/shards.h"
+#include "data/image/memory_images.h"
+#include "data/tokens/shards.h"
 #include "idx_files.h"
 #include "image_files.h"
 #include "temp_dir.h"

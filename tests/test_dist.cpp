@@ -15,7 +15,7 @@
 
 #include "cli_fixture.h"
 #include "distributed/failure_text.h"
-#include "util/net.h"
+#include "util/net/net.h"
 
 namespace {
 

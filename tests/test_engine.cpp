@@ -8,7 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "engine/loop/graphed_step.h"
 #include "engine/loop/spike_guard.h"
 #include "engine/loop/trainer.h"

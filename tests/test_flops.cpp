@@ -1,11 +1,11 @@
-// Counting model FLOPs (engine/flops.h) and the trainer's forward count for `trainer bench`.
+// Counting model FLOPs (engine/measure/flops.h) and the trainer's forward count for `trainer bench`.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <fstream>
 
 #include "config/loader.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "engine/measure/flops.h"
 #include "engine/loop/trainer.h"
 #include "nn/autocast.h"

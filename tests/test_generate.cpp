@@ -1,4 +1,4 @@
-// Sampling the next token (engine/generator.h): temperature, top-k, top-p as Hugging Face's
+// Sampling the next token (engine/use/generator.h): temperature, top-k, top-p as Hugging Face's
 // generate() applies them, seeds, and the generation loop over a decoder.
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -11,7 +11,7 @@
 
 #include "cli_fixture.h"
 #include "config/loader.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "engine/loop/trainer.h"
 #include "engine/measure/memory.h"
 #include "losses/loss.h"
@@ -21,7 +21,7 @@
 #include "optim/grad_scaler.h"
 #include "temp_dir.h"
 #include "util/gpu_monitor.h"
-#include "util/net.h"
+#include "util/net/net.h"
 
 namespace trainer::engine {
 namespace {

@@ -1,4 +1,4 @@
-// The fused RMSNorm and SwiGLU kernels (nn/fused_ops.h) against the ATen compositions they
+// The fused RMSNorm and SwiGLU kernels (nn/fused/fused_ops.h) against the ATen compositions they
 // replace in the llama model: outputs and gradients, float32 / bfloat16 / float16, odd widths,
 // one token and a 50,257-row input. Every test skips when no GPU is visible.
 //
@@ -20,7 +20,7 @@
 #include "models/llama_layers.h"
 #include "nn/activation_checkpoint.h"
 #include "nn/autocast.h"
-#include "nn/fused_ops.h"
+#include "nn/fused/fused_ops.h"
 
 namespace trainer::nn {
 namespace {

@@ -1,4 +1,4 @@
-// The gpt model's fused kernels (nn/fused_gpt_ops.h) against the ATen compositions they replace:
+// The gpt model's fused kernels (nn/fused/fused_gpt_ops.h) against the ATen compositions they replace:
 // torch::layer_norm (of x + r for the fused add), and torch::gelu(h + b, "tanh"); outputs and
 // gradients, float32 / bfloat16 / float16, with and without a bias, a float32 weight with a
 // narrower input (autocast's float32 layer_norm), odd widths (771: no 16-byte loads), one token,
@@ -26,8 +26,8 @@
 #include "gpu_kernel_checks.h"
 #include "models/model.h"
 #include "nn/autocast.h"
-#include "nn/fused_gpt_ops.h"
-#include "nn/fused_ops.h"
+#include "nn/fused/fused_gpt_ops.h"
+#include "nn/fused/fused_ops.h"
 
 namespace trainer::nn {
 namespace {

@@ -16,7 +16,7 @@
 #include "losses/output_loss.h"
 #include "nn/aligned_linear.h"
 #include "nn/autocast.h"
-#include "nn/fused_ops.h"
+#include "nn/fused/fused_ops.h"
 
 namespace trainer {
 namespace {

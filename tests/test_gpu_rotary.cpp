@@ -1,4 +1,4 @@
-// The fused rotary-embedding kernel (nn/fused_rotary_ops.h) against the ATen composition the
+// The fused rotary-embedding kernel (nn/fused/fused_rotary_ops.h) against the ATen composition the
 // llama model uses without it, transformers' apply_rotary_pos_emb (q * cos + rotate_half(q) * sin,
 // cos and sin cast to the hidden states' dtype): outputs and gradients of q and k, float32 /
 // bfloat16 / float16 with float32 tables (autocast's mix) and tables of q's dtype, odd and grouped
@@ -26,8 +26,8 @@
 #include "models/llama_layers.h"
 #include "models/model.h"
 #include "nn/autocast.h"
-#include "nn/fused_ops.h"
-#include "nn/fused_rotary_ops.h"
+#include "nn/fused/fused_ops.h"
+#include "nn/fused/fused_rotary_ops.h"
 
 namespace trainer::nn {
 namespace {

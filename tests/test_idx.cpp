@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "data/idx.h"
+#include "data/image/idx.h"
 #include "idx_files.h"
 #include "temp_dir.h"
 

@@ -1,4 +1,4 @@
-// Image decoding and transforms (data/image.h) and the imagefolder dataset.
+// Image decoding and transforms (data/image/image.h) and the imagefolder dataset.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,7 +13,7 @@
 
 #include "config/config.h"
 #include "data/dataset.h"
-#include "data/image.h"
+#include "data/image/image.h"
 #include "image_files.h"
 #include "temp_dir.h"
 

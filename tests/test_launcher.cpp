@@ -18,7 +18,7 @@
 
 #include "launch/launcher.h"
 #include "temp_dir.h"
-#include "util/net.h"
+#include "util/net/net.h"
 
 namespace trainer::launch {
 namespace {

@@ -24,37 +24,55 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"config", {"util"}},
       {"nn", {"config", "util"}},
       {"models", {"nn", "config", "util"}},
-      {"data", {"config", "util"}},
+      {"text", {"config", "util"}},
+      {"data", {"text", "config", "util"}},
       {"optim", {"nn", "config", "util"}},
       {"losses", {"nn", "config", "util"}},
       {"checkpoint", {"config", "util"}},
       {"distributed", {"nn", "config", "util"}},
       {"tracking", {"util"}},
       {"engine",
-       {"distributed", "checkpoint", "models", "data", "optim", "losses", "nn", "tracking",
-        "config", "util"}},
+       {"distributed", "checkpoint", "models", "data", "text", "optim", "losses", "nn",
+        "tracking", "config", "util"}},
       {"doctor", {"config", "util"}},
       {"launch", {"config", "util"}},
       {"cli",
-       {"launch", "doctor", "engine", "distributed", "checkpoint", "models", "data", "optim",
-        "losses", "nn", "tracking", "config", "util"}},
+       {"launch", "doctor", "engine", "distributed", "checkpoint", "models", "data", "text",
+        "optim", "losses", "nn", "tracking", "config", "util"}},
   };
   return table;
 }
 
 // The engine's folders, in order: measure (counting operators, host reads, FLOPs, memory) under
-// loop (what a training step and fit() run through) under use (bench, doctor's measurements,
-// generation, the uses of a trained model). What each may include of the engine besides itself.
+// setup (the parts a run is built from, Hugging Face loading, the results a step reports) under
+// persist (the checkpointer and its state parts) and observe (metrics, MLflow, the profiler),
+// which never include each other, under loop (the trainer, the step, the evaluator) under use
+// (bench, doctor's measurements, generation, the uses of a trained model). What each may include
+// of the engine besides itself.
 const std::map<std::string, std::set<std::string>>& engine_allowed() {
   static const std::map<std::string, std::set<std::string>> table = {
-      {"measure", {}}, {"loop", {"measure"}}, {"use", {"loop", "measure"}}};
+      {"measure", {}},
+      {"setup", {"measure"}},
+      {"persist", {"setup", "measure"}},
+      {"observe", {"setup", "measure"}},
+      {"loop", {"persist", "observe", "setup", "measure"}},
+      {"use", {"loop", "persist", "observe", "setup", "measure"}}};
   return table;
 }
 
+// The most files one folder under src/ or models/ may hold before it is grouped by concern.
+constexpr int kMaxFilesPerFolder = 25;
+
 // Parts whose code must build without LibTorch.
 const std::set<std::string>& torch_free() {
-  static const std::set<std::string> parts = {"config", "launch", "tracking"};
+  static const std::set<std::string> parts = {"config", "text", "launch", "tracking"};
   return parts;
+}
+
+std::set<std::string> engine_names() {
+  std::set<std::string> names;
+  for (const auto& [folder, _] : engine_allowed()) names.insert(folder);
+  return names;
 }
 
 std::string join(const std::set<std::string>& parts) {
@@ -85,7 +103,7 @@ void check_engine_folder(const fs::path& relative, const std::string& line,
   const auto rule = engine_allowed().find(folder);
   if (rule == engine_allowed().end()) {
     problems.push_back(where + "engine/" + folder +
-                       " is not an engine folder (measure, loop, use)");
+                       " is not an engine folder (" + join(engine_names()) + ")");
     return;
   }
   std::smatch m;
@@ -110,6 +128,19 @@ std::vector<std::string> check_tree(const fs::path& root) {
     }
   }
   std::sort(files.begin(), files.end());
+  std::map<fs::path, int> per_folder;
+  for (const char* top : {"src", "models"}) {
+    if (!fs::is_directory(root / top)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(root / top)) {
+      if (e.is_regular_file()) ++per_folder[fs::relative(e.path().parent_path(), root)];
+    }
+  }
+  for (const auto& [folder, count] : per_folder) {
+    if (count > kMaxFilesPerFolder) {
+      problems.push_back(folder.string() + ": " + std::to_string(count) + " files (at most " +
+                         std::to_string(kMaxFilesPerFolder) + "; group them by concern)");
+    }
+  }
   for (const auto& file : files) {
     const fs::path relative = fs::relative(file, root);
     const std::string part = part_of(relative);
@@ -137,6 +168,7 @@ std::vector<std::string> check_tree(const fs::path& root) {
       }
     }
   }
+  std::sort(problems.begin(), problems.end());
   return problems;
 }
 
@@ -162,16 +194,29 @@ TEST(Layers, ForbiddenIncludesAreReported) {
   fs::create_directories(root / "src" / "engine" / "loop");
   std::ofstream(root / "src" / "engine" / "loop" / "step.cpp")
       << "#include \"engine/measure/op_count.h\"\n#include \"engine/use/bench.h\"\n";
+  fs::create_directories(root / "src" / "engine" / "persist");
+  std::ofstream(root / "src" / "engine" / "persist" / "checkpointer.cpp")
+      << "#include \"engine/setup/components.h\"\n#include \"engine/observe/metrics.h\"\n";
+  fs::create_directories(root / "src" / "text");
+  std::ofstream(root / "src" / "text" / "bpe.cpp") << "#include \"data/dataset.h\"\n";
+  fs::create_directories(root / "src" / "data" / "image");
+  for (int i = 0; i <= kMaxFilesPerFolder; ++i) {
+    std::ofstream(root / "src" / "data" / "image" / ("f" + std::to_string(i) + ".h")) << "\n";
+  }
   const auto problems = check_tree(root);
   fs::remove_all(root);
   EXPECT_EQ(problems,
             (std::vector<std::string>{
                 "models/mlp.cpp:2: models includes data/ (models may include: config, nn, util)",
                 "src/config/loader.cpp:1: config includes torch/ (config builds without LibTorch)",
+                "src/data/image: 26 files (at most 25; group them by concern)",
                 "src/engine/loop/step.cpp:2: engine/loop includes engine/use/ (engine/loop may "
-                "include: measure)",
+                "include: measure, observe, persist, setup)",
+                "src/engine/persist/checkpointer.cpp:2: engine/persist includes engine/observe/ "
+                "(engine/persist may include: measure, setup)",
                 "src/launch/launcher.cpp:3: launch includes cli/ (launch may include: config, "
-                "util)"}));
+                "util)",
+                "src/text/bpe.cpp:1: text includes data/ (text may include: config, util)"}));
 }
 
 }  // namespace

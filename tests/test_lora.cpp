@@ -1,4 +1,4 @@
-// LoRA (nn/lora.h, engine/loop/adapter_state.h): the adapted layer against its formula computed
+// LoRA (nn/lora.h, engine/setup/adapter_state.h): the adapted layer against its formula computed
 // with plain tensor operations, PEFT's initialisation and scaling, the merge, which layers
 // add_adapters adapts and freezes, the config keys, and a run's checkpoint (the adapters alone,
 // the base's identity checked on loading). The numbers against PEFT itself are

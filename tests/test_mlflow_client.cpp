@@ -13,7 +13,7 @@
 #include "tracking/mlflow.h"
 #include "tracking/mlflow_auth.h"
 #include "util/strings.h"
-#include "util/url.h"
+#include "util/net/url.h"
 
 namespace trainer::tracking {
 namespace {

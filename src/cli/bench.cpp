@@ -12,7 +12,7 @@
 #include "cli/options.h"
 #include "config/loader.h"
 #include "distributed/env.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "engine/loop/trainer.h"
 #include "engine/use/bench.h"
 #include "util/fileio.h"

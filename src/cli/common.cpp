@@ -4,7 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "util/log.h"
 
 namespace trainer::cli {

@@ -13,7 +13,7 @@
 #include "config/loader.h"
 #include "distributed/env.h"
 #include "doctor/probe.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "engine/loop/trainer.h"
 #include "models/model.h"
 #include "util/format.h"

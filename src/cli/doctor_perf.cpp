@@ -15,7 +15,7 @@
 #include "config/loader.h"
 #include "distributed/env.h"
 #include "doctor/perf.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "engine/loop/trainer.h"
 #include "engine/use/perf_probe.h"
 #include "util/format.h"

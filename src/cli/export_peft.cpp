@@ -10,7 +10,7 @@
 
 #include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
-#include "engine/loop/adapter_state.h"
+#include "engine/setup/adapter_state.h"
 #include "models/model.h"
 #include "nn/lora.h"
 #include "util/fileio.h"

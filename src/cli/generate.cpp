@@ -1,7 +1,7 @@
 // trainer generate: text sampled from a language model checkpoint, streamed as it is produced;
 // bytes, or a byte-level BPE tokenizer's tokens with --tokenizer (tokenizer.json, a Hugging Face
 // model folder, or GPT-2's encoder.json and vocab.bpe). With --chat the prompt is a user message
-// rendered with the model's chat template (data/chat_template.h) and the reply alone is printed.
+// rendered with the model's chat template (text/chat/chat_template.h) and the reply alone is printed.
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -22,8 +22,8 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/tokenizer_option.h"
-#include "data/chat.h"
-#include "data/chat_encode.h"
+#include "data/tokens/chat.h"
+#include "text/chat/chat_encode.h"
 #include "distributed/env.h"
 #include "engine/loop/trainer.h"
 #include "engine/use/generator.h"

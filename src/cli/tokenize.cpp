@@ -10,8 +10,8 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/tokenizer_option.h"
-#include "data/token_sidecar.h"
-#include "data/tokenize.h"
+#include "text/tokens/token_sidecar.h"
+#include "text/tokens/tokenize.h"
 #include "util/fileio.h"
 #include "util/format.h"
 

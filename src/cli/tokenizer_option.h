@@ -1,4 +1,4 @@
-// --tokenizer PATH of the commands: a byte-level BPE tokenizer (data/hf_tokenizer.h), a kind not
+// --tokenizer PATH of the commands: a byte-level BPE tokenizer (text/tokenizer/hf_tokenizer.h), a kind not
 // built being a usage error.
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "data/hf_tokenizer.h"
+#include "text/tokenizer/hf_tokenizer.h"
 
 namespace trainer::cli {
 

@@ -450,7 +450,7 @@ struct TrackingConfig {
   }
 };
 
-// Training steps recorded by LibTorch's Kineto profiler (engine/loop/profile_window.h).
+// Training steps recorded by LibTorch's Kineto profiler (engine/observe/profile_window.h).
 struct ProfileConfig {
   int64_t start_step = 0;            // the first profiled step (1-based); 0 = no profile
   int64_t steps = 5;                 // steps profiled from there

@@ -16,7 +16,7 @@
 #include "config/loader.h"
 #include "config/loader_internal.h"
 #include "util/format.h"
-#include "util/url.h"
+#include "util/net/url.h"
 
 namespace trainer::config {
 namespace detail {

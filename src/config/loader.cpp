@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "config/loader_internal.h"
-#include "util/url.h"
+#include "util/net/url.h"
 
 namespace trainer::config {
 

@@ -6,7 +6,7 @@
 
 #include "config/config.h"
 #include "util/strings.h"
-#include "util/url.h"
+#include "util/net/url.h"
 
 namespace trainer::config {
 namespace {

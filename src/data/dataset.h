@@ -18,6 +18,7 @@
 
 #include "config/config.h"
 #include "config/registry.h"
+#include "text/error.h"
 
 namespace trainer::data {
 
@@ -108,29 +109,6 @@ struct Splits {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> val;
   DataSpec spec;
-};
-
-// Thrown for unreadable, truncated or corrupt data files; the message names the file and the
-// problem.
-class DataError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Thrown for settings the data rejects (a missing data.root, data.mean of the wrong length, ...);
-// the engine reports it as a config error at the key's YAML location.
-class DataConfigError : public std::invalid_argument {
- public:
-  DataConfigError(std::string key, const std::string& message)
-      : std::invalid_argument(key + ": " + message), key_(std::move(key)), message_(message) {}
-  // The config key the problem is about, e.g. "data.root".
-  const std::string& key() const { return key_; }
-  // The message without the key.
-  const std::string& message() const { return message_; }
-
- private:
-  std::string key_;
-  std::string message_;
 };
 
 // What a data set is built for, beyond its config section.

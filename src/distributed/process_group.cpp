@@ -17,7 +17,7 @@
 #include "util/device.h"
 #include "util/error_text.h"
 #include "util/format.h"
-#include "util/net.h"
+#include "util/net/net.h"
 
 namespace trainer::distributed {
 namespace {

@@ -1,6 +1,6 @@
 // trainer doctor --perf: what a server should reach (its specification), and pure functions that
 // turn measurements into rows of measured vs expected with a verdict and a fix, testable with
-// invented numbers. The measuring is engine/perf_probe.h.
+// invented numbers. The measuring is engine/use/perf_probe.h.
 #pragma once
 
 #include <cstdint>

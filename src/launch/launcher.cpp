@@ -21,7 +21,7 @@
 #include "launch/supervisor.h"
 #include "launch/worker.h"
 #include "util/cxxopts.h"
-#include "util/net.h"
+#include "util/net/net.h"
 
 namespace trainer::launch {
 namespace {

@@ -90,7 +90,7 @@ class AlignedLinear : public torch::autograd::Function<AlignedLinear> {
 torch::Tensor aligned_linear(const torch::Tensor& x, const torch::Tensor& weight) {
   if (aligned_columns(weight.size(0)) == weight.size(0)) return torch::linear(x, weight);
   // Named with its arguments for observers: FLOPs count the product of x and the V rows of the
-  // weight (engine/flops.h), not the padded one it runs.
+  // weight (engine/measure/flops.h), not the padded one it runs.
   RECORD_FUNCTION(kAlignedLinear, std::vector<c10::IValue>({x, weight}));
   return AlignedLinear::apply(x, weight);
 }

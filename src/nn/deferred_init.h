@@ -2,7 +2,7 @@
 //
 // `unwritten`: a model whose parameters are all about to be overwritten from files (a Hugging
 // Face folder streamed into this rank's FSDP shards or tensor-parallel parts,
-// engine/loop/hf_pretrained.h) leaves their values unset (torch::empty, memory never written, so
+// engine/setup/hf_pretrained.h) leaves their values unset (torch::empty, memory never written, so
 // the operating system gives the process no pages for it) instead of drawing its initialisation.
 //
 // `shapes_only`: a model built only to be planned (trainer doctor --config, --dry-run) gets its

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "util/strings.h"
-#include "util/url.h"
+#include "util/net/url.h"
 
 namespace trainer::tracking {
 namespace {

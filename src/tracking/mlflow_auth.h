@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "util/http.h"
+#include "util/net/http.h"
 
 namespace trainer::tracking {
 
@@ -20,7 +20,7 @@ class MlflowSetupError : public std::invalid_argument {
 
 struct MlflowServer {
   std::string url;    // the URI without user-info or a trailing '/': where requests go
-  std::string shown;  // the URI as logged and stored: its user-info masked (util/url.h)
+  std::string shown;  // the URI as logged and stored: its user-info masked (util/net/url.h)
   HttpAuth auth;      // the credentials and TLS settings
   // Where the credentials came from, for messages: "the URI's user-info",
   // "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"; "" = none.

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "util/net.h"
+#include "util/net/net.h"
 
 namespace trainer::tensorboard {
 namespace {

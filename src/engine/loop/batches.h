@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "engine/loop/state.h"
+#include "engine/setup/state.h"
 
 namespace trainer::engine {
 

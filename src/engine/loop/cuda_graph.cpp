@@ -1,4 +1,4 @@
-// The CUDA implementation of StepGraph (engine/graphed_step.h): at::cuda::CUDAGraph, captured on a
+// The CUDA implementation of StepGraph (engine/loop/graphed_step.h): at::cuda::CUDAGraph, captured on a
 // side stream as torch.cuda.graph does.
 #include "engine/loop/graphed_step.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "config/config.h"
-#include "engine/loop/saved_part.h"
+#include "engine/setup/saved_part.h"
 
 namespace trainer::engine {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <optional>
 
-#include "engine/loop/tensor_parallel_state.h"
+#include "engine/persist/tensor_parallel_state.h"
 #include "nn/autocast.h"
 #include "optim/clip.h"
 #include "util/device.h"

@@ -11,46 +11,12 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "distributed/process_group.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
+#include "engine/setup/results.h"
 #include "engine/loop/spike_guard.h"
-#include "engine/loop/state.h"
+#include "engine/setup/state.h"
 
 namespace trainer::engine {
-
-// The phases of a training step, in order (micro-batches repeat forward and backward).
-enum class Phase {
-  data,       // waiting for the step's batches from the loader
-  forward,    // host-to-device copy, forward pass and loss
-  backward,   // backward pass (with DDP: gradient all-reduces overlapping it)
-  grad_sync,  // waiting for DDP's last all-reduces after backward
-  optimizer,  // inf/NaN decision, unscale, clipping, optimizer step
-};
-constexpr int kPhaseCount = 5;
-
-// Told where each step and each of its phases begins: `trainer bench`'s timers and counters. The
-// base class ignores everything.
-class StepObserver {
- public:
-  virtual ~StepObserver() = default;
-  // A step begins with Phase::data.
-  virtual void begin_step() {}
-  // `phase` of the current step begins now, ending the phase before it.
-  virtual void begin(Phase /*phase*/) {}
-  // The step's work is queued; `loss` is its mean loss, a device scalar.
-  virtual void end_step(const torch::Tensor& /*loss*/) {}
-};
-
-// What one training step did; the same on every rank.
-struct StepOutcome {
-  int64_t step = 0;       // the step (TrainingState::step after it)
-  torch::Tensor loss;     // mean loss over the micro-batches, a device scalar (this rank's)
-  bool skipped = false;   // the update was not applied (inf/NaN gradients or loss, a spike)
-  bool bad_loss = false;  // the loss was inf or NaN (on some rank)
-  bool stop = false;      // some rank was asked to stop
-  bool spike = false;     // train.skip_update_zscore found the loss or gradient norm a spike
-  float z_loss = 0.0f;    // their z-scores (0 when not checked or the window is not full)
-  float z_grad_norm = 0.0f;
-};
 
 // The flags a step decides by: the loss (inf/NaN: skip), whether some rank was asked to stop
 // (summed over a group while the last backward runs) and the gradient scaler's found_inf. The
@@ -172,7 +138,7 @@ void count_outcome(const StepOutcome& outcome, TrainingState& state);
 bool ends_run(const StepOutcome& outcome, const TrainingState& state,
               const config::TrainConfig& train);
 
-// The step that dispatches each of its operators (the other: GraphedStep, engine/graphed_step.h).
+// The step that dispatches each of its operators (the other: GraphedStep, engine/loop/graphed_step.h).
 class TrainStep final : public Stepper {
  public:
   // `guard`: train.skip_update_zscore's, or null.

@@ -1,4 +1,4 @@
-// The training engine: builds a run's parts from a validated config (engine/components.h), then
+// The training engine: builds a run's parts from a validated config (engine/setup/components.h), then
 // trains, evaluating, logging and checkpointing as configured.
 //
 // The parts, each with one job: components (what the run trains with), batches (the step
@@ -17,7 +17,7 @@
 #include "config/loader.h"
 #include "distributed/comm_bytes.h"
 #include "distributed/env.h"
-#include "engine/loop/checkpointer.h"
+#include "engine/persist/checkpointer.h"
 #include "engine/loop/evaluator.h"
 #include "engine/loop/step.h"
 #include "engine/measure/memory.h"
@@ -51,7 +51,7 @@ struct FitResult {
 
 class Trainer {
  public:
-  // Builds the run's components (engine/components.h). A launched `job`
+  // Builds the run's components (engine/setup/components.h). A launched `job`
   // (distributed::DistEnv::launched) trains data-parallel over a process group with every other
   // rank: each rank its shard of the data, gradients averaged, metrics averaged, only rank 0
   // writing the run dir. Throws config::ConfigError for settings the model or data reject,
@@ -105,7 +105,7 @@ class Trainer {
   // input pipeline alone.
   double input_samples_per_sec(int64_t steps, double min_seconds);
 
-  // The floating-point operations of one forward pass over one training batch (engine/flops.h),
+  // The floating-point operations of one forward pass over one training batch (engine/measure/flops.h),
   // under autocast when amp.enabled.
   int64_t forward_flops();
   // The model FLOPs of a training step over one training batch (engine/use/probes.h's
@@ -116,7 +116,7 @@ class Trainer {
   // The newest checkpoint written or resumed from; "" when none.
   std::string last_checkpoint() const;
 
-  // Measures the memory of a training step (engine/probes.h) on the CPU, in float32 or under
+  // Measures the memory of a training step (engine/use/probes.h) on the CPU, in float32 or under
   // bfloat16 autocast; the model must be on the CPU. A `checkpointing` setting other than ""
   // measures the model built with that model.checkpointing instead.
   MemoryEstimate estimate_memory(bool bf16, const std::string& checkpointing = "");
@@ -125,7 +125,7 @@ class Trainer {
   // autocast), without parameters and optimizer state: what estimate_memory extrapolates.
   int64_t measure_step_memory(bool bf16, int64_t batch);
 
-  // Evaluates the current model on the validation split (engine/evaluator.h).
+  // Evaluates the current model on the validation split (engine/loop/evaluator.h).
   EvalResult evaluate();
   // The same on the training split: its samples as training draws them (with its augmentation),
   // in order, each once over the ranks.

@@ -4,11 +4,11 @@
 
 #include <memory>
 
-#include "engine/loop/checkpointer.h"
-#include "engine/loop/components.h"
+#include "engine/persist/checkpointer.h"
+#include "engine/setup/components.h"
 #include "engine/loop/graphed_step.h"
 #include "engine/loop/spike_guard.h"
-#include "engine/loop/state.h"
+#include "engine/setup/state.h"
 #include "engine/loop/step.h"
 #include "engine/loop/trainer.h"
 #include "engine/loop/weight_average.h"

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <map>
 
-#include "engine/loop/sharded_state.h"
+#include "engine/persist/sharded_state.h"
 #include "util/log.h"
 
 namespace trainer::engine {
@@ -103,16 +103,5 @@ void WeightAverage::restore(const checkpoint::NamedTensors& saved, const std::st
   }
 }
 
-checkpoint::NamedTensors averaged_weights(const checkpoint::State& ckpt) {
-  const auto average = checkpoint::with_prefix(ckpt.tensors, "ema.");
-  if (average.empty()) return {};
-  const std::map<std::string, torch::Tensor> by_name(average.begin(), average.end());
-  checkpoint::NamedTensors out = checkpoint::with_prefix(ckpt.tensors, "model.");
-  for (auto& [name, tensor] : out) {
-    const auto it = by_name.find(name);
-    if (it != by_name.end()) tensor = it->second;
-  }
-  return out;
-}
 
 }  // namespace trainer::engine

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "config/config.h"
-#include "engine/loop/components.h"
-#include "engine/loop/saved_part.h"
+#include "engine/setup/components.h"
+#include "engine/setup/saved_part.h"
 
 namespace trainer::engine {
 
@@ -59,9 +59,5 @@ class WeightAverage final : public SavedPart {
   Components& parts_;
   std::vector<torch::Tensor> average_;  // like parts_.params
 };
-
-// A checkpoint's model weights with its average's (ema.*) in place of the parameters: what
-// eval, predict and export use by default. Empty when the checkpoint holds no average.
-checkpoint::NamedTensors averaged_weights(const checkpoint::State& ckpt);
 
 }  // namespace trainer::engine

@@ -68,7 +68,7 @@ void reset_cuda_peak(int index);
 // Tensors made before and freed during `fn` may make the figure slightly low.
 int64_t measure_cpu_peak(const std::function<void()>& fn);
 
-// The same for `fn` computing on meta tensors (a planned model, engine/loop/components.h's
+// The same for `fn` computing on meta tensors (a planned model, engine/setup/components.h's
 // Build::plan): the peak bytes its meta tensors would have held had they had storage, counted as
 // the CPU allocator counts (each tensor's bytes from its making to its release), with no memory
 // taken.

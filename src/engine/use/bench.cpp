@@ -14,8 +14,8 @@
 #include <optional>
 #include <vector>
 
-#include "engine/loop/components.h"
-#include "engine/loop/profiler.h"
+#include "engine/setup/components.h"
+#include "engine/observe/profiler.h"
 #include "engine/measure/memory.h"
 #include "engine/measure/op_count.h"
 #include "util/device.h"

@@ -44,7 +44,7 @@ struct BenchResult {
   double peak_tflops = 0;        // the device's measured matrix-product rate in the compute dtype
   double mfu = 0;                // tflops / peak_tflops
   double final_loss = 0;         // the last timed step's loss (this process's)
-  // ATen operators dispatched per optimizer step (top-level, engine/op_count.h), by phase:
+  // ATen operators dispatched per optimizer step (top-level, engine/measure/op_count.h), by phase:
   // forward, backward, optimizer, other (data, gradient sync, the step's bookkeeping); and the
   // host reads per step. Counted over BenchOptions::counted untimed steps.
   std::map<std::string, double> ops_per_step;

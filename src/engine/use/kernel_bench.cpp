@@ -9,9 +9,9 @@
 
 #include "engine/use/bench.h"
 #include "engine/use/perf_probe.h"
-#include "nn/fused_gpt_ops.h"
-#include "nn/fused_ops.h"
-#include "nn/fused_rotary_ops.h"
+#include "nn/fused/fused_gpt_ops.h"
+#include "nn/fused/fused_ops.h"
+#include "nn/fused/fused_rotary_ops.h"
 
 namespace trainer::engine {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "config/config.h"
 #include "data/dataset.h"
-#include "engine/loop/components.h"
+#include "engine/setup/components.h"
 #include "engine/measure/memory.h"
 
 namespace trainer::engine {
@@ -15,7 +15,7 @@ namespace trainer::engine {
 // The first `batch` training samples (repeated when the split is smaller), on the CPU.
 data::Batch first_samples(const Components& parts, int64_t batch);
 
-// The floating-point operations of one forward pass over `batch` training samples (engine/flops.h),
+// The floating-point operations of one forward pass over `batch` training samples (engine/measure/flops.h),
 // under autocast when the run uses it. Leaves the model in training mode. With dist.strategy
 // fsdp in a group every rank must call this, in the same order (the blocks are gathered).
 int64_t forward_flops(Components& parts, int64_t batch);
@@ -31,7 +31,7 @@ int64_t train_step_flops(Components& parts, int64_t batch);
 // bfloat16 autocast), without parameters and optimizer state. The model must be on the CPU.
 int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t batch);
 
-// The memory of a training step (engine/memory.h), measured on the CPU in float32 or under
+// The memory of a training step (engine/measure/memory.h), measured on the CPU in float32 or under
 // bfloat16 autocast; the model must be on the CPU. Leaves the model and optimizer as they were.
 // A `checkpointing` setting other than "" measures a twin of the model built with that
 // model.checkpointing; throws models::ModelError when the model has no blocks.

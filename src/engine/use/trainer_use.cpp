@@ -5,7 +5,7 @@
 #include <chrono>
 
 #include "engine/loop/batches.h"
-#include "engine/loop/metrics.h"
+#include "engine/observe/metrics.h"
 #include "engine/loop/trainer.h"
 #include "engine/loop/trainer_state.h"
 #include "engine/use/probes.h"

@@ -1,0 +1,95 @@
+// Chat data (data.name: chat): conversations in JSONL files (text/chat/chat_records.h), rendered with
+// the model's chat template (text/chat/chat_template.h: the published Llama 3.x and ChatML templates,
+// recognised from tokenizer_config.json, or forced with data.chat_template) and tokenized with its
+// tokenizer (text/tokenizer/hf_tokenizer.h), as transformers' apply_chat_template does; data.train_on says
+// which tokens train (text/chat/chat_encode.h).
+//
+// A sample is one conversation (data.pack: false) or several packed into one row (best fit
+// decreasing), data.seq_len tokens long: inputs a conversation's tokens but its last, targets the
+// tokens after them, kIgnoreTarget where a token does not train or the row is padding. Packed
+// rows carry Batch::positions, so that no token attends across a conversation's boundary. A
+// conversation longer than seq_len + 1 tokens is cut to it; one whose first trained token is cut
+// off is dropped and counted. The samples are fixed at start, so an epoch's order (the loader's)
+// and a batch's index resume exactly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/issues.h"
+#include "text/chat/chat_template.h"
+#include "data/dataset.h"
+
+namespace trainer::data {
+
+// The `data.` keys of chat.
+struct ChatOptions {
+  std::string files;          // the training JSONL files: a brace pattern (data/tokens/shards.h), relative
+                              // to data.root when set; empty: data.root itself (a JSONL file, or a
+                              // folder whose .jsonl files are read in name order)
+  std::string val_files;      // the validation JSONL files, a pattern as `files`; empty: a seeded
+                              // data.val_fraction of the training conversations
+  double val_fraction = 0.1;  // without val_files: each conversation's chance to validate
+  int64_t seq_len = 0;    // tokens per sample; 0: the longest conversation's, at most the model's
+                          // context length
+  std::string tokenizer;  // a tokenizer.json or a folder holding one (with tokenizer_config.json
+                          // and its chat template); empty: model.pretrained's folder
+  std::string chat_template = "auto";  // auto (recognised from the tokenizer's folder), or a
+                                       // format of chat_format_names()
+  std::string train_on = "assistant";  // assistant, all, last or completion (chat_encode.h)
+  bool pack = false;                   // several conversations per sample, block-causal
+  std::string chat_date;  // Llama 3.1 and 3.2's "Today Date" ("26 Jul 2024"); empty: the
+                          // template's own (3.1: 26 Jul 2024; 3.2: today, as transformers), which
+                          // a training run resolves once and records (chat_dated_today)
+
+  template <class V>
+  void visit(V& v) {
+    v("files", files);
+    v("val_files", val_files);
+    v("val_fraction", val_fraction);
+    v("seq_len", seq_len);
+    v("tokenizer", tokenizer);
+    v("chat_template", chat_template);
+    v("train_on", train_on);
+    v("pack", pack);
+    v("chat_date", chat_date);
+  }
+  void validate(config::Checks& c) const;
+};
+
+// Whether a run on the data section `cfg` renders today's date (data.name chat, no
+// data.chat_date, and a format dated today: Llama 3.2's, forced or recognised in the tokenizer's
+// folder), which the run then resolves once and records as data.chat_date. Reads only the
+// template; false where the data set would refuse its settings.
+bool chat_dated_today(const config::DataConfig& cfg, const DataContext& ctx);
+
+// One split's conversations, tokenized, end to end.
+struct ChatConversations {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;        // per token: 1 where it is a trained target
+  std::vector<int64_t> offsets = {0};  // conversation c: tokens [offsets[c], offsets[c + 1])
+  std::vector<int32_t> file;           // per conversation: its file, an index into `files`
+  std::vector<int64_t> line;           // per conversation: its line (1-based)
+  std::vector<std::string> files;
+
+  int64_t size() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  int64_t length(int64_t c) const { return offsets[c + 1] - offsets[c]; }
+  std::string name(int64_t c) const { return files[file[c]] + ":" + std::to_string(line[c]); }
+};
+
+struct ChatData {
+  ChatConversations train, val;
+  ChatFormat format = ChatFormat::chatml;
+  int64_t vocab_size = 0;  // one more than the tokenizer's largest id
+  int64_t pad_id = 0;      // the input of padding positions
+  int64_t skipped = 0;     // lines dropped: empty conversations, none with a trained token
+};
+
+// The conversations of the data section `cfg` (name chat), read, rendered and tokenized on all
+// cores; lines it drops (empty conversations, none with a trained token) are warned about and
+// counted. Throws DataConfigError for settings and records that cannot be used (a line that is
+// not a chat record names its file and line), DataError for unreadable files.
+ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx);
+
+}  // namespace trainer::data

@@ -1,0 +1,324 @@
+// Reading chat data: the files, the tokenizer and its chat template, and every line rendered and
+// tokenized on all cores (data/tokens/chat.h).
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "data/tokens/chat.h"
+#include "text/chat/chat_encode.h"
+#include "text/chat/chat_records.h"
+#include "text/files.h"
+#include "text/tokenizer/hf_tokenizer.h"
+#include "data/tokens/shards.h"
+#include "util/fileio.h"
+#include "util/format.h"
+#include "util/hash.h"
+#include "util/log.h"
+
+namespace trainer::data {
+namespace {
+
+// One line of a file.
+struct Line {
+  int32_t file = 0;
+  int64_t number = 0;  // 1-based
+  std::string_view text;
+};
+
+// What became of a line.
+struct LineResult {
+  EncodedChat chat;
+  std::string fatal;    // not usable: the message (FILE:LINE: ...)
+  std::string dropped;  // dropped with a warning: why
+};
+
+std::string join_path(const std::string& root, const std::string& name) {
+  if (root.empty() || name.empty() || name[0] == '/') return name;
+  return strip_slashes(root) + "/" + name;
+}
+
+// Why `path`, which is not a regular file, cannot be read: missing ("no such file", or "no such
+// file or folder" where a folder would do), a folder where a file is wanted, or a FIFO or device.
+std::string not_a_file(const std::string& path, bool folder_ok) {
+  const std::string why = input_problem(path);
+  if (is_directory(path)) return why + "; name a JSONL file";
+  return why + (folder_ok && !std::filesystem::exists(path) ? " or folder" : "");
+}
+
+// The files of a pattern of data.files or data.val_files (`key`), relative to data.root.
+std::vector<std::string> pattern_files(const std::string& root, const std::string& pattern,
+                                       const std::string& key) {
+  std::vector<std::string> out;
+  try {
+    for (const auto& name : expand_braces(pattern)) out.push_back(join_path(root, name));
+  } catch (const std::invalid_argument& e) {
+    throw DataConfigError(key, e.what());
+  }
+  for (const auto& f : out) {
+    if (!is_file(f)) throw DataConfigError(key, not_a_file(f, false));
+  }
+  return out;
+}
+
+// The training files: data.files, else data.root (a file, or a folder's .jsonl files but the
+// validation files).
+std::vector<std::string> train_files(const config::DataConfig& cfg, const ChatOptions& o,
+                                     const std::vector<std::string>& val) {
+  if (!o.files.empty()) return pattern_files(cfg.root, o.files, "data.files");
+  const std::string root = strip_slashes(cfg.root);
+  if (root.empty()) {
+    throw DataConfigError("data.root",
+                          "set it to a JSONL file of conversations or a folder of them (or set "
+                          "data.files)");
+  }
+  if (is_file(root)) return {root};
+  if (!is_directory(root)) throw DataConfigError("data.root", not_a_file(root, true));
+  std::vector<std::string> out;
+  for (const auto& name : list_dir(root)) {
+    const std::string path = root + "/" + name;
+    const bool jsonl = name.size() > 6 && name.compare(name.size() - 6, 6, ".jsonl") == 0;
+    if (jsonl && is_file(path) && std::find(val.begin(), val.end(), path) == val.end()) {
+      out.push_back(path);
+    }
+  }
+  if (out.empty()) throw DataConfigError("data.root", root + ": no .jsonl file in this folder");
+  return out;
+}
+
+// The folder a tokenizer path names, for its tokenizer_config.json.
+std::string tokenizer_folder(const std::string& path) {
+  if (is_directory(path)) return strip_slashes(path);
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+BpeTokenizer open_tokenizer(const std::string& path) {
+  try {
+    return load_tokenizer(path);
+  } catch (const TokenizerUnsupported& e) {
+    throw DataConfigError("data.tokenizer", e.what());
+  }
+}
+
+// The path of message `i` of a record in its JSON.
+std::string message_path(const ChatRecord& r, size_t i) {
+  if (!r.prompt_completion) return "messages[" + std::to_string(i) + "]";
+  return i < r.completion_from ? "prompt[" + std::to_string(i) + "]"
+                               : "completion[" + std::to_string(i - r.completion_from) + "]";
+}
+
+LineResult encode_line(const Line& line, const std::string& where, const ChatEncoder& encoder,
+                       BpeTokenizer::PieceCache& cache) {
+  LineResult out;
+  ChatRecord record;
+  try {
+    record = parse_chat_record(line.text, where);
+  } catch (const ChatRecordError& e) {
+    out.fatal = e.what();
+    return out;
+  }
+  if (record.messages.empty()) {
+    out.dropped = "an empty conversation";
+    return out;
+  }
+  if (encoder.train_on() == TrainOn::completion && !record.prompt_completion) {
+    out.fatal = where +
+                ": data.train_on: completion trains the completion of {\"prompt\", "
+                "\"completion\"} records, and this is a \"messages\" one (use assistant or last)";
+    return out;
+  }
+  try {
+    out.chat = encoder.encode(record, &cache);
+  } catch (const ChatRenderError& e) {
+    out.fatal = where + ": " + message_path(record, e.message()) + ".role: " + e.what() +
+                "; render other roles with scripts/render_chat.py";
+    return out;
+  }
+  if (std::find(out.chat.trained.begin(), out.chat.trained.end(), 1) == out.chat.trained.end()) {
+    out.dropped = "no token to train (data.train_on: " +
+                  train_on_names()[static_cast<size_t>(encoder.train_on())] + ")";
+  }
+  return out;
+}
+
+// Every line encoded, on up to `threads` threads; the results in line order.
+std::vector<LineResult> encode_lines(const std::vector<Line>& lines,
+                                     const std::vector<std::string>& files,
+                                     const ChatEncoder& encoder) {
+  std::vector<LineResult> results(lines.size());
+  const size_t threads = std::max<size_t>(
+      1, std::min<size_t>({std::thread::hardware_concurrency(), 16, lines.size() / 64 + 1}));
+  constexpr size_t kChunk = 64;
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> errors(threads);
+  auto work = [&](size_t t) {
+    BpeTokenizer::PieceCache cache;
+    try {
+      for (size_t begin; (begin = next.fetch_add(kChunk)) < lines.size();) {
+        for (size_t i = begin; i < std::min(lines.size(), begin + kChunk); ++i) {
+          const auto& l = lines[i];
+          results[i] =
+              encode_line(l, files[l.file] + ":" + std::to_string(l.number), encoder, cache);
+        }
+      }
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return results;
+}
+
+// The non-blank lines of `files` (their bytes kept in `buffers`).
+std::vector<Line> read_lines(const std::vector<std::string>& files,
+                             std::vector<std::vector<uint8_t>>& buffers) {
+  std::vector<Line> lines;
+  for (size_t f = 0; f < files.size(); ++f) {
+    buffers.push_back(read_file(files[f]));
+    const std::string_view text(reinterpret_cast<const char*>(buffers.back().data()),
+                                buffers.back().size());
+    int64_t number = 0;
+    for (size_t at = 0; at < text.size();) {
+      size_t end = text.find('\n', at);
+      if (end == std::string_view::npos) end = text.size();
+      const auto line = text.substr(at, end - at);
+      ++number;
+      if (!blank_line(line)) lines.push_back({static_cast<int32_t>(f), number, line});
+      at = end + 1;
+    }
+  }
+  return lines;
+}
+
+void append(ChatConversations& to, const Line& line, EncodedChat&& chat) {
+  to.ids.insert(to.ids.end(), chat.ids.begin(), chat.ids.end());
+  to.trained.insert(to.trained.end(), chat.trained.begin(), chat.trained.end());
+  to.offsets.push_back(static_cast<int64_t>(to.ids.size()));
+  to.file.push_back(line.file);
+  to.line.push_back(line.number);
+}
+
+// The lines' conversations into the splits: a line of a validation file validates; without
+// validation files, a line validates with chance `val_fraction`, drawn from (seed, file, line).
+void split_lines(const std::vector<Line>& lines, std::vector<LineResult>& results,
+                 size_t first_val_file, double val_fraction, uint64_t seed, ChatData& data) {
+  const bool drawn = first_val_file == data.train.files.size();
+  int64_t dropped = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto& l = lines[i];
+    auto& r = results[i];
+    const std::string where = data.train.files[l.file] + ":" + std::to_string(l.number);
+    if (!r.dropped.empty()) {
+      if (++dropped <= 5) log::warn("chat: " + where + ": " + r.dropped + "; skipped");
+      continue;
+    }
+    const uint64_t draw =
+        mix_seed(mix_seed(seed, static_cast<uint64_t>(l.file)), static_cast<uint64_t>(l.number));
+    const bool val = drawn ? static_cast<double>(draw >> 11) * 0x1.0p-53 < val_fraction
+                           : static_cast<size_t>(l.file) >= first_val_file;
+    append(val ? data.val : data.train, l, std::move(r.chat));
+  }
+  data.skipped = dropped;
+  if (dropped > 5) {
+    log::warn(strprintf("chat: %lld lines skipped in all (the first 5 above)",
+                        static_cast<long long>(dropped)));
+  }
+}
+
+// DataConfigError for the first line that cannot be used (under data.val_files for a validation
+// file, else data.root or data.files); a file that is one JSON array is named as such.
+void refuse_unusable(const std::vector<Line>& lines, const std::vector<LineResult>& results,
+                     const std::vector<std::vector<uint8_t>>& buffers,
+                     const std::vector<std::string>& files, size_t first_val, bool root_key) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (results[i].fatal.empty()) continue;
+    const auto f = static_cast<size_t>(lines[i].file);
+    const std::string key = f >= first_val ? "data.val_files"
+                            : root_key     ? "data.root"
+                                           : "data.files";
+    const std::string_view text(reinterpret_cast<const char*>(buffers[f].data()),
+                                buffers[f].size());
+    if (json_array_file(text)) {
+      throw DataConfigError(key, files[f] +
+                                     " is a JSON array, not JSON Lines (one record per line); "
+                                     "write each record on a line of its own (jq -c '.[]' " +
+                                     files[f] + ")");
+    }
+    throw DataConfigError(key, results[i].fatal);
+  }
+}
+
+}  // namespace
+
+bool chat_dated_today(const config::DataConfig& cfg, const DataContext& ctx) {
+  if (cfg.name != "chat") return false;
+  const auto& o = cfg.own<ChatOptions>();
+  if (!o.chat_date.empty()) return false;
+  std::string path = o.tokenizer.empty() ? ctx.pretrained : o.tokenizer;
+  if (o.tokenizer.empty() && is_file(path)) path = tokenizer_folder(path);  // a safetensors file
+  const auto format = find_chat_format(o.chat_template, tokenizer_folder(path));
+  return format && chat_format_dated_today(*format);
+}
+
+ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
+  const auto& o = cfg.own<ChatOptions>();
+  std::string path = o.tokenizer.empty() ? ctx.pretrained : join_path("", o.tokenizer);
+  if (path.empty()) {
+    throw DataConfigError("data.tokenizer",
+                          "set it to a tokenizer.json or a Hugging Face model folder (or set "
+                          "model.pretrained to one)");
+  }
+  if (!is_file(path) && !is_directory(path)) {
+    throw DataConfigError(o.tokenizer.empty() ? "model.pretrained" : "data.tokenizer",
+                          not_a_file(path, true));
+  }
+  if (o.tokenizer.empty() && is_file(path)) path = tokenizer_folder(path);  // a safetensors file
+  const BpeTokenizer tokenizer = open_tokenizer(path);
+  const ChatFormat format = pick_chat_format(o.chat_template, tokenizer_folder(path));
+  const ChatSpecials specials = chat_specials(tokenizer, format, o.chat_date);
+  if (chat_format_dated_today(format) && o.chat_date.empty()) {
+    log::warn("chat: the " + chat_format_name(format) +
+              " template dates its system header today (" + chat_today() +
+              "), as transformers renders it; set data.chat_date to keep a resume on another "
+              "day exact");
+  }
+  std::unique_ptr<ChatEncoder> encoder;
+  try {
+    encoder =
+        std::make_unique<ChatEncoder>(tokenizer, format, specials, *train_on_named(o.train_on));
+  } catch (const ChatEncodeError& e) {
+    throw DataConfigError("data.chat_template", e.what());
+  }
+  const auto val = o.val_files.empty() ? std::vector<std::string>()
+                                       : pattern_files(cfg.root, o.val_files, "data.val_files");
+  ChatData data;
+  data.format = format;
+  data.vocab_size = tokenizer.vocab_size();
+  const int64_t eot = tokenizer.end_of_text();
+  data.pad_id = eot >= 0 ? eot : std::max<int64_t>(0, tokenizer.eos_id());
+  data.train.files = train_files(cfg, o, val);
+  const size_t first_val = data.train.files.size();
+  data.train.files.insert(data.train.files.end(), val.begin(), val.end());
+  std::vector<std::vector<uint8_t>> buffers;
+  const auto lines = read_lines(data.train.files, buffers);
+  auto results = encode_lines(lines, data.train.files, *encoder);
+  refuse_unusable(lines, results, buffers, data.train.files, first_val, o.files.empty());
+  data.val.files = data.train.files;
+  split_lines(lines, results, first_val, o.val_fraction, static_cast<uint64_t>(ctx.seed), data);
+  return data;
+}
+
+}  // namespace trainer::data

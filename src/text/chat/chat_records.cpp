@@ -1,0 +1,185 @@
+#include "text/chat/chat_records.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <utility>
+
+#include "util/json_error.h"
+
+namespace trainer::data {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string type_name(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::object:
+      return "an object";
+    case Json::value_t::array:
+      return "a list";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::boolean:
+      return "a boolean";
+    default:
+      return "a number";
+  }
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw ChatRecordError(where + ": " + what);
+}
+
+// The JSON value of `line`; a syntax error names its column.
+Json parse_json(std::string_view line, const std::string& where) {
+  try {
+    return Json::parse(line.begin(), line.end());
+  } catch (const Json::exception& e) {  // a syntax error has a column; 1e999 (too large) none
+    std::string line, column;           // the line is always 1: a JSONL line is one document
+    const std::string why = json_error_text(e, &line, &column);
+    throw ChatRecordError(where + (column.empty() ? "" : ":" + column) + ": not JSON: " + why);
+  }
+}
+
+// Whether `j` holds something: not null, an empty list or an empty object.
+bool given(const Json& j) {
+  return !j.is_null() && !((j.is_array() || j.is_object()) && j.empty());
+}
+
+// Tool calls render into the ids in the Qwen 2.5, Qwen 3 and Llama 3.1 and 3.2 templates; the
+// built-in renderers have none, and dropping them would train something other than the data.
+void refuse_tool_calls(const Json& m, const std::string& where, const std::string& path) {
+  const auto calls = m.find("tool_calls");
+  if (calls == m.end() || !given(*calls)) return;
+  fail(where, path +
+                  " has tool_calls: tool calls are not rendered yet (the built-in chat templates "
+                  "render text only); remove them, or render the records with "
+                  "scripts/render_chat.py (transformers) and train them as data.name: tokens");
+}
+
+// A record's "tools" (tool definitions, which the templates render into the system or first user
+// turn) and "chat_template_kwargs" (arguments to the template, as TRL passes them).
+void refuse_template_inputs(const Json& record, const std::string& where) {
+  const auto tools = record.find("tools");
+  if (tools != record.end() && !tools->is_null()) {
+    fail(where,
+         "\"tools\": tool definitions are not rendered yet (the built-in chat templates render "
+         "text only); remove the key, or render the records with scripts/render_chat.py "
+         "(transformers) and train them as data.name: tokens");
+  }
+  const auto kwargs = record.find("chat_template_kwargs");
+  if (kwargs != record.end() && given(*kwargs)) {
+    fail(where,
+         "\"chat_template_kwargs\": arguments to the chat template are not supported (the "
+         "built-in templates render as the template does with none given); remove the key");
+  }
+}
+
+ChatMessage read_message(const Json& m, const std::string& where, const std::string& path) {
+  if (!m.is_object()) fail(where, path + " must be an object {\"role\", \"content\"}");
+  refuse_tool_calls(m, where, path);
+  const auto role = m.find("role");
+  const auto content = m.find("content");
+  if (role == m.end() || !role->is_string()) {
+    fail(where, path + ".role must be a string (system, user or assistant)");
+  }
+  if (content == m.end() || !content->is_string()) {
+    fail(where, path + ".content must be a string, got " +
+                    (content == m.end() ? std::string("none") : type_name(*content)) +
+                    " (the built-in chat templates render text only)");
+  }
+  ChatMessage out{role->get<std::string>(), content->get<std::string>(), std::nullopt};
+  const auto reasoning = m.find("reasoning_content");
+  if (reasoning != m.end() && !reasoning->is_null()) {
+    if (!reasoning->is_string()) fail(where, path + ".reasoning_content must be a string");
+    out.reasoning = reasoning->get<std::string>();
+  }
+  return out;
+}
+
+void read_messages(const Json& list, const std::string& where, const std::string& key,
+                   std::vector<ChatMessage>& out) {
+  if (!list.is_array()) {
+    fail(where, "\"" + key + "\" must be a list of {\"role\", \"content\"} messages, got " +
+                    type_name(list));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    out.push_back(read_message(list[i], where, key + "[" + std::to_string(i) + "]"));
+  }
+}
+
+// A prompt or a completion: a string (one `role` message) or a list of messages.
+void read_part(const Json& part, const std::string& where, const std::string& key,
+               const std::string& role, std::vector<ChatMessage>& out) {
+  if (part.is_string()) {
+    out.push_back({role, part.get<std::string>(), std::nullopt});
+  } else if (part.is_array()) {
+    read_messages(part, where, key, out);
+  } else {
+    fail(where, "\"" + key + "\" must be a string or a list of messages, got " + type_name(part));
+  }
+}
+
+ChatRecord read_prompt_completion(const Json& record, const std::string& where) {
+  const auto completion = record.find("completion");
+  if (completion == record.end()) fail(where, "a \"prompt\" needs a \"completion\"");
+  ChatRecord out;
+  out.prompt_completion = true;
+  read_part(record["prompt"], where, "prompt", "user", out.messages);
+  out.completion_from = out.messages.size();
+  read_part(*completion, where, "completion", "assistant", out.messages);
+  if (out.messages.size() == out.completion_from) fail(where, "\"completion\" has no message");
+  if (out.messages[out.completion_from].role != "assistant") {
+    fail(where, "completion[0].role must be assistant, got \"" +
+                    out.messages[out.completion_from].role + "\"");
+  }
+  return out;
+}
+
+}  // namespace
+
+bool blank_line(std::string_view line) {
+  for (const char c : line) {
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return false;
+  }
+  return true;
+}
+
+bool json_array_file(std::string_view text) {
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  return first != std::string_view::npos && text[first] == '[' &&
+         Json::accept(text.begin(), text.end());
+}
+
+ChatRecord parse_chat_record(std::string_view line, const std::string& where) {
+  const Json record = parse_json(line, where);
+  if (!record.is_object()) {
+    fail(where,
+         "a record must be a JSON object with \"messages\", or \"prompt\" and "
+         "\"completion\"; got " +
+             type_name(record));
+  }
+  const bool messages = record.contains("messages");
+  const bool prompt = record.contains("prompt");
+  if (messages && prompt) fail(where, "a record has \"messages\" or \"prompt\", not both");
+  refuse_template_inputs(record, where);
+  if (prompt) return read_prompt_completion(record, where);
+  if (!messages) {
+    if (record.contains("conversations")) {
+      fail(where,
+           "a ShareGPT record (\"conversations\" of {from, value}); write "
+           "{\"messages\": [{\"role\", \"content\"}, ...]} (human: user, gpt: assistant)");
+    }
+    fail(where,
+         "a record needs \"messages\" (a list of {\"role\", \"content\"}), or \"prompt\" "
+         "and \"completion\"");
+  }
+  ChatRecord out;
+  read_messages(record["messages"], where, "messages", out.messages);
+  return out;
+}
+
+}  // namespace trainer::data
