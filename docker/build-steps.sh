@@ -16,6 +16,8 @@
 #                                    bindings; or the lib folder of an official LibTorch zip)
 #   lib/nvidia/*/lib/                the wheel's CUDA libraries (cuBLAS, cuDNN, NCCL, ...), where
 #                                    LibTorch's RPATHs ($ORIGIN/../../nvidia/...) look for them
+#   lib/arrow/                       Arrow's and Parquet's libraries (the pyarrow wheel's), in
+#                                    the binary's RUNPATH after LibTorch's
 #   configs/                         the repository's configs
 #   share/trainer/healthcheck.yaml   the config of the image's HEALTHCHECK
 #   share/trainer/runtime-packages   the distribution's packages that hold the other libraries
@@ -81,6 +83,12 @@ stage() {
       copy_libs "$d" "$prefix/lib/nvidia/$(basename "$(dirname "$d")")/lib"
     done
   fi
+  # Arrow's and Parquet's libraries (the pyarrow wheel's, that data/formats reads with).
+  local lib
+  for lib in $(ldd "$build/trainer" | awk '/lib(arrow|parquet)[^ ]* => \// {print $3}'); do
+    mkdir -p "$prefix/lib/arrow"
+    cp -L "$lib" "$prefix/lib/arrow/"
+  done
   # The build's RUNPATH names the build machine's LibTorch; the staged binary finds its own, and
   # the CUDA runtime its kernels launch through (the wheel's, beside LibTorch's other CUDA
   # libraries).
@@ -91,6 +99,7 @@ stage() {
       runpath+=":\$ORIGIN/../lib/nvidia/$(basename "$(dirname "$d")")/lib"
     fi
   done
+  [[ -d "$prefix/lib/arrow" ]] && runpath+=":\$ORIGIN/../lib/arrow"
   script=$(mktemp)
   # shellcheck disable=SC2016  # CMake's variables, not the shell's
   printf 'file(RPATH_SET FILE "${FILE}" NEW_RPATH "${RUNPATH}")\n' > "$script"

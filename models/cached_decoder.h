@@ -9,20 +9,16 @@
 #include <utility>
 #include <vector>
 
+#include "models/decoder.h"
 #include "models/model.h"
 
 namespace trainer::models {
 
-// One block's cached keys and values.
-using KeyValueCache = std::pair<torch::Tensor, torch::Tensor>;
-
-// A Decoder over `Net`, which provides block_size(), vocabulary(), forward(ids [B, T]) -> logits
-// [B, T, vocab], and forward_cached(ids [B, T], start, caches) -> the logits [B, vocab] of the
-// last of tokens standing at positions start.. after those the per-block caches hold (extended).
-template <class Net>
+// A Decoder over a DecoderImpl: its forward(ids [B, T]) -> logits [B, T, vocab] without a cache,
+// its forward_cached(ids [B, T], start, caches) with one.
 class CachedDecoder final : public Decoder {
  public:
-  CachedDecoder(Net& net, bool use_cache) : net_(net), use_cache_(use_cache) {}
+  CachedDecoder(DecoderImpl& net, bool use_cache) : net_(net), use_cache_(use_cache) {}
 
   torch::Tensor next_logits(const torch::Tensor& tokens) override {
     torch::NoGradGuard no_grad;
@@ -59,7 +55,7 @@ class CachedDecoder final : public Decoder {
   }
 
  private:
-  Net& net_;
+  DecoderImpl& net_;
   bool use_cache_;
   torch::Tensor history_;              // [B, L] every token given since reset(), cropped
   std::vector<KeyValueCache> caches_;  // per block

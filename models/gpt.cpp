@@ -15,9 +15,7 @@
 #include <utility>
 
 #include "models/builtin.h"
-#include "models/cached_decoder.h"
 #include "models/decoder.h"
-#include "nn/aligned_head.h"
 #include "nn/fused/fused_gpt_ops.h"
 #include "nn/fused/fused_ops.h"
 
@@ -75,8 +73,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // LayerNorm over the last dimension whose bias is optional (torch::nn::LayerNorm always has one).
-// `fused`: on a CUDA device one kernel each way (nn/fused/fused_gpt_ops.h), giving what ATen's gives:
-// the dtype (float32 under autocast, whose layer_norm runs in float32) and the values within
+// `fused`: on a CUDA device one kernel each way (nn/fused/fused_gpt_ops.h), giving what ATen's
+// gives: the dtype (float32 under autocast, whose layer_norm runs in float32) and the values within
 // rounding.
 class GptLayerNormImpl : public torch::nn::Module {
  public:
@@ -172,8 +170,7 @@ class GptAttentionImpl : public torch::nn::Module {
 
   // Decoding: x [B, T, C] the new positions after those whose keys and values `cache` holds
   // ([B, nh, P, hs] each, undefined when none), which grows by them. T > 1 only when it is empty.
-  torch::Tensor forward_cached(const torch::Tensor& x,
-                               std::pair<torch::Tensor, torch::Tensor>& cache) {
+  torch::Tensor forward_cached(const torch::Tensor& x, KeyValueCache& cache) {
     const int64_t B = x.size(0), T = x.size(1);
     const auto qkv = project_in(x);                            // [B, T, 3C']
     const auto q_k_v = qkv.split(qkv.size(2) / 3, /*dim=*/2);  // 3 x [B, T, C']
@@ -234,8 +231,8 @@ class GptMlpImpl : public torch::nn::Module {
  private:
   // gelu_tanh(c_fc(x)): [B, T, C] -> [B, T, 4C']. With model.fused_kernels on a CUDA device and
   // c_fc a whole layer without a LoRA adapter, c_fc's product without its bias, then the bias add
-  // and the GELU in one kernel each way (nn/fused/fused_gpt_ops.h; under autocast the bias cast to the
-  // product's dtype, as autocast's linear casts it).
+  // and the GELU in one kernel each way (nn/fused/fused_gpt_ops.h; under autocast the bias cast to
+  // the product's dtype, as autocast's linear casts it).
   torch::Tensor hidden(const torch::Tensor& x) {
     if (fused_ && !tp && !c_fc->adapted() && x.is_cuda() && nn::fused_kernels_built()) {
       const auto h = torch::linear(x, c_fc->weight);  // [B, T, 4C]
@@ -253,6 +250,10 @@ class GptMlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptMlp);
 
+// What gpt's blocks take of the tokens' positions: nothing (learned position embeddings are added
+// to the input, DecoderModelImpl::place).
+struct NoPosition {};
+
 // Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). With model.fused_kernels
 // on a CUDA device the LayerNorms, the add before ln_2 and the MLP's bias + GELU are fused kernels.
 class GptBlockImpl : public torch::nn::Module {
@@ -265,14 +266,14 @@ class GptBlockImpl : public torch::nn::Module {
   }
 
   // mask: packed rows' block-causal mask [B, 1, T, T], or undefined (causal).
-  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask = {}) {
+  torch::Tensor forward(torch::Tensor x, NoPosition /*unused*/, const torch::Tensor& mask) {
     // x: [B, T, C]; the attention's residual add and ln_2 after it are one kernel where fused:
     // h = x + attn(...), [B, T, C] each.
     auto [h, normed] = ln_2->forward_add(x, attn->forward(ln_1->forward(x), mask));
     return h + mlp->forward(normed);  // [B, T, C]
   }
 
-  torch::Tensor forward_cached(torch::Tensor x, std::pair<torch::Tensor, torch::Tensor>& cache) {
+  torch::Tensor forward_cached(torch::Tensor x, NoPosition /*unused*/, KeyValueCache& cache) {
     auto [h, normed] =
         ln_2->forward_add(x, attn->forward_cached(ln_1->forward(x), cache));  // [B, T, C] x 2
     return h + mlp->forward(normed);                                          // [B, T, C]
@@ -307,21 +308,15 @@ class GptTransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptTransformer);
 
-using GptHead = nn::AlignedHead;
-
-class GptImpl : public DecoderImpl {
+class GptImpl : public DecoderModelImpl<GptBlock, GptLayerNorm, NoPosition> {
  public:
   GptImpl(const GptOptions& cfg, const nn::CheckpointPolicy& policy, const InputSpec& input)
-      : DecoderImpl(cfg.fused_kernels),
-        block_size_(cfg.block_size),
+      : DecoderModelImpl("gpt", cfg.fused_kernels, cfg.block_size),
         n_head_(cfg.n_head),
         dropout_(cfg.dropout) {
     runner_ = nn::BlockRunner(policy);
-    const int64_t vocab = cfg.vocab_size > 0 ? cfg.vocab_size : input.num_classes;
-    if (vocab <= 0) {
-      throw ModelError("model.vocab_size", "gpt needs a vocabulary size > 0");
-    }
-    check_input(cfg, input);
+    const int64_t vocab = decoder_vocabulary("gpt", cfg.vocab_size, input);
+    check_token_input(cfg.block_size, cfg.vocab_size, input);
     if (cfg.n_layer <= 0) throw ModelError("model.n_layer", "gpt needs n_layer > 0");
     if (cfg.n_head <= 0) throw ModelError("model.n_head", "gpt needs n_head > 0");
     if (cfg.block_size <= 0) throw ModelError("model.block_size", "gpt needs block_size > 0");
@@ -331,50 +326,9 @@ class GptImpl : public DecoderImpl {
                                            std::to_string(cfg.n_head) + ")");
     }
     transformer = register_module("transformer", GptTransformer(cfg, vocab));
-    lm_head = register_module(
-        "lm_head", cfg.tie_embeddings ? GptHead(transformer->wte->weight, /*tied=*/true)
-                                      : GptHead(torch::empty({vocab, cfg.n_embd}), /*tied=*/false));
+    set_stack(transformer->wte, transformer->blocks, transformer->ln_f);
+    add_head(cfg.tie_embeddings, transformer->wte->weight, torch::TensorOptions());
     init_weights(cfg.n_layer);
-  }
-
-  // Packed rows (positions [B, T] defined): each token's position embedding that of its position
-  // within its document, attention block-causal (models/builtin.h), the mask made once.
-  torch::Tensor hidden(torch::Tensor x, const torch::Tensor& positions) override {
-    // x: [B, T] token ids
-    TORCH_CHECK(x.dim() == 2, "gpt expects token ids [B, T]; got ", x.dim(), " dims");
-    const int64_t T = x.size(1);
-    TORCH_CHECK(T <= block_size_, "gpt: sequence length ", T, " exceeds block_size ", block_size_);
-    const bool packed = positions.defined();
-    TORCH_CHECK(!packed || positions.sizes() == x.sizes(), "gpt: positions ", positions.sizes(),
-                " do not match the token ids ", x.sizes());
-    // [B, T] or [T]
-    const auto pos = packed ? positions : torch::arange(T, x.options().dtype(torch::kLong));
-    auto h = embed(x) + transformer->wpe->forward(pos);  // [B, T, C]
-    h = drop(h, dropout_, is_training());
-    const torch::Tensor mask = packed ? block_causal_mask(positions) : torch::Tensor();
-    for (size_t i = 0; i < transformer->blocks.size(); ++i) {
-      const auto block = transformer->blocks[i].ptr();
-      h = runner_.run(
-          static_cast<int64_t>(i), *block,
-          [block, mask](const torch::Tensor& in) { return block->forward(in, mask); },
-          h);  // [B, T, C]
-    }
-    return transformer->ln_f->forward(h);  // [B, T, C]
-  }
-
-  // Decoding (eval mode): the logits [B, vocab] of the last of the new tokens x [B, T], which
-  // stand at positions start.. after those the per-block `caches` hold (extended here).
-  torch::Tensor forward_cached(const torch::Tensor& x, int64_t start,
-                               std::vector<std::pair<torch::Tensor, torch::Tensor>>& caches) {
-    const int64_t T = x.size(1);
-    caches.resize(transformer->blocks.size());
-    const auto pos = torch::arange(start, start + T, x.options().dtype(torch::kLong));  // [T]
-    auto h = embed(x) + transformer->wpe->forward(pos);                                 // [B, T, C]
-    for (size_t i = 0; i < transformer->blocks.size(); ++i) {
-      h = transformer->blocks[i]->forward_cached(h, caches[i]);  // [B, T, C]
-    }
-    h = transformer->ln_f->forward(h.select(/*dim=*/1, /*index=*/T - 1));  // [B, C]
-    return logits(h);                                                      // [B, vocab']
   }
 
   // Megatron-LM's splits: attention column-parallel by heads (c_attn's query, key and value rows
@@ -401,30 +355,16 @@ class GptImpl : public DecoderImpl {
     return plan;
   }
 
-  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override {
-    std::vector<std::shared_ptr<torch::nn::Module>> out;
-    for (const auto& block : transformer->blocks) out.push_back(block.ptr());
-    return out;
-  }
-
-  int64_t block_size() const { return block_size_; }
-  int64_t vocabulary() const { return transformer->wte->weight.size(0); }
-
  private:
-  // Token data longer than the context, or with ids beyond the vocabulary.
-  static void check_input(const GptOptions& cfg, const InputSpec& input) {
-    const int64_t seq_len = input.sample_shape.size() == 1 ? input.sample_shape[0] : 0;
-    if (seq_len > cfg.block_size) {
-      throw ModelError("data.seq_len",
-                       "data.seq_len " + std::to_string(seq_len) + " exceeds model.block_size " +
-                           std::to_string(cfg.block_size) + "; use 0 to take the block size");
-    }
-    if (cfg.vocab_size > 0 && cfg.vocab_size < input.num_classes) {
-      throw ModelError("model.vocab_size",
-                       "the token data has ids up to " + std::to_string(input.num_classes - 1) +
-                           ", beyond model.vocab_size " + std::to_string(cfg.vocab_size) +
-                           "; use 0 to take the data's vocabulary");
-    }
+  // Packed rows: each token's position embedding that of its position within its document.
+  NoPosition place(torch::Tensor& h, const torch::Tensor& positions, int64_t start,
+                   int64_t T) override {
+    // [B, T] or [T]
+    const auto pos = positions.defined()
+                         ? positions
+                         : torch::arange(start, start + T, h.options().dtype(torch::kLong));
+    h = drop(h + transformer->wpe->forward(pos), dropout_, is_training());  // [B, T, C]
+    return {};
   }
 
   // GPT-2 init: Linear and Embedding weights N(0, 0.02), biases 0, LayerNorm 1/0, and the residual
@@ -441,12 +381,6 @@ class GptImpl : public DecoderImpl {
     }
   }
 
-  // The token embeddings [B, T, C] of ids [B, T] (vocabulary-parallel under tp).
-  torch::Tensor embed(const torch::Tensor& x) {
-    return tp_ ? tp_->embedding(x, transformer->wte->weight) : transformer->wte->forward(x);
-  }
-
-  int64_t block_size_;
   int64_t n_head_;
   double dropout_;
   GptTransformer transformer{nullptr};
@@ -456,19 +390,8 @@ TORCH_MODULE(Gpt);
 }  // namespace
 
 void register_gpt(ModelRegistry& registry) {
-  ModelKind kind;
-  kind.make = [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
-    return Gpt(cfg.own<GptOptions>(), checkpoint_policy(cfg, /*has_blocks=*/true), input).ptr();
-  };
-  kind.context_length = [](const config::ModelConfig& cfg) {
-    return cfg.own<GptOptions>().block_size;
-  };
-  kind.hf = gpt2_hf_format();
-  kind.untie_hint = "model.tie_embeddings: false gives lm_head a weight of its own";
-  kind.decoder = [](NetImpl& net, bool use_cache) -> std::unique_ptr<Decoder> {
-    return std::make_unique<CachedDecoder<GptImpl>>(dynamic_cast<GptImpl&>(net), use_cache);
-  };
-  registry.add("gpt", kind, config::options_of<GptOptions>());
+  registry.add("gpt", decoder_kind<GptOptions, Gpt>(gpt2_hf_format()),
+               config::options_of<GptOptions>());
 }
 
 }  // namespace trainer::models

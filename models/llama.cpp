@@ -24,10 +24,8 @@
 #include <vector>
 
 #include "models/builtin.h"
-#include "models/cached_decoder.h"
 #include "models/decoder.h"
 #include "models/llama_layers.h"
-#include "nn/aligned_head.h"
 #include "nn/deferred_init.h"
 #include "nn/parameters.h"
 
@@ -77,11 +75,8 @@ class LlamaStackImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaStack);
 
-using LlamaHead = nn::AlignedHead;
-
 // The sizes a model of options `o` reading `input` needs; ModelError naming the key otherwise.
-void check_options(const LlamaOptions& o, const InputSpec& input, int64_t vocab) {
-  if (vocab <= 0) throw ModelError("model.vocab_size", "llama needs a vocabulary size > 0");
+void check_options(const LlamaOptions& o, const InputSpec& input) {
   if (o.n_layer <= 0) throw ModelError("model.n_layer", "llama needs n_layer > 0");
   if (o.n_head <= 0) throw ModelError("model.n_head", "llama needs n_head > 0");
   if (o.block_size <= 0) throw ModelError("model.block_size", "llama needs block_size > 0");
@@ -100,80 +95,24 @@ void check_options(const LlamaOptions& o, const InputSpec& input, int64_t vocab)
                                             " must divide model.n_head " +
                                             std::to_string(o.n_head));
   }
-  const int64_t seq_len = input.sample_shape.size() == 1 ? input.sample_shape[0] : 0;
-  if (seq_len > o.block_size) {
-    throw ModelError("data.seq_len",
-                     "data.seq_len " + std::to_string(seq_len) + " exceeds model.block_size " +
-                         std::to_string(o.block_size) + "; use 0 to take the block size");
-  }
-  if (o.vocab_size > 0 && o.vocab_size < input.num_classes) {
-    throw ModelError("model.vocab_size",
-                     "the token data has ids up to " + std::to_string(input.num_classes - 1) +
-                         ", beyond model.vocab_size " + std::to_string(o.vocab_size) +
-                         "; use 0 to take the data's vocabulary");
-  }
+  check_token_input(o.block_size, o.vocab_size, input);
 }
 
-class LlamaImpl : public DecoderImpl {
+class LlamaImpl : public DecoderModelImpl<LlamaBlock, LlamaRmsNorm, Rope> {
  public:
   LlamaImpl(const LlamaOptions& o, const nn::CheckpointPolicy& policy, const InputSpec& input)
-      : DecoderImpl(o.fused_kernels),
-        block_size_(o.block_size),
+      : DecoderModelImpl("llama", o.fused_kernels, o.block_size),
         n_head_(o.n_head),
         n_kv_head_(o.kv_heads()) {
     runner_ = nn::BlockRunner(policy);
     fused_rotary_ = o.fused();
-    const int64_t vocab = o.vocab_size > 0 ? o.vocab_size : input.num_classes;
-    check_options(o, input, vocab);
+    const int64_t vocab = decoder_vocabulary("llama", o.vocab_size, input);
+    check_options(o, input);
     inv_freq_ = inverse_frequencies(o);
     model = register_module("model", LlamaStack(o, vocab));
-    lm_head = register_module(
-        "lm_head", o.tie_embeddings ? LlamaHead(model->embed_tokens->weight, /*tied=*/true)
-                                    : LlamaHead(torch::empty({vocab, o.n_embd}, deferred_options()),
-                                                /*tied=*/false));
+    set_stack(model->embed_tokens, model->blocks, model->norm);
+    add_head(o.tie_embeddings, model->embed_tokens->weight, deferred_options());
     init_weights();
-  }
-
-  // Packed rows (positions [B, T] defined): each token rotated by its position within its
-  // document, attention block-causal (models/builtin.h), both made once for every block.
-  torch::Tensor hidden(torch::Tensor x, const torch::Tensor& positions) override {
-    // x: [B, T] token ids
-    TORCH_CHECK(x.dim() == 2, "llama expects token ids [B, T]; got ", x.dim(), " dims");
-    const int64_t T = x.size(1);
-    TORCH_CHECK(T <= block_size_, "llama: sequence length ", T, " exceeds block_size ",
-                block_size_);
-    const bool packed = positions.defined();
-    TORCH_CHECK(!packed || positions.sizes() == x.sizes(), "llama: positions ", positions.sizes(),
-                " do not match the token ids ", x.sizes());
-    auto h = embed(x);  // [B, T, C]
-    // [T, 1, hd] each, or [B, T, 1, hd] each when packed
-    const Rope rope = packed ? rotation_at(positions, h) : rotation(0, T, h);
-    const torch::Tensor mask = packed ? block_causal_mask(positions) : torch::Tensor();
-    for (size_t i = 0; i < model->blocks.size(); ++i) {
-      const auto block = model->blocks[i].ptr();
-      // The checkpointed rerun uses the rotation and mask captured here (no gradient flows into
-      // them).
-      h = runner_.run(
-          static_cast<int64_t>(i), *block,
-          [block, rope, mask](const torch::Tensor& in) { return block->forward(in, rope, mask); },
-          h);  // [B, T, C]
-    }
-    return model->norm->forward(h);  // [B, T, C]
-  }
-
-  // Decoding (eval mode): the logits [B, vocab] of the last of the new tokens x [B, T], which
-  // stand at positions start.. after those the per-block `caches` hold (extended here).
-  torch::Tensor forward_cached(const torch::Tensor& x, int64_t start,
-                               std::vector<std::pair<torch::Tensor, torch::Tensor>>& caches) {
-    const int64_t T = x.size(1);
-    caches.resize(model->blocks.size());
-    auto h = embed(x);                        // [B, T, C]
-    const Rope rope = rotation(start, T, h);  // [T, 1, hd] each
-    for (size_t i = 0; i < model->blocks.size(); ++i) {
-      h = model->blocks[i]->forward_cached(h, rope, caches[i]);  // [B, T, C]
-    }
-    h = model->norm->forward(h.select(/*dim=*/1, /*index=*/T - 1));  // [B, C]
-    return logits(h);                                                // [B, vocab']
   }
 
   // Megatron-LM's splits: q_proj, k_proj and v_proj column-parallel by heads (this rank's query
@@ -208,16 +147,13 @@ class LlamaImpl : public DecoderImpl {
     return plan;
   }
 
-  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override {
-    std::vector<std::shared_ptr<torch::nn::Module>> out;
-    for (const auto& block : model->blocks) out.push_back(block.ptr());
-    return out;
+ private:
+  // Packed rows: each token rotated by its position within its document.
+  Rope place(torch::Tensor& h, const torch::Tensor& positions, int64_t start, int64_t T) override {
+    // [T, 1, hd] each, or [B, T, 1, hd] each when packed
+    return positions.defined() ? rotation_at(positions, h) : rotation(start, T, h);
   }
 
-  int64_t block_size() const { return block_size_; }
-  int64_t vocabulary() const { return model->embed_tokens->weight.size(0); }
-
- private:
   // transformers' init (LlamaPreTrainedModel._init_weights): Linear and Embedding weights
   // N(0, 0.02), biases 0, RMSNorm weights 1.
   // Skipped under nn::deferred_init(): the files about to fill the parameters draw nothing.
@@ -231,11 +167,6 @@ class LlamaImpl : public DecoderImpl {
         p.value().zero_();
       }
     }
-  }
-
-  // The token embeddings [B, T, C] of ids [B, T] (vocabulary-parallel under tp).
-  torch::Tensor embed(const torch::Tensor& x) {
-    return tp_ ? tp_->embedding(x, model->embed_tokens->weight) : model->embed_tokens->forward(x);
   }
 
   // The rotation of positions [start, start + T) (llama::Rope), computed in float32 on the device
@@ -275,7 +206,7 @@ class LlamaImpl : public DecoderImpl {
                    const torch::Tensor& h) {
     if (!cos_table_.defined() || cos_table_.device() != h.device() || cos_table_.size(0) < rows) {
       if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
-      const auto pos = torch::arange(0, std::max(rows, block_size_), inv_freq_.options());
+      const auto pos = torch::arange(0, std::max(rows, block_size()), inv_freq_.options());
       const auto freqs = torch::outer(pos, inv_freq_);  // [rows, hd / 2]
       cos_table_ = freqs.cos();
       sin_table_ = freqs.sin();
@@ -289,7 +220,6 @@ class LlamaImpl : public DecoderImpl {
     return rope;
   }
 
-  int64_t block_size_;
   int64_t n_head_, n_kv_head_;
   torch::Tensor inv_freq_;               // [hd / 2] float32, on the device last used
   bool fused_rotary_ = false;            // model.fused_kernels: rotary by tables_rope()
@@ -301,19 +231,8 @@ TORCH_MODULE(Llama);
 }  // namespace
 
 void register_llama(ModelRegistry& registry) {
-  ModelKind kind;
-  kind.make = [](const config::ModelConfig& cfg, const InputSpec& input) -> Net {
-    return Llama(cfg.own<LlamaOptions>(), checkpoint_policy(cfg, /*has_blocks=*/true), input).ptr();
-  };
-  kind.context_length = [](const config::ModelConfig& cfg) {
-    return cfg.own<LlamaOptions>().block_size;
-  };
-  kind.hf = llama_hf_format();  // models/llama_hf.cpp
-  kind.untie_hint = "model.tie_embeddings: false gives lm_head a weight of its own";
-  kind.decoder = [](NetImpl& net, bool use_cache) -> std::unique_ptr<Decoder> {
-    return std::make_unique<CachedDecoder<LlamaImpl>>(dynamic_cast<LlamaImpl&>(net), use_cache);
-  };
-  registry.add("llama", kind, config::options_of<LlamaOptions>());
+  registry.add("llama", decoder_kind<LlamaOptions, Llama>(llama_hf_format()),
+               config::options_of<LlamaOptions>());
 }
 
 }  // namespace trainer::models

@@ -315,7 +315,8 @@ TORCH_MODULE(LlamaAttention);
 
 // SwiGLU: down(silu(gate(x)) * up(x)). Under tp gate and up are column-parallel and down
 // row-parallel: this rank computes I' = intermediate_size / tp of the hidden units. With
-// model.fused_kernels on a CUDA device silu(gate) * up is one kernel each way (nn/fused/fused_ops.h).
+// model.fused_kernels on a CUDA device silu(gate) * up is one kernel each way
+// (nn/fused/fused_ops.h).
 class LlamaMlpImpl : public torch::nn::Module {
  public:
   explicit LlamaMlpImpl(const LlamaOptions& o) : fused_(o.fused()) {

@@ -94,6 +94,7 @@ for d in "$PREFIX"/lib/nvidia/*/lib; do
     expected+=':$ORIGIN/../lib/nvidia/'"$(basename "$(dirname "$d")")"'/lib'
   fi
 done
+[[ -d "$PREFIX/lib/arrow" ]] && expected+=":\$ORIGIN/../lib/arrow"  # the pyarrow wheel's Arrow
 expected+=']'
 if runpath=$(readelf -d "$PREFIX/bin/trainer" | grep -o 'runpath: \[.*\]') &&
    [[ "$runpath" == "$expected" ]]; then

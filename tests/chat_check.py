@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 
-from chat_reference import hf_tokenizer
+from chat_reference import hf_tokenizer, run_tool
 from run_check import one_intra_op_thread
 
 one_intra_op_thread()  # before torch is imported
@@ -258,22 +258,22 @@ def plain_reference(t, bos, eos, record):
 def tool(chat_tool, out, *settings):
     """(exit status, stderr, conversations by name, samples) of chat_tool with data.KEY=VALUE."""
     os.makedirs(out, exist_ok=True)
-    for f in ("conversations.jsonl", "samples.jsonl"):
+    for f in ("conversations.jsonl", "samples.jsonl", "stderr.txt"):
         if os.path.exists(os.path.join(out, f)):
             os.remove(os.path.join(out, f))
-    r = subprocess.run([chat_tool, out, *settings], capture_output=True, text=True)
+    code, err = run_tool(chat_tool, out, settings)
     conversations, samples = {}, []
     path = os.path.join(out, "conversations.jsonl")
-    if r.returncode == 0 and os.path.exists(path):
+    if code == 0 and os.path.exists(path):
         with open(path) as f:
             for line in f:
                 c = json.loads(line)
                 conversations[c["name"]] = c
     path = os.path.join(out, "samples.jsonl")
-    if r.returncode == 0 and os.path.exists(path):
+    if code == 0 and os.path.exists(path):
         with open(path) as f:
             samples = [json.loads(line) for line in f]
-    return r.returncode, r.stderr, conversations, samples
+    return code, err, conversations, samples
 
 
 def compare(what, got, want, mode, stderr):

@@ -1,5 +1,5 @@
-// Helper of tests/chat_check.py: the chat data set (data/tokens/chat.h) and the samples of a token data
-// set, as the trainer builds them.
+// Helper of tests/chat_check.py: the chat data set (data/tokens/chat.h) and the samples of a token
+// data set, as the trainer builds them.
 //
 //   chat_tool OUT KEY=VALUE...
 //
@@ -11,18 +11,27 @@
 // has them; OUT/spec.json the data spec (seq_len, vocab). Exits 2 with "KEY: message" for a
 // setting or record the data set rejects, 1 with the message for any other problem. dump=
 // conversations writes conversations.jsonl alone (without building the samples).
+//
+//   chat_tool --serve
+//
+// runs one job a line of stdin, each a JSON array ["OUT", "KEY=VALUE", ...], in this one process
+// (a LibTorch process takes half a second to start): the job's stderr goes to OUT/stderr.txt and
+// its exit status, as above, to a line of stdout.
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "data/tokens/chat.h"
 #include "data/dataset.h"
+#include "data/tokens/chat.h"
 #include "util/log.h"
 
 namespace {
@@ -90,18 +99,16 @@ void dump_conversations(const data::ChatConversations& c, const std::string& spl
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  log::setup(log::Level::info, 0);
+// One job: OUT then KEY=VALUE settings; the exit status.
+int run_job(const std::vector<std::string>& args) {
   try {
-    if (argc < 2) throw std::invalid_argument("usage: chat_tool OUT KEY=VALUE...");
-    const std::string dir = argv[1];
+    if (args.empty()) throw std::invalid_argument("usage: chat_tool OUT KEY=VALUE...");
+    const std::string dir = args[0];
     config::DataConfig cfg = data::default_data_config("chat");
     data::DataContext ctx;
     std::string dump = "all";
-    for (int i = 2; i < argc; ++i) {
-      const std::string arg = argv[i];
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& arg = args[i];
       const size_t eq = arg.find('=');
       if (eq == std::string::npos) throw std::invalid_argument("expected KEY=VALUE, got " + arg);
       const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
@@ -139,4 +146,30 @@ int main(int argc, char** argv) {
     std::cerr << e.what() << "\n";
     return 1;
   }
+}
+
+// --serve: a job a line of stdin, its stderr into OUT/stderr.txt, its status a line of stdout.
+int serve() {
+  const int saved = dup(STDERR_FILENO);
+  for (std::string line; std::getline(std::cin, line);) {
+    const auto args = Json::parse(line).get<std::vector<std::string>>();
+    const std::string err_path = (args.empty() ? std::string(".") : args[0]) + "/stderr.txt";
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (err < 0 || dup2(err, STDERR_FILENO) < 0) return 1;
+    close(err);
+    const int code = run_job(args);
+    std::cerr.flush();
+    std::fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    std::cout << code << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  log::setup(log::Level::info, 0);
+  if (argc == 2 && std::string(argv[1]) == "--serve") return serve();
+  return run_job(std::vector<std::string>(argv + 1, argv + argc));
 }

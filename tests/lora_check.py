@@ -59,6 +59,13 @@ try:
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
+try:  # bitsandbytes (QLoRA's reference, in the venv) warns that torch.jit is deprecated when it is
+    # first imported, which PEFT does at its first load: imported here, that warning silenced.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import bitsandbytes  # noqa: F401
+except ImportError:
+    pass
 
 VOCAB, SEQ, WINDOWS, STEPS = 256, 64, 4, 50
 RANK, ALPHA = 16, 32

@@ -20,8 +20,8 @@
 
 #include "checkpoint/safetensors.h"
 #include "data/dataset.h"
-#include "text/files.h"
 #include "data/image/image.h"
+#include "text/files.h"
 #include "util/fileio.h"
 #include "util/random.h"
 

@@ -844,7 +844,8 @@ TEST(KeyPathsTest, ContainsLeavesInOrder) {
   EXPECT_EQ(pos("optim"), static_cast<long>(keys.size()));  // sections are not leaves
   EXPECT_EQ(pos("dist.timeout_s") + 1, pos("launch.nproc_per_node"));
   EXPECT_EQ(pos("launch.nproc_per_node") + 1, pos("tracking.csv"));
-  EXPECT_EQ(pos("profile.memory_snapshot_step"), static_cast<long>(keys.size()) - 1);
+  EXPECT_EQ(pos("profile.memory_snapshot_step") + 1, pos("dpo.loss_type"));
+  EXPECT_EQ(pos("dpo.cpo_alpha"), static_cast<long>(keys.size()) - 1);
 }
 
 }  // namespace

@@ -16,9 +16,9 @@
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
 #include "distributed/tensor_parallel.h"
-#include "engine/setup/components.h"
 #include "engine/loop/step.h"
 #include "engine/loop/trainer.h"
+#include "engine/setup/components.h"
 #include "temp_dir.h"
 #include "util/net/net.h"
 

@@ -8,12 +8,12 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
-#include "engine/setup/components.h"
 #include "engine/loop/graphed_step.h"
 #include "engine/loop/spike_guard.h"
 #include "engine/loop/trainer.h"
 #include "engine/measure/memory.h"
 #include "engine/measure/op_count.h"
+#include "engine/setup/components.h"
 #include "engine_fixture.h"
 #include "models/model.h"
 #include "temp_dir.h"

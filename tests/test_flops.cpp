@@ -1,13 +1,14 @@
-// Counting model FLOPs (engine/measure/flops.h) and the trainer's forward count for `trainer bench`.
+// Counting model FLOPs (engine/measure/flops.h) and the trainer's forward count for `trainer
+// bench`.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <fstream>
 
 #include "config/loader.h"
-#include "engine/setup/components.h"
-#include "engine/measure/flops.h"
 #include "engine/loop/trainer.h"
+#include "engine/measure/flops.h"
+#include "engine/setup/components.h"
 #include "nn/autocast.h"
 #include "temp_dir.h"
 

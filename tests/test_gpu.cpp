@@ -11,9 +11,9 @@
 
 #include "cli_fixture.h"
 #include "config/loader.h"
-#include "engine/setup/components.h"
 #include "engine/loop/trainer.h"
 #include "engine/measure/memory.h"
+#include "engine/setup/components.h"
 #include "losses/loss.h"
 #include "models/model.h"
 #include "nn/activation_checkpoint.h"

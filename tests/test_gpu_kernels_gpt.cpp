@@ -1,6 +1,6 @@
-// The gpt model's fused kernels (nn/fused/fused_gpt_ops.h) against the ATen compositions they replace:
-// torch::layer_norm (of x + r for the fused add), and torch::gelu(h + b, "tanh"); outputs and
-// gradients, float32 / bfloat16 / float16, with and without a bias, a float32 weight with a
+// The gpt model's fused kernels (nn/fused/fused_gpt_ops.h) against the ATen compositions they
+// replace: torch::layer_norm (of x + r for the fused add), and torch::gelu(h + b, "tanh"); outputs
+// and gradients, float32 / bfloat16 / float16, with and without a bias, a float32 weight with a
 // narrower input (autocast's float32 layer_norm), odd widths (771: no 16-byte loads), one token,
 // 50,257 rows, and widths beyond what a block keeps in shared memory. Then the gpt model with
 // model.fused_kernels auto against off. The support checks run everywhere; everything else skips

@@ -339,17 +339,16 @@ TEST(Launcher, FiltersRanksAndDropsThePrefix) {
 }
 
 TEST(LaunchArgs, LocalRanksFilterAndNoPrefix) {
-  const auto o = parse({"--nproc-per-node", "3", "--local-ranks-filter", "0,2", "--no-prefix", "--",
-                        "t"},
-                       0);
+  const auto o =
+      parse({"--nproc-per-node", "3", "--local-ranks-filter", "0,2", "--no-prefix", "--", "t"}, 0);
   EXPECT_EQ(o.local_ranks_filter, (std::vector<int>{0, 2}));
   EXPECT_FALSE(o.prefix);
   EXPECT_TRUE(parse({"--", "t"}, 0).prefix);
-  EXPECT_TRUE(Contains(usage_error({"--nproc-per-node", "2", "--local-ranks-filter", "2", "--",
-                                    "t"}),
-                       "--local-ranks-filter: local rank 2 is out of range"));
-  EXPECT_TRUE(Contains(usage_error({"--local-ranks-filter", "x", "--", "t"}),
-                       "--local-ranks-filter"));
+  EXPECT_TRUE(
+      Contains(usage_error({"--nproc-per-node", "2", "--local-ranks-filter", "2", "--", "t"}),
+               "--local-ranks-filter: local rank 2 is out of range"));
+  EXPECT_TRUE(
+      Contains(usage_error({"--local-ranks-filter", "x", "--", "t"}), "--local-ranks-filter"));
 }
 
 TEST(Launcher, FailureStopsTheOtherWorkersAtOnce) {

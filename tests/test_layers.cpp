@@ -32,8 +32,8 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"distributed", {"nn", "config", "util"}},
       {"tracking", {"util"}},
       {"engine",
-       {"distributed", "checkpoint", "models", "data", "text", "optim", "losses", "nn",
-        "tracking", "config", "util"}},
+       {"distributed", "checkpoint", "models", "data", "text", "optim", "losses", "nn", "tracking",
+        "config", "util"}},
       {"doctor", {"config", "util"}},
       {"launch", {"config", "util"}},
       {"cli",
@@ -102,8 +102,8 @@ void check_engine_folder(const fs::path& relative, const std::string& line,
   const std::string folder = it->string();
   const auto rule = engine_allowed().find(folder);
   if (rule == engine_allowed().end()) {
-    problems.push_back(where + "engine/" + folder +
-                       " is not an engine folder (" + join(engine_names()) + ")");
+    problems.push_back(where + "engine/" + folder + " is not an engine folder (" +
+                       join(engine_names()) + ")");
     return;
   }
   std::smatch m;

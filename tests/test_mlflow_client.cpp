@@ -12,8 +12,8 @@
 #include "temp_dir.h"
 #include "tracking/mlflow.h"
 #include "tracking/mlflow_auth.h"
-#include "util/strings.h"
 #include "util/net/url.h"
+#include "util/strings.h"
 
 namespace trainer::tracking {
 namespace {

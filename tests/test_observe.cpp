@@ -209,6 +209,47 @@ TEST_F(Cli, LanguageModelsLogModelFlopsUtilisationAndEvaluationProgress) {
   for (const auto& record : train_records(dir_ / "mlp")) EXPECT_FALSE(record.contains("mfu"));
 }
 
+// MFU's peak is measured once per run: a resume on the same kind of device divides by the peak
+// the run's first process measured (each record's tflops / mfu) and says so; a record of another
+// device kind is measured again, said in the log, and recorded over.
+TEST_F(Cli, AResumedRunsMfuIsAgainstTheRunsPeak) {
+  const auto corpus = write("corpus.txt", std::string(4000, 'a') + "the quick brown fox\n");
+  const auto run_dir = dir_ / "lm";
+  const std::string args =
+      "--config configs/gpt_char.yaml --set data.root='" + corpus.string() +
+      "' --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2 "
+      "--set model.block_size=32 --set data.batch_size=4 --set train.max_steps=4 "
+      "--set run.log_every=1 --set run.eval_every=0 --set train.eval_at_end=false "
+      "--run-dir '" +
+      run_dir.string() + "'";
+  auto r = run(args + " --set train.stop_at_step=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto record_path = run_dir / "peak_tflops.json";
+  const auto first = nlohmann::json::parse(read_file(record_path));
+  r = run(args + " --set train.stop_at_step=3 --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("measured at its start"), std::string::npos) << r.err;
+  // A record of another kind of device: measured again, and said.
+  auto other = first;
+  other["device"] = "cpu: another CPU, 1 threads";
+  std::ofstream(record_path) << other.dump();
+  r = run(args + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("re-measured: the run's peak"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("was measured on cpu: another CPU"), std::string::npos) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(read_file(record_path))["device"], first["device"]);
+  const auto records = train_records(run_dir);
+  ASSERT_EQ(records.size(), 4u);
+  std::vector<double> peaks;
+  for (const auto& record : records) {
+    peaks.push_back(record["tflops"].get<double>() / record["mfu"].get<double>());
+    EXPECT_NEAR(record.value("peak_tflops", 0.0), peaks.back(), 1e-9 * peaks.back());
+  }
+  EXPECT_NEAR(peaks[0], first["tflops"].get<double>(), 1e-9 * peaks[0]);
+  EXPECT_NEAR(peaks[1], peaks[0], 1e-9 * peaks[0]);
+  EXPECT_NEAR(peaks[2], peaks[0], 1e-9 * peaks[0]);  // the resumed process's
+}
+
 // LoRA's model FLOPs count what its step computes: the frozen base's products forward and their
 // input gradients (none before the first adapted layer: the embeddings and the first norm are
 // frozen), the adapters' products forward, input and weight gradients. Counted here by hand from

@@ -9,8 +9,8 @@
 #include <set>
 
 #include "checkpoint/hf_folder.h"
+#include "checkpoint/pretrained_identity.h"
 #include "cli/commands.h"
-#include "engine/setup/adapter_state.h"
 #include "models/model.h"
 #include "nn/lora.h"
 #include "util/fileio.h"
@@ -158,14 +158,14 @@ checkpoint::NamedTensors merged_weights(const std::string& checkpoint, const nlo
                      "'s run adapted a base built from its seed (no model.pretrained), which the "
                      "checkpoint does not hold; export the adapters with --format peft");
   }
-  std::string identity;
+  bool same = false;
   try {
-    identity = engine::pretrained_identity(pretrained);
+    same = checkpoint::is_pretrained_identity(pretrained, meta["lora"].value("base", ""));
   } catch (const std::exception& e) {
     throw UsageError("--merge: the run's base model.pretrained " + pretrained +
                      " cannot be read: " + e.what());
   }
-  if (identity != meta["lora"].value("base", std::string())) {
+  if (!same) {
     throw UsageError("--merge: the run's base model.pretrained " + pretrained +
                      " has changed since " + checkpoint +
                      " was trained on it; restore the base it was trained on");
@@ -184,14 +184,12 @@ checkpoint::NamedTensors merged_weights(const std::string& checkpoint, const nlo
                        " has no layer or no lora_B in the base " + pretrained);
     }
     torch::Tensor& weight = *w->second;
-    const auto delta =
-        torch::mm(b->second.to(torch::kFloat), given.at(layer + kA).to(torch::kFloat))
-            .mul_(scaling);  // [out, in]
-    if (weight.sizes() != delta.sizes()) {
-      throw UsageError("--merge: " + checkpoint + "'s adapter of " + layer + " is " +
-                       c10::str(delta.sizes()) + ", the base's weight " + c10::str(weight.sizes()));
+    try {
+      weight = nn::merge_lora(weight, nn::lora_delta(given.at(layer + kA), b->second, scaling));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--merge: " + checkpoint + "'s adapter of " + layer + ": " + e.what() +
+                       "; merge it into the base it was trained on");
     }
-    weight = (weight.to(torch::kFloat) + delta).to(weight.scalar_type());
   }
   return base;
 }

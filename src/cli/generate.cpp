@@ -1,7 +1,8 @@
 // trainer generate: text sampled from a language model checkpoint, streamed as it is produced;
 // bytes, or a byte-level BPE tokenizer's tokens with --tokenizer (tokenizer.json, a Hugging Face
 // model folder, or GPT-2's encoder.json and vocab.bpe). With --chat the prompt is a user message
-// rendered with the model's chat template (text/chat/chat_template.h) and the reply alone is printed.
+// rendered with the model's chat template (text/chat/chat_template.h) and the reply alone is
+// printed.
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -23,10 +24,10 @@
 #include "cli/options.h"
 #include "cli/tokenizer_option.h"
 #include "data/tokens/chat.h"
-#include "text/chat/chat_encode.h"
 #include "distributed/env.h"
 #include "engine/loop/trainer.h"
 #include "engine/use/generator.h"
+#include "text/chat/chat_encode.h"
 #include "util/format.h"
 #include "util/log.h"
 #include "util/strings.h"
@@ -294,7 +295,8 @@ int generate_command(int argc, char** argv) {
   if (distributed::read_process_env().launched()) {
     throw UsageError("generate runs in one process: run it without trainer launch");
   }
-  const auto m = load_checkpoint_model(args, distributed::DistEnv{}, "generate");
+  const auto m = load_checkpoint_model(args, distributed::DistEnv{}, "generate",
+                                       engine::LabelUse::none, /*needs_data=*/false);
   auto& trainer = *m.trainer;
   const std::string& checkpoint = m.checkpoint;
   const auto& loaded = m.loaded;

@@ -1,5 +1,5 @@
-// --tokenizer PATH of the commands: a byte-level BPE tokenizer (text/tokenizer/hf_tokenizer.h), a kind not
-// built being a usage error.
+// --tokenizer PATH of the commands: a byte-level BPE tokenizer (text/tokenizer/hf_tokenizer.h), a
+// kind not built being a usage error.
 #pragma once
 
 #include <cstdint>

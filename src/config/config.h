@@ -255,8 +255,10 @@ struct TrainConfig {
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
   double clip_grad_norm = 0.0;   // clip gradients to this global L2 norm; 0 = off
   double label_smoothing = 0.0;  // label smoothing of the classification loss
-  std::string loss = "cross_entropy";  // loss registry name
-  bool eval_at_end = true;             // evaluate after the last step when it was not just done
+  std::string loss = "cross_entropy";    // loss registry name
+  std::string objective = "supervised";  // supervised (train.loss on the targets) or dpo (pairs
+                                         // of completions, the `dpo:` section's loss)
+  bool eval_at_end = true;               // evaluate after the last step when it was not just done
   int64_t max_bad_steps = 20;  // skip steps whose loss is inf/NaN; stop after this many in a row
                                // (0 = no per-step check: a bad loss stops the run when logged)
   bool cuda_graph = false;     // capture the step in a CUDA graph after 3 eager steps and replay
@@ -281,6 +283,7 @@ struct TrainConfig {
     v("clip_grad_norm", clip_grad_norm);
     v("label_smoothing", label_smoothing);
     v("loss", loss);
+    v("objective", objective);
     v("eval_at_end", eval_at_end);
     v("max_bad_steps", max_bad_steps);
     v("cuda_graph", cuda_graph);
@@ -490,6 +493,28 @@ struct LaunchConfig {
   }
 };
 
+// Preference tuning (train.objective: dpo) on data.name: preference, as TRL 1.16's DPOTrainer
+// (sigmoid, ipo, hinge, robust), CPOTrainer (simpo) and ORPOTrainer (orpo) compute it.
+struct DpoConfig {
+  std::string loss_type = "sigmoid";  // sigmoid|ipo|hinge|robust (against a reference)|simpo|orpo
+  double beta = 0.1;                  // β (ORPO's λ)
+  double label_smoothing = 0.0;       // robust's ε in [0, 0.5)
+  double simpo_gamma = 0.5;           // simpo's margin γ
+  double cpo_alpha = 0.0;             // simpo: weight of an NLL term on the chosen completions
+
+  // Range checks of this section's own keys (validate.cpp).
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("loss_type", loss_type);
+    v("beta", beta);
+    v("label_smoothing", label_smoothing);
+    v("simpo_gamma", simpo_gamma);
+    v("cpo_alpha", cpo_alpha);
+  }
+};
+
 struct Config {
   int64_t seed = 0;             // fixes initialisation, data order and augmentation
   bool deterministic = false;   // bitwise-reproducible runs where the backend allows
@@ -505,6 +530,7 @@ struct Config {
   LaunchConfig launch;          // one process, or a local job of several
   TrackingConfig tracking;      // metrics beside metrics.jsonl and TensorBoard
   ProfileConfig profile;        // a window of steps under the profiler
+  DpoConfig dpo;                // preference tuning (train.objective: dpo)
 
   template <class V>
   void visit(V& v) {
@@ -522,6 +548,7 @@ struct Config {
     v("launch", launch);
     v("tracking", tracking);
     v("profile", profile);
+    v("dpo", dpo);
   }
 };
 

@@ -55,7 +55,8 @@ void check(const LoadedConfig& loaded, const Environment& env);
 
 // The full configuration as YAML: every key, in declaration order. Loading it back gives an
 // equal Config, except that the credentials of a URL (tracking.mlflow.uri's
-// http://user:password@host) are masked (util/net/url.h): what is printed or stored holds no secret.
+// http://user:password@host) are masked (util/net/url.h): what is printed or stored holds no
+// secret.
 std::string to_yaml(const Config& cfg);
 
 // Every valid leaf key path of `cfg` ("seed", "optim.lr", ...), in declaration order, the entries'

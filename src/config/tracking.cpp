@@ -5,8 +5,8 @@
 #include <set>
 
 #include "config/config.h"
-#include "util/strings.h"
 #include "util/net/url.h"
+#include "util/strings.h"
 
 namespace trainer::config {
 namespace {

@@ -162,8 +162,57 @@ void check_names(const Config& c, const Environment& env, Checks& checks) {
   }
 }
 
+// train.objective dpo and data.name preference go together: the data set's rows are pairs of
+// completions, which only the preference objective reads as such.
+void check_objective(const Config& c, Checks& checks) {
+  checks.one_of("train.objective", c.train.objective, {"supervised", "dpo"});
+  const bool dpo = c.train.objective == "dpo", pairs = c.data.name == "preference";
+  if (dpo && !pairs) {
+    checks.add("train.objective",
+               "dpo trains on pairs of completions; set data.name: "
+               "preference or train.objective: supervised (data.name is " +
+                   c.data.name + ")");
+  } else if (pairs && !dpo) {
+    checks.add("data.name",
+               "preference holds pairs of completions for train.objective: dpo; set "
+               "train.objective: dpo or another data set (train.objective is " +
+                   c.train.objective + ")");
+  }
+  const bool reference_free = c.dpo.loss_type == "simpo" || c.dpo.loss_type == "orpo";
+  if (dpo && c.model.lora.rank <= 0 && !reference_free) {
+    checks.add("train.objective",
+               "dpo takes its reference from the base with the adapters off and needs "
+               "model.lora (a frozen copy of a fully trained model is not supported yet); set "
+               "model.lora.rank");
+  }
+  if (dpo && c.train.cuda_graph) {
+    checks.add("train.cuda_graph",
+               "does not capture the preference step (rows of a batch's own "
+               "length); set train.cuda_graph: false");
+  }
+  if (dpo && (c.dist.tp_size > 1 || c.dist.strategy == "fsdp")) {
+    checks.add("train.objective",
+               "dpo runs alone or under ddp; set dist.tp_size: 1 and "
+               "dist.strategy: ddp");
+  }
+}
+
 }  // namespace
 }  // namespace detail
+
+void DpoConfig::validate(Checks& c) const {
+  c.one_of("loss_type", loss_type, {"sigmoid", "ipo", "hinge", "robust", "simpo", "orpo"});
+  if (!(beta > 0.0)) c.add("beta", "must be > 0, got " + format_number(beta));
+  if (!(label_smoothing >= 0.0 && label_smoothing < 0.5)) {
+    c.add("label_smoothing", "must be in [0, 0.5), got " + format_number(label_smoothing));
+  }
+  if (!(cpo_alpha >= 0.0)) c.add("cpo_alpha", "must be >= 0, got " + format_number(cpo_alpha));
+  if (loss_type == "orpo") {
+    c.add("loss_type",
+          "orpo scores the prompt too (its NLL), which the preference step does not "
+          "compute yet; use sigmoid, ipo, hinge, robust or simpo");
+  }
+}
 
 std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) {
   std::vector<Issue> issues;
@@ -177,6 +226,7 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   detail::check_tensor_parallel(c, top);
   detail::check_cuda_only(c, env, top);
   detail::check_names(c, env, top);
+  detail::check_objective(c, top);
   return detail::without_repeats(std::move(issues));
 }
 

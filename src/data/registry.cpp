@@ -14,6 +14,7 @@ namespace trainer::data {
   X(webdataset)                     \
   X(mix)                            \
   X(chat)                           \
+  X(preference)                     \
   /* end of the list */
 
 using R = DatasetRegistry;

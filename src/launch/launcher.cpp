@@ -12,8 +12,8 @@
 #include <optional>
 #include <ostream>
 #include <random>
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,7 +93,6 @@ int parse_int(const std::string& flag, const std::string& text, long min, long m
 int cpu_count() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
-
 
 // "0,2" -> {0, 2}: local ranks, each at least 0, listed once.
 std::vector<int> parse_ranks(const std::string& text) {

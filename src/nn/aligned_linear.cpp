@@ -65,9 +65,8 @@ class AlignedLinear : public torch::autograd::Function<AlignedLinear> {
     torch::Tensor dx, dw;  // undefined where not needed (a frozen weight: LoRA's base)
     const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
     const auto result = ctx->saved_data["result"].toInt();
-    if (reinterpret_cast<int64_t>(go.data_ptr()) == result && go.dim() >= 2 &&
-        go.stride(-1) == 1 && go.stride(-2) == vp && go.scalar_type() == xc.scalar_type() &&
-        go.numel() == n * v) {
+    if (reinterpret_cast<int64_t>(go.data_ptr()) == result && go.dim() >= 2 && go.stride(-1) == 1 &&
+        go.stride(-2) == vp && go.scalar_type() == xc.scalar_type() && go.numel() == n * v) {
       // The loss wrote the gradient over the forward's result: its padding columns are still
       // the product's zeros, so the whole padded rows take part, every size aligned.
       const auto g = over_storage_of(go, {n, vp}, {vp, 1});  // [N, Vp]

@@ -90,9 +90,23 @@ LinearImpl::LinearImpl(const torch::nn::LinearOptions& options)
   if (bias.defined()) move_to_meta(bias, {options.out_features()});
 }
 
+namespace {
+thread_local bool adapters_off = false;
+}  // namespace
+
+AdaptersOff::AdaptersOff() : previous_(adapters_off) {
+  adapters_off = true;
+}
+AdaptersOff::~AdaptersOff() {
+  adapters_off = previous_;
+}
+bool AdaptersOff::active() {
+  return adapters_off;
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) const {
   const auto y = torch::linear(x, weight, bias);  // [..., out]
-  if (!adapted()) return y;
+  if (!adapting()) return y;
   return add_update(y, torch::linear(adapter_input(x), lora_A->weight));  // h: [..., r]
 }
 
@@ -118,14 +132,14 @@ torch::Tensor LinearImpl::add_update(const torch::Tensor& y, const torch::Tensor
 torch::Tensor LinearImpl::column_parallel(TensorParallel& tp, const torch::Tensor& x,
                                           const torch::Tensor& copied) const {
   const auto y = torch::linear(copied.defined() ? copied : tp.copy_in(x), weight, bias);
-  if (!adapted()) return y;  // [..., out / tp]
+  if (!adapting()) return y;  // [..., out / tp]
   // A's output whole on every rank; its gradient summed over the group's parts of B.
   return add_update(y, tp.copy_in(torch::linear(adapter_input(x), lora_A->weight)));
 }
 
 torch::Tensor LinearImpl::row_parallel(TensorParallel& tp, const torch::Tensor& x) const {
   auto y = tp.reduce_out(torch::linear(x, weight));  // [..., out]
-  if (adapted()) y = add_update(y, tp.reduce_out(torch::linear(adapter_input(x), lora_A->weight)));
+  if (adapting()) y = add_update(y, tp.reduce_out(torch::linear(adapter_input(x), lora_A->weight)));
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
 }
 
@@ -151,11 +165,23 @@ void LinearImpl::add_adapter(const LoraOptions& options) {
   lora_B = register_module("lora_B", b);
 }
 
+torch::Tensor lora_delta(const torch::Tensor& lora_A, const torch::Tensor& lora_B, double scaling) {
+  torch::NoGradGuard no_grad;
+  return torch::mm(lora_B.to(torch::kFloat), lora_A.to(torch::kFloat)).mul_(scaling);  // [out, in]
+}
+
+torch::Tensor merge_lora(const torch::Tensor& weight, const torch::Tensor& delta) {
+  if (weight.sizes() != delta.sizes()) {
+    throw std::invalid_argument("its update is " + c10::str(delta.sizes()) + ", the weight " +
+                                c10::str(weight.sizes()));
+  }
+  torch::NoGradGuard no_grad;
+  return (weight.to(torch::kFloat) + delta).to(weight.scalar_type());  // [out, in]
+}
+
 torch::Tensor LinearImpl::delta_weight() const {
   TORCH_CHECK(adapted(), "delta_weight: the layer has no adapter");
-  torch::NoGradGuard no_grad;
-  return torch::mm(lora_B->weight.to(torch::kFloat), lora_A->weight.to(torch::kFloat))
-      .mul_(lora_.scaling());  // [out, in]
+  return lora_delta(lora_A->weight, lora_B->weight, lora_.scaling());  // [out, in]
 }
 
 void LinearImpl::pretty_print(std::ostream& stream) const {

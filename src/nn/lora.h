@@ -38,6 +38,31 @@ struct LoraOptions {
 // The options of a model.lora section.
 LoraOptions lora_options(const config::LoraConfig& cfg);
 
+// What merging an adapter adds to its layer's weight: scaling * B @ A [out, in] in float32, of
+// lora_A [r, in] and lora_B [out, r] of any floating dtype (PEFT's get_delta_weight).
+torch::Tensor lora_delta(const torch::Tensor& lora_A, const torch::Tensor& lora_B, double scaling);
+
+// `weight` [out, in] with `delta` (lora_delta's) merged in: their sum in float32, rounded once to
+// the weight's dtype (PEFT's merge_and_unload). Throws std::invalid_argument when the shapes
+// differ.
+torch::Tensor merge_lora(const torch::Tensor& weight, const torch::Tensor& delta);
+
+// While one lives on this thread, every adapted layer computes its base layer alone, as PEFT's
+// disable_adapter() context does: the frozen base model, the reference of preference tuning
+// (engine/loop/preference_step.h). Nests; restores the previous state when destroyed.
+class AdaptersOff {
+ public:
+  AdaptersOff();
+  ~AdaptersOff();
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+  // Whether adapters are off on this thread.
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 // torch::nn::Linear (its parameters, names and initialisation) that may carry a LoRA adapter.
 class LinearImpl : public torch::nn::LinearImpl {
  public:
@@ -67,9 +92,11 @@ class LinearImpl : public torch::nn::LinearImpl {
   // weight's device), A drawn from the global generator. Throws std::logic_error when it has one.
   void add_adapter(const LoraOptions& options);
   bool adapted() const { return !lora_A.is_empty(); }
+  // Whether forward adds the adapter's update: adapted, and not under AdaptersOff.
+  bool adapting() const { return adapted() && !AdaptersOff::active(); }
   const LoraOptions& adapter_options() const { return lora_; }
 
-  // scaling * B @ A [out, in] in float32: what merging the adapter adds to the weight.
+  // lora_delta of the adapter: what merging it adds to the weight, [out, in] float32.
   torch::Tensor delta_weight() const;
 
   void pretty_print(std::ostream& stream) const override;

@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 
+#include <cstdint>
 #include <mutex>
 
 namespace trainer::nn {
@@ -26,5 +27,22 @@ inline void set_generator_state(at::Generator gen, const at::Tensor& state) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
+
+// For its lifetime, the CPU generator draws from `seed`; then it gets back the state it had. What
+// is drawn inside depends on `seed` alone, what is drawn after on what came before alone.
+class SeededDraws {
+ public:
+  explicit SeededDraws(uint64_t seed) : saved_(generator_state(cpu_generator())) {
+    auto gen = cpu_generator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  }
+  ~SeededDraws() { set_generator_state(cpu_generator(), saved_); }
+  SeededDraws(const SeededDraws&) = delete;
+  SeededDraws& operator=(const SeededDraws&) = delete;
+
+ private:
+  at::Tensor saved_;
+};
 
 }  // namespace trainer::nn

@@ -40,7 +40,8 @@ enum class Impl { fused, foreach, loop };
 const char* impl_name(Impl impl);
 
 // What a fused step takes from the device instead of the host (torch.amp.GradScaler's fused path,
-// and a step captured in a CUDA graph, engine/loop/graphed_step.h). Undefined tensors are not given.
+// and a step captured in a CUDA graph, engine/loop/graphed_step.h). Undefined tensors are not
+// given.
 struct KernelInputs {
   torch::Tensor
       grad_scale;  // float32 scalar the kernel divides the gradients by (loss scale, clipping)

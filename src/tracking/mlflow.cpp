@@ -5,11 +5,11 @@
 
 #include "util/fileio.h"
 #include "util/format.h"
-#include "util/net/http.h"
 #include "util/log.h"
+#include "util/net/http.h"
 #include "util/net/net.h"
-#include "util/strings.h"
 #include "util/net/url.h"
+#include "util/strings.h"
 
 namespace trainer::tracking {
 namespace {

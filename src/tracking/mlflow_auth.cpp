@@ -9,8 +9,8 @@
 #include <fstream>
 #include <map>
 
-#include "util/strings.h"
 #include "util/net/url.h"
+#include "util/strings.h"
 
 namespace trainer::tracking {
 namespace {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "text/files.h"
 #include "data/image/memory_images.h"
+#include "text/files.h"
 
 namespace trainer::data {
 namespace {

@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "data/dataset.h"
-#include "text/files.h"
 #include "data/image/idx.h"
 #include "data/image/memory_images.h"
+#include "text/files.h"
 
 namespace trainer::data {
 namespace {

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "text/files.h"
 #include "data/image/image.h"
 #include "data/image/image_transform.h"
+#include "text/files.h"
 #include "util/format.h"
 #include "util/log.h"
 #include "util/random.h"

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "text/files.h"
 #include "data/image/image_transform.h"
 #include "data/tokens/shards.h"
+#include "text/files.h"
 #include "util/format.h"
 #include "util/hash.h"
 #include "util/log.h"

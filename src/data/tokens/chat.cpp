@@ -1,5 +1,5 @@
-// The `chat` data set (data/tokens/chat.h): the conversations of read_chat_data cut to data.seq_len,
-// one or several (data.pack) to a sample.
+// The `chat` data set (data/tokens/chat.h): the conversations of read_chat_data cut to
+// data.seq_len, one or several (data.pack) to a sample.
 #include "data/tokens/chat.h"
 
 #include <torch/torch.h>

@@ -1,8 +1,8 @@
-// Chat data (data.name: chat): conversations in JSONL files (text/chat/chat_records.h), rendered with
-// the model's chat template (text/chat/chat_template.h: the published Llama 3.x and ChatML templates,
-// recognised from tokenizer_config.json, or forced with data.chat_template) and tokenized with its
-// tokenizer (text/tokenizer/hf_tokenizer.h), as transformers' apply_chat_template does; data.train_on says
-// which tokens train (text/chat/chat_encode.h).
+// Chat data (data.name: chat): conversations in JSONL files (text/chat/chat_records.h), rendered
+// with the model's chat template (text/chat/chat_template.h: the published Llama 3.x and ChatML
+// templates, recognised from tokenizer_config.json, or forced with data.chat_template) and
+// tokenized with its tokenizer (text/tokenizer/hf_tokenizer.h), as transformers'
+// apply_chat_template does; data.train_on says which tokens train (text/chat/chat_encode.h).
 //
 // A sample is one conversation (data.pack: false) or several packed into one row (best fit
 // decreasing), data.seq_len tokens long: inputs a conversation's tokens but its last, targets the
@@ -18,16 +18,16 @@
 #include <vector>
 
 #include "config/issues.h"
-#include "text/chat/chat_template.h"
 #include "data/dataset.h"
+#include "text/chat/chat_template.h"
 
 namespace trainer::data {
 
 // The `data.` keys of chat.
 struct ChatOptions {
-  std::string files;          // the training JSONL files: a brace pattern (data/tokens/shards.h), relative
-                              // to data.root when set; empty: data.root itself (a JSONL file, or a
-                              // folder whose .jsonl files are read in name order)
+  std::string files;  // the training JSONL files: a brace pattern (data/tokens/shards.h), relative
+                      // to data.root when set; empty: data.root itself (a JSONL file, or a
+                      // folder whose .jsonl files are read in name order)
   std::string val_files;      // the validation JSONL files, a pattern as `files`; empty: a seeded
                               // data.val_fraction of the training conversations
   double val_fraction = 0.1;  // without val_files: each conversation's chance to validate

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "data/tokens/chat.h"
+#include "data/tokens/shards.h"
 #include "text/chat/chat_encode.h"
 #include "text/chat/chat_records.h"
 #include "text/files.h"
 #include "text/tokenizer/hf_tokenizer.h"
-#include "data/tokens/shards.h"
 #include "util/fileio.h"
 #include "util/format.h"
 #include "util/hash.h"

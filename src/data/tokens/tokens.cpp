@@ -1,10 +1,10 @@
 // The `tokens` dataset for language models: a token stream, either a flat file of little-endian
 // uint16 or uint32 token ids (nanoGPT's train.bin/val.bin, trainer tokenize's output) or the raw
 // bytes of a text file (vocabulary 256). The description trainer tokenize writes beside a token
-// file (FILE.json, text/tokens/token_sidecar.h) gives its width and vocabulary, and the file is checked
-// against it. data.root is such a file, whose last data.val_fraction is held out for validation, or
-// a folder with train.bin and val.bin. Files are read with pread, so corpora larger than memory
-// work.
+// file (FILE.json, text/tokens/token_sidecar.h) gives its width and vocabulary, and the file is
+// checked against it. data.root is such a file, whose last data.val_fraction is held out for
+// validation, or a folder with train.bin and val.bin. Files are read with pread, so corpora larger
+// than memory work.
 //
 // A sample is a window of seq_len + 1 tokens: inputs the first seq_len, targets the last seq_len.
 // An epoch has (tokens - 1) / seq_len samples. Training windows start at random offsets drawn

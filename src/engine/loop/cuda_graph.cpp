@@ -1,5 +1,5 @@
-// The CUDA implementation of StepGraph (engine/loop/graphed_step.h): at::cuda::CUDAGraph, captured on a
-// side stream as torch.cuda.graph does.
+// The CUDA implementation of StepGraph (engine/loop/graphed_step.h): at::cuda::CUDAGraph, captured
+// on a side stream as torch.cuda.graph does.
 #include "engine/loop/graphed_step.h"
 
 #include <stdexcept>

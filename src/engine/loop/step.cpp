@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 
+#include "engine/loop/preference_step.h"
 #include "engine/persist/tensor_parallel_state.h"
 #include "nn/autocast.h"
 #include "optim/clip.h"
@@ -290,6 +291,7 @@ namespace {
 // in one (without the logits of the whole batch) when the model asks for that.
 torch::Tensor forward_loss(Components& p, const torch::Tensor& inputs,
                            const torch::Tensor& positions, const torch::Tensor& targets) {
+  if (p.objective) return p.objective->loss(*p.model, inputs, targets);
   if (p.output_loss && targets.dim() > 1) {
     if (const auto weight = p.model->output_weight(); weight.defined()) {
       return p.output_loss(p.model->forward_hidden(inputs, positions), weight, targets);
@@ -322,7 +324,8 @@ torch::Tensor TrainStep::forward_backward(const std::vector<data::Batch>& micro_
   // the ranks' average is the step's).
   torch::Tensor step_loss;
   std::optional<TokenShares> shares;  // targets [B, T]
-  if (!micro_batches.empty() && micro_batches[0].targets.dim() > 1) {
+  // An objective's loss is a mean over its micro-batch's own items (pairs): averaged over them.
+  if (!micro_batches.empty() && micro_batches[0].targets.dim() > 1 && !p.objective) {
     shares.emplace(micro_batches, p);
   }
   for (size_t m = 0; m < micro_batches.size(); ++m) {

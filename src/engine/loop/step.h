@@ -11,9 +11,9 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "distributed/process_group.h"
+#include "engine/loop/spike_guard.h"
 #include "engine/setup/components.h"
 #include "engine/setup/results.h"
-#include "engine/loop/spike_guard.h"
 #include "engine/setup/state.h"
 
 namespace trainer::engine {
@@ -138,7 +138,8 @@ void count_outcome(const StepOutcome& outcome, TrainingState& state);
 bool ends_run(const StepOutcome& outcome, const TrainingState& state,
               const config::TrainConfig& train);
 
-// The step that dispatches each of its operators (the other: GraphedStep, engine/loop/graphed_step.h).
+// The step that dispatches each of its operators (the other: GraphedStep,
+// engine/loop/graphed_step.h).
 class TrainStep final : public Stepper {
  public:
   // `guard`: train.skip_update_zscore's, or null.

@@ -8,14 +8,15 @@
 
 #include "distributed/failure_text.h"
 #include "engine/loop/batches.h"
-#include "engine/setup/components.h"
 #include "engine/loop/graphed_step.h"
-#include "engine/observe/memory_history.h"
-#include "engine/observe/metrics.h"
-#include "engine/observe/profile_window.h"
 #include "engine/loop/trainer_state.h"
 #include "engine/measure/flops.h"
 #include "engine/measure/op_count.h"
+#include "engine/measure/run_peak.h"
+#include "engine/observe/memory_history.h"
+#include "engine/observe/metrics.h"
+#include "engine/observe/profile_window.h"
+#include "engine/setup/components.h"
 #include "nn/autocast.h"
 #include "util/device.h"
 #include "util/format.h"
@@ -358,9 +359,9 @@ class Run {
 
 // Language models: the model FLOPs of a training sample (Trainer::train_flops: the forward and
 // what its backward computes; under dist.tp_size a rank's share times the group's ranks) and the
-// device's matrix-product rate in the compute dtype, measured as bench measures it, for the train
-// records' MFU. Every rank must call this, in the same order (fsdp and tensor parallelism gather
-// in the forward).
+// device's matrix-product rate in the compute dtype, measured as bench measures it once per run
+// (engine/measure/run_peak.h: a resume reuses the run's), for the train records' MFU. Every rank
+// must call this, in the same order (fsdp and tensor parallelism gather in the forward).
 static void measure_utilisation(Trainer& trainer, Trainer::State& s, MetricsLog& log) {
   auto& p = s.parts;
   if (!p.splits.spec.sequence) return;
@@ -368,16 +369,14 @@ static void measure_utilisation(Trainer& trainer, Trainer::State& s, MetricsLog&
   const double per_sample =
       static_cast<double>(trainer.train_flops()) * p.tp_size() / static_cast<double>(batch);
   const c10::ScalarType dtype = p.precision.autocast ? p.precision.dtype : torch::kFloat;
-  const double peak = matmul_peak_tflops(p.device, dtype);
-  log.set_utilisation(per_sample, peak);
+  const RunPeak peak =
+      run_peak_tflops(s.loaded.cfg.run.dir, p.device, dtype,
+                      /*resuming=*/s.checkpointer.resumed_step() >= 0, /*record=*/s.job.rank == 0);
+  log.set_utilisation(per_sample, peak.tflops);
   if (s.job.rank != 0) return;
-  log::info(
-      strprintf("model FLOPs %.6g per sample; MFU against %.6g TFLOP/s, this device's "
-                "measured %s matrix-product rate (as trainer bench measures it)",
-                per_sample, peak,
-                dtype == torch::kBFloat16 ? "bfloat16"
-                : dtype == torch::kHalf   ? "float16"
-                                          : "float32"));
+  log::info(strprintf("model FLOPs %.6g per sample; MFU against %.6g TFLOP/s, ", per_sample,
+                      peak.tflops) +
+            peak.note);
 }
 
 Trainer::Trainer(const config::LoadedConfig& loaded, const distributed::DistEnv& job, Build build)

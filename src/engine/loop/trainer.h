@@ -1,5 +1,5 @@
-// The training engine: builds a run's parts from a validated config (engine/setup/components.h), then
-// trains, evaluating, logging and checkpointing as configured.
+// The training engine: builds a run's parts from a validated config (engine/setup/components.h),
+// then trains, evaluating, logging and checkpointing as configured.
 //
 // The parts, each with one job: components (what the run trains with), batches (the step
 // iterator), step (one optimizer step), evaluator, checkpointer, metrics (records, log lines,
@@ -17,10 +17,10 @@
 #include "config/loader.h"
 #include "distributed/comm_bytes.h"
 #include "distributed/env.h"
-#include "engine/persist/checkpointer.h"
 #include "engine/loop/evaluator.h"
 #include "engine/loop/step.h"
 #include "engine/measure/memory.h"
+#include "engine/persist/checkpointer.h"
 
 namespace trainer::engine {
 
@@ -105,8 +105,8 @@ class Trainer {
   // input pipeline alone.
   double input_samples_per_sec(int64_t steps, double min_seconds);
 
-  // The floating-point operations of one forward pass over one training batch (engine/measure/flops.h),
-  // under autocast when amp.enabled.
+  // The floating-point operations of one forward pass over one training batch
+  // (engine/measure/flops.h), under autocast when amp.enabled.
   int64_t forward_flops();
   // The model FLOPs of a training step over one training batch (engine/use/probes.h's
   // train_step_flops: frozen weights cost no weight gradient). Every rank must call this, in the

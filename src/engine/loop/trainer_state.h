@@ -4,14 +4,15 @@
 
 #include <memory>
 
-#include "engine/persist/checkpointer.h"
-#include "engine/setup/components.h"
 #include "engine/loop/graphed_step.h"
+#include "engine/loop/preference_step.h"
 #include "engine/loop/spike_guard.h"
-#include "engine/setup/state.h"
 #include "engine/loop/step.h"
 #include "engine/loop/trainer.h"
 #include "engine/loop/weight_average.h"
+#include "engine/persist/checkpointer.h"
+#include "engine/setup/components.h"
+#include "engine/setup/state.h"
 
 namespace trainer::engine {
 
@@ -19,7 +20,7 @@ struct Trainer::State {
   State(const config::LoadedConfig& l, const distributed::DistEnv& j, Build build)
       : loaded(l),
         job(j),
-        parts(build_components(loaded, job, build)),
+        parts(with_objective(build_components(loaded, job, build), loaded.cfg)),
         guard(make_guard(loaded.cfg.train, parts)),
         average(loaded.cfg.train.ema.enabled()
                     ? std::make_unique<WeightAverage>(loaded.cfg.train.ema, parts)
@@ -27,6 +28,12 @@ struct Trainer::State {
         checkpointer(loaded, parts, state, job, saved_parts()),
         step(make_stepper(parts, loaded.cfg.train, state, guard.get())) {
     state.window_loss = torch::zeros({}, torch::TensorOptions().device(parts.device));
+  }
+
+  // train.objective's step (null for supervised) in the parts.
+  static Components with_objective(Components parts, const config::Config& cfg) {
+    parts.objective = make_objective(cfg);
+    return parts;
   }
 
   static std::unique_ptr<SpikeGuard> make_guard(const config::TrainConfig& train,

@@ -103,5 +103,4 @@ void WeightAverage::restore(const checkpoint::NamedTensors& saved, const std::st
   }
 }
 
-
 }  // namespace trainer::engine

@@ -11,8 +11,9 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "engine/observe/mlflow_run.h"
 #include "engine/measure/memory.h"
+#include "engine/observe/mlflow_run.h"
+#include "engine/setup/objective.h"
 #include "util/device.h"
 #include "util/fileio.h"
 #include "util/format.h"
@@ -309,10 +310,14 @@ void MetricsLog::train(int64_t epoch) {
     const double tflops = flops_per_sample_ * last_sps_ / devices / 1e12;
     record["tflops"] = tflops;
     record["mfu"] = tflops / peak_tflops_;
+    record["peak_tflops"] = peak_tflops_;
     line += strprintf(" MFU %.3g%%", 100.0 * tflops / peak_tflops_);
   }
   line += " ETA " + format_duration(eta());
   add_gpu_readings(record, line);
+  if (parts_.objective) {  // train.objective's metrics (dpo: TRL's names), this rank's
+    for (const auto& [name, value] : parts_.objective->take_window()) record[name] = value;
+  }
   if (writer_) writer_->write(record);
   clear();  // the line above the bar, which the next step redraws
   log::info(line);

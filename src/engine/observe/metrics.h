@@ -14,8 +14,8 @@
 
 #include "config/config.h"
 #include "engine/setup/components.h"
-#include "engine/setup/state.h"
 #include "engine/setup/results.h"
+#include "engine/setup/state.h"
 #include "tracking/mlflow.h"
 #include "util/csv_log.h"
 #include "util/gpu_monitor.h"
@@ -108,7 +108,8 @@ class MetricsLog {
   // train.ema's average).
   void eval(const EvalResult& result, int64_t epoch, const std::string& split = "val");
   // Language models: the model FLOPs of one training sample (forward and backward) and one
-  // device's peak TFLOP/s, which give the train records' `tflops` (per device) and `mfu`.
+  // device's peak TFLOP/s, which give the train records' `tflops` (per device), `mfu` and
+  // `peak_tflops`.
   void set_utilisation(double flops_per_sample, double peak_tflops) {
     flops_per_sample_ = flops_per_sample;
     peak_tflops_ = peak_tflops;

@@ -5,14 +5,14 @@
 #include <torch/version.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 
-#include "engine/setup/adapter_state.h"
 #include "engine/persist/sharded_state.h"
 #include "engine/persist/tensor_parallel_state.h"
+#include "engine/setup/adapter_state.h"
 #include "nn/rng.h"
 #include "util/device.h"
 #include "util/format.h"
@@ -29,10 +29,12 @@ constexpr const char* kWindowLoss = "engine.window_loss";
 constexpr const char* kWindowGradNorm = "engine.window_grad_norm";
 constexpr int kFormat = 1;
 
-// Config keys whose change makes a checkpoint unusable: the weights' layout and what they mean.
-bool must_match(const std::string& key) {
-  return (key.rfind("model.", 0) == 0 && key != "model.checkpointing") || key == "optim.name" ||
-         key == "data.name" || key == "train.loss";
+// The keys a checkpoint must be loaded with as it was written: the model's (model.pretrained is
+// not among them: a whole model's weights are in the checkpoint, and LoRA adapters check their
+// base by its contents), and, to resume, what the training state belongs to.
+bool must_match(const std::string& key, bool resuming) {
+  if (key.rfind("model.", 0) == 0) return key != "model.checkpointing" && key != "model.pretrained";
+  return resuming && (key == "optim.name" || key == "data.name" || key == "train.loss");
 }
 
 int cuda_device_count() {
@@ -325,7 +327,8 @@ void Checkpointer::warn_schedule_change(const nlohmann::json& saved) const {
   if (std::abs(now - then) <= 1e-12 * std::max(std::abs(then), 1e-30)) return;
   log::warn(strprintf(
       "resuming at step %" PRId64 " with another learning-rate schedule (over %" PRId64
-      " steps, the checkpoint's run over %" PRId64 "): the next step's learning rate is %.6g, "
+      " steps, the checkpoint's run over %" PRId64
+      "): the next step's learning rate is %.6g, "
       "%.6g in the checkpoint's run; the schedule from here on is the new one",
       state_.step, parts_.total_steps, saved.value("total_steps", int64_t{0}), now, then));
 }
@@ -338,11 +341,12 @@ void Checkpointer::check_config(const nlohmann::json& saved, const std::string& 
     // Masked as flatten() masks: a checkpoint's URL credentials are never compared or shown.
     const std::string before = mask_url_credentials(saved[key].get<std::string>());
     if (before == value) continue;
-    if (must_match(key)) {
-      conflicts.push_back(config::Issue{loaded_.where(key), key,
-                                        "is " + value + " but the checkpoint " + path +
-                                            " was written with " + before +
-                                            "; resume with the same value or start a new run"});
+    if (must_match(key, resuming)) {
+      conflicts.push_back(config::Issue{
+          loaded_.where(key), key,
+          "is " + value + " but the checkpoint " + path + " was written with " + before +
+              (resuming ? "; resume with the same value or start a new run"
+                        : "; load it with the value it was written with")});
     } else if (resuming) {
       log::info("resuming with " + key + " changed: " + before + " -> " + value);
     }

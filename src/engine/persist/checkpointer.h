@@ -195,12 +195,12 @@ class Checkpointer {
   std::unique_ptr<checkpoint::Directory> dir_;
   std::string last_;
   int64_t resumed_step_ = -1;
-  int64_t saved_step_ = -1;        // the step of the newest checkpoint written or resumed from
+  int64_t saved_step_ = -1;           // the step of the newest checkpoint written or resumed from
   std::set<int64_t> rolled_back_to_;  // the checkpoints (steps) rollbacks went back to
   int64_t lost_steps_ = 0;            // see lost_steps()
   bool used_average_ = false;         // see used_average()
-  std::shared_ptr<Save> pending_;  // the background write in flight
-  AsyncWriter writer_;             // last: its thread ends before the members it uses
+  std::shared_ptr<Save> pending_;     // the background write in flight
+  AsyncWriter writer_;                // last: its thread ends before the members it uses
 };
 
 // A checkpoint's model weights with its average's (ema.*) in place of the parameters: what

@@ -63,10 +63,9 @@ bool Checkpointer::write(const EvalResult& eval) {
   if (parts_.group) parts_.group->all_reduce({state_.window_loss}, distributed::Reduce::avg);
   if (const std::string bad = not_finite(); !bad.empty()) {
     if (job_.rank == 0) {
-      log::warn(strprintf("checkpoint at step %" PRId64 " not saved: %s is inf/NaN%s", state_.step,
-                          bad.c_str(),
-                          last_.empty() ? "" : ("; the previous checkpoint " + last_ + " is kept")
-                                                   .c_str()));
+      log::warn(strprintf(
+          "checkpoint at step %" PRId64 " not saved: %s is inf/NaN%s", state_.step, bad.c_str(),
+          last_.empty() ? "" : ("; the previous checkpoint " + last_ + " is kept").c_str()));
     }
     return false;
   }

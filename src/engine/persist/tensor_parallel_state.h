@@ -28,7 +28,8 @@ std::optional<TensorSplit> split_of(const nn::SplitPlan& plan, const std::string
 torch::Tensor tensor_parallel_grad_norm(const Components& parts);
 
 // `tensors` with every split one replaced by the whole tensor, joined over the tensor-parallel
-// group (a tied one once, shared by its names). Every rank of the group must call this, in the same order.
+// group (a tied one once, shared by its names). Every rank of the group must call this, in the same
+// order.
 checkpoint::NamedTensors joined_over_group(const Components& parts,
                                            checkpoint::NamedTensors tensors);
 

@@ -4,12 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 
-#include "checkpoint/hf_folder.h"
+#include "checkpoint/pretrained_identity.h"
 #include "nn/lora.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -17,60 +15,9 @@
 namespace trainer::engine {
 namespace {
 
-namespace fs = std::filesystem;
-
-constexpr uint64_t kChunk = 64 << 10;  // bytes hashed at each sampled offset
-constexpr uint64_t kChunks = 64;       // sampled offsets per file or tensor
-
 [[noreturn]] void config_error(const config::LoadedConfig& loaded, const std::string& key,
                                const std::string& message) {
   throw config::ConfigError({config::Issue{loaded.where(key), key, message}});
-}
-
-// Appends `bytes` [0, size) to `out`: whole when small, else kChunks chunks spread evenly over
-// them (the first and the last included), so that two different weights differ in the sample.
-void sample_into(std::vector<uint8_t>& out, uint64_t size,
-                 const std::function<void(uint64_t offset, uint64_t n, uint8_t* dst)>& read) {
-  const auto append = [&](uint64_t offset, uint64_t n) {
-    const size_t at = out.size();
-    out.resize(at + n);
-    read(offset, n, out.data() + at);
-  };
-  if (size <= kChunk * kChunks) return append(0, size);
-  for (uint64_t i = 0; i < kChunks; ++i) append((size - kChunk) / (kChunks - 1) * i, kChunk);
-}
-
-void append_text(std::vector<uint8_t>& out, const std::string& text) {
-  out.insert(out.end(), text.begin(), text.end());
-  out.push_back(0);
-}
-
-// A file's name, size and sampled bytes.
-void sample_file(std::vector<uint8_t>& out, const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::error_code ec;
-  const uint64_t size = fs::file_size(file, ec);
-  if (!in || ec) throw std::runtime_error(file.string() + ": cannot be read");
-  append_text(out, file.filename().string() + ":" + std::to_string(size));
-  sample_into(out, size, [&](uint64_t offset, uint64_t n, uint8_t* dst) {
-    in.seekg(static_cast<std::streamoff>(offset));
-    in.read(reinterpret_cast<char*>(dst), static_cast<std::streamsize>(n));
-    if (!in) throw std::runtime_error(file.string() + ": cannot be read");
-  });
-}
-
-// The files that define model.pretrained's weights: a folder's config.json and the weight files
-// that loading reads (checkpoint::hf_weight_files: model.safetensors, else the index and its
-// shards), by name; or the one file.
-std::vector<fs::path> base_files(const std::string& pretrained) {
-  if (!checkpoint::is_directory(pretrained)) return {pretrained};
-  std::vector<fs::path> out;
-  const fs::path config = fs::path(pretrained) / "config.json";
-  std::error_code ec;
-  if (fs::is_regular_file(config, ec)) out.push_back(config);
-  for (const auto& file : checkpoint::hf_weight_files(pretrained)) out.emplace_back(file);
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 // The frozen parameters' names, shapes, dtypes and sampled bytes.
@@ -79,13 +26,27 @@ std::vector<uint8_t> sample_weights(const torch::nn::Module& model) {
   for (const auto& [name, p] : nn::unique_named_parameters(model)) {
     if (p.requires_grad()) continue;
     const auto host = p.detach().to(torch::kCPU).contiguous();
-    append_text(out, name + ":" + c10::toString(host.scalar_type()) + ":" + c10::str(host.sizes()));
+    checkpoint::append_identity_text(
+        out, name + ":" + c10::toString(host.scalar_type()) + ":" + c10::str(host.sizes()));
     const auto* data = static_cast<const uint8_t*>(host.data_ptr());
-    sample_into(out, host.nbytes(), [&](uint64_t offset, uint64_t n, uint8_t* dst) {
-      std::memcpy(dst, data + offset, n);
-    });
+    checkpoint::append_identity_sample(
+        out, host.nbytes(),
+        [&](uint64_t offset, uint64_t n, uint8_t* dst) { std::memcpy(dst, data + offset, n); });
   }
   return out;
+}
+
+// Whether the checkpoint's `recorded` base identity is the base's, `here` (base_identity's):
+// equal, or the identity checkpoints of a weights file model.pretrained recorded before it left
+// the file's name out.
+bool same_base(const std::string& recorded, const std::string& here,
+               const std::string& pretrained) {
+  if (recorded == here) return true;
+  try {
+    return !pretrained.empty() && checkpoint::is_pretrained_identity(pretrained, recorded);
+  } catch (const std::exception&) {
+    return false;  // read already for `here`
+  }
 }
 
 // "q_proj, v_proj" of the adapted layers' names.
@@ -114,14 +75,8 @@ void log_adapters(const Components& parts, const config::LoraConfig& cfg,
 
 }  // namespace
 
-std::string pretrained_identity(const std::string& pretrained) {
-  std::vector<uint8_t> bytes;
-  for (const auto& file : base_files(pretrained)) sample_file(bytes, file);
-  return checkpoint::xxh64_hex(bytes);
-}
-
 std::string base_identity(const torch::nn::Module& model, const std::string& pretrained) {
-  if (!pretrained.empty()) return pretrained_identity(pretrained);
+  if (!pretrained.empty()) return checkpoint::pretrained_identity(pretrained);
   const auto params = model.parameters(/*recurse=*/true);
   if (!params.empty() && params.front().is_meta()) return "planned";  // no values to hash
   return checkpoint::xxh64_hex(sample_weights(model));
@@ -186,11 +141,12 @@ std::string load_adapters(Components& parts, const config::LoadedConfig& loaded,
                      " holds no LoRA adapters (its run trained without model.lora); load it "
                      "without model.lora, or start a new run");
   }
-  if (base != parts.lora_base) {
+  if (!same_base(base, parts.lora_base, m.pretrained)) {
     config_error(loaded, "model.pretrained",
                  "the checkpoint " + path + "'s adapters were trained on another base than " + of +
                      " (base identity " + base + ", here " + parts.lora_base +
-                     "); use the base it was trained on, or start a new run");
+                     "); use the base it was trained on (a copy of it at any path: "
+                     "--set model.pretrained=PATH), or start a new run");
   }
   const std::map<std::string, torch::Tensor> given(weights.begin(), weights.end());
   std::set<std::string> unused;

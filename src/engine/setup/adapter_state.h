@@ -26,15 +26,10 @@ void add_lora(Components& parts, const config::LoadedConfig& loaded);
 // them to parts.tp_plan. Call right after the model's split_over. Nothing otherwise.
 void split_adapters(Components& parts);
 
-// The frozen base's identity: a hash of model.pretrained's files (a folder's config.json, index
-// and weight files; or the weights file), else of the base's weights in memory. What a LoRA
-// checkpoint records as meta["lora"]["base"].
+// The frozen base's identity: checkpoint::pretrained_identity of model.pretrained's files (by
+// content: the same files at another path are the same base), else a hash of the base's weights
+// in memory. What a LoRA checkpoint records as meta["lora"]["base"].
 std::string base_identity(const torch::nn::Module& model, const std::string& pretrained);
-
-// The identity of model.pretrained's files alone (`pretrained` not empty), as base_identity gives
-// it: for checking a checkpoint's base without building the model. Throws std::runtime_error
-// naming a file that cannot be read.
-std::string pretrained_identity(const std::string& pretrained);
 
 // The model's tensors a checkpoint holds, under their state-dict names: every one, or in a LoRA
 // run the adapters' alone.
@@ -46,8 +41,8 @@ void add_adapter_meta(const Components& parts, nlohmann::json& meta);
 // Loads a LoRA checkpoint's adapters (`weights`, state-dict names) into the model: "" or, as
 // models::load_weights describes them, the adapters missing, the tensors that are no adapter of
 // this model and those of another shape (then nothing is copied). Throws config::ConfigError
-// naming model.pretrained when `meta` records another base, or none (a checkpoint of a run
-// without LoRA).
+// naming model.pretrained when `meta` records another base (checkpoint::is_pretrained_identity
+// decides for a base read from model.pretrained), or none (a checkpoint of a run without LoRA).
 std::string load_adapters(Components& parts, const config::LoadedConfig& loaded,
                           const nlohmann::json& meta, const checkpoint::NamedTensors& weights,
                           const std::string& path);

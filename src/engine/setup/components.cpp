@@ -16,7 +16,9 @@
 #include "engine/setup/hf_pretrained.h"
 #include "nn/batch_norm.h"
 #include "nn/deferred_init.h"
+#include "nn/lora.h"
 #include "nn/parameters.h"
+#include "nn/rng.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -224,14 +226,52 @@ void load_pretrained(Components& c, const config::LoadedConfig& loaded) {
       kept.empty() ? "" : ("; re-initialised (model.pretrained_skip_head): " + kept).c_str()));
 }
 
+// Whether folder model.pretrained gives every parameter of the model (the adapters of model.lora
+// aside, which are drawn): then the model is built without writing its parameters
+// (nn/deferred_init.h) and each is written once, from the files.
+bool files_give_every_parameter(const config::Config& cfg) {
+  return checkpoint::is_directory(cfg.model.pretrained) && !cfg.model.pretrained_skip_head;
+}
+
 // Whether the parameters stream from folder model.pretrained straight into what this rank keeps,
-// its FSDP shards or (dist.tp_size) its parts: the model built without writing its parameters
-// (models/deferred_init.h), so that no rank ever holds the whole model. Only where the files give
-// every parameter and nothing else changes them (LoRA adapters); not fsdp and tp together.
+// its FSDP shards or (dist.tp_size) its parts, so that no rank ever holds the whole model; not
+// fsdp and tp together.
 bool streams_into_parts(const Components& c, const config::Config& cfg) {
-  return (cfg.dist.strategy == "fsdp") != (c.tp != nullptr) &&
-         checkpoint::is_directory(cfg.model.pretrained) && !cfg.model.pretrained_skip_head &&
-         !cfg.model.lora.enabled();
+  return (cfg.dist.strategy == "fsdp") != (c.tp != nullptr) && files_give_every_parameter(cfg);
+}
+
+// model.lora's frozen base, not written yet, reallocated in its final dtype (still unwritten): read
+// from the files straight into it, it never exists in float32.
+void unwritten_in(models::NetImpl& model, c10::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters(/*recurse=*/true)) {
+    if (p.is_floating_point() && p.scalar_type() != dtype) {
+      p.set_data(torch::empty(p.sizes(), p.options().dtype(dtype)));
+    }
+  }
+}
+
+// The adapters' initial values depend on the run's seed alone, not on how the model was built
+// (drawn, unwritten, streamed into parts): every layout starts from the same adapters.
+void add_seeded_lora(Components& c, const config::LoadedConfig& loaded) {
+  constexpr uint64_t kAdapterStream = 0x9E3779B97F4A7C15ULL;  // a seed apart from the model's
+  nn::SeededDraws draws(static_cast<uint64_t>(loaded.cfg.seed) ^ kAdapterStream);
+  add_lora(c, loaded);
+}
+
+// `fill` that gives the adapters their values as drawn (whole, before any split), and every other
+// parameter its value from the files.
+ParameterFill with_adapters(ParameterFill fill, const models::NetImpl& model) {
+  auto drawn = std::make_shared<std::map<std::string, torch::Tensor>>();
+  for (const auto& [name, p] : models::unique_named_parameters(model)) {
+    if (nn::is_adapter_tensor(name)) (*drawn)[name] = p.detach().reshape({-1}).clone();  // [n]
+  }
+  return [fill = std::move(fill), drawn](const std::string& name, int64_t first,
+                                         const torch::Tensor& dst) {
+    const auto it = drawn->find(name);
+    if (it == drawn->end()) return fill(name, first, dst);
+    dst.copy_(it->second.narrow(0, first, dst.numel()).view(dst.sizes()));
+  };
 }
 
 // c.model built under `deferral` (nn/deferred_init.h); a planned one wholly on the meta device.
@@ -246,9 +286,8 @@ void build_net(Components& c, const config::LoadedConfig& loaded, nn::Deferral d
   }
 }
 
-// The model, its weights loaded (under tp, this rank's parts); where they stream into the FSDP
-// shards (streams_into_parts), the reader make_fsdp fills them from instead.
-ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
+// c.input: what the model is built for, from the data's spec and model.num_classes.
+void set_input(Components& c, const config::LoadedConfig& loaded) {
   const auto& cfg = loaded.cfg;
   const auto& spec = c.splits.spec;
   c.input = models::InputSpec{spec.sample_shape,
@@ -259,12 +298,23 @@ ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
                      " classes, more than model.num_classes " +
                      std::to_string(c.input.num_classes) + "; use 0 to take the dataset's count");
   }
+}
+
+// The model, its weights loaded (under tp, this rank's parts); where they stream into the FSDP
+// shards (streams_into_parts), the reader make_fsdp fills them from instead.
+ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
+  const auto& cfg = loaded.cfg;
+  const auto& spec = c.splits.spec;
+  set_input(c, loaded);
   const bool plan = c.build == Build::plan;
   const bool stream = !plan && streams_into_parts(c, cfg);
+  const bool lora = cfg.model.lora.enabled();
+  const bool unwritten = stream || (!plan && lora && files_give_every_parameter(cfg));
   build_net(c, loaded,
-            plan     ? nn::Deferral::shapes_only
-            : stream ? nn::Deferral::unwritten
-                     : nn::Deferral::none);
+            plan        ? nn::Deferral::shapes_only
+            : unwritten ? nn::Deferral::unwritten
+                        : nn::Deferral::none);
+  if (unwritten && lora) unwritten_in(*c.model, nn::lora_base_dtype(cfg.model.lora.base_dtype));
   if (spec.packed && !c.model->takes_positions()) {
     config_error(loaded, "data.pack",
                  "model " + cfg.model.name +
@@ -276,7 +326,10 @@ ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
   } else if (!cfg.model.pretrained.empty()) {
     load_pretrained(c, loaded);
   }
-  if (cfg.model.lora.enabled()) add_lora(c, loaded);  // the base frozen, adapters attached
+  if (lora) {
+    add_seeded_lora(c, loaded);  // the base frozen, adapters attached
+    if (fill) fill = with_adapters(std::move(fill), *c.model);
+  }
   if (c.tp) {
     try {
       c.tp_plan = c.model->split_over(c.tp);

@@ -24,6 +24,8 @@
 
 namespace trainer::engine {
 
+class Objective;  // engine/setup/objective.h
+
 // Autocast around forward and loss.
 struct Precision {
   bool autocast = false;                   // amp.enabled
@@ -68,6 +70,9 @@ struct Components {
   // train.loss of the output layer's hidden states and weight when the model asks for it
   // (NetImpl::output_weight); null under tensor parallelism or when the loss has none.
   losses::OutputLoss output_loss;
+  // train.objective's loss of a micro-batch when it is not train.loss of the model's outputs
+  // (dpo: the preference step); null for supervised.
+  std::shared_ptr<Objective> objective;
   Precision precision;
   std::unique_ptr<optim::GradScaler> scaler;  // gradient scaling (float16 training), else null
 

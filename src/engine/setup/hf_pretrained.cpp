@@ -202,26 +202,37 @@ LoadPlan plan_load(const models::NetImpl& model, const checkpoint::HfWeights& w,
   return plan;
 }
 
+// The names of a tied tensor in the files hold equal values, compared as the model holds them (in
+// its dtype): each name the plan loads again against the one the model is filled from, whose value
+// is the model's tensor once it is `filled` (copy_planned), else read from its file.
+void check_tied_in_files(const checkpoint::HfWeights& w, const LoadPlan& plan,
+                         const config::LoadedConfig& loaded, bool filled) {
+  const std::string& untie_hint = models::model_registry().get(loaded.cfg.model.name).untie_hint;
+  for (const auto& [name, loaded_as] : plan.tied_again) {
+    const auto& where = w.tensors.at(name);
+    const auto& t = plan.into.at(loaded_as);
+    const auto value = w.files[where.file].read(*where.entry).to(t.scalar_type());
+    const auto& first = w.tensors.at(loaded_as);
+    if (!torch::equal(value,
+                      filled ? t : w.files[first.file].read(*first.entry).to(t.scalar_type()))) {
+      fail(loaded, w.files[where.file].path() + ": " + name + " and " + loaded_as +
+                       " differ, but they are one tensor in the model (tied)" +
+                       (untie_hint.empty() ? "" : "; " + untie_hint));
+    }
+  }
+}
+
 // Copies the planned tensors file by file, in each file's order, then checks that the names of
 // one tied tensor were given equal values.
 void copy_planned(const checkpoint::HfWeights& w, const LoadPlan& plan,
-                  const config::LoadedConfig& loaded, const std::string& untie_hint) {
+                  const config::LoadedConfig& loaded) {
   for (const auto& f : w.files) {
     for (const auto& e : f.entries()) {
       const auto it = plan.into.find(e.name);
       if (it != plan.into.end()) f.read_into(e, it->second);
     }
   }
-  for (const auto& [name, loaded_as] : plan.tied_again) {
-    const auto& where = w.tensors.at(name);
-    const auto& t = plan.into.at(loaded_as);
-    const auto value = w.files[where.file].read(*where.entry).to(t.scalar_type());
-    if (!torch::equal(value, t)) {
-      fail(loaded, w.files[where.file].path() + ": " + name + " and " + loaded_as +
-                       " differ, but they are one tensor in the model (tied)" +
-                       (untie_hint.empty() ? "" : "; " + untie_hint));
-    }
-  }
+  check_tied_in_files(w, plan, loaded, /*filled=*/true);
 }
 
 // Folder model.pretrained opened and checked against the model: ConfigError before anything is
@@ -253,30 +264,13 @@ void log_loaded(const config::LoadedConfig& loaded, const checkpoint::HfWeights&
                       plan.kept.empty() ? "" : "; kept as built: ", listed(plan.kept).c_str()));
 }
 
-// The names of a tied tensor in the files hold equal values (compared as the model holds them).
-void check_tied_in_files(const checkpoint::HfWeights& w, const LoadPlan& plan,
-                         const config::LoadedConfig& loaded, const std::string& untie_hint) {
-  for (const auto& [name, loaded_as] : plan.tied_again) {
-    const auto& where = w.tensors.at(name);
-    const auto& first = w.tensors.at(loaded_as);
-    const auto dtype = plan.into.at(loaded_as).scalar_type();
-    const auto a = w.files[where.file].read(*where.entry).to(dtype);
-    if (!torch::equal(a, w.files[first.file].read(*first.entry).to(dtype))) {
-      fail(loaded, w.files[where.file].path() + ": " + name + " and " + loaded_as +
-                       " differ, but they are one tensor in the model (tied)" +
-                       (untie_hint.empty() ? "" : "; " + untie_hint));
-    }
-  }
-}
-
 }  // namespace
 
 void load_hf_folder(models::NetImpl& model, const config::LoadedConfig& loaded) {
   checkpoint::HfWeights weights;
   const auto plan = checked_plan(model, loaded, weights);
   torch::NoGradGuard no_grad;
-  copy_planned(weights, plan, loaded,
-               models::model_registry().get(loaded.cfg.model.name).untie_hint);
+  copy_planned(weights, plan, loaded);
   log_loaded(loaded, weights, plan, "");
 }
 
@@ -290,8 +284,7 @@ ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedC
   auto weights = std::make_shared<checkpoint::HfWeights>();
   const auto plan = checked_plan(model, loaded, *weights);
   torch::NoGradGuard no_grad;
-  check_tied_in_files(*weights, plan, loaded,
-                      models::model_registry().get(loaded.cfg.model.name).untie_hint);
+  check_tied_in_files(*weights, plan, loaded, /*filled=*/false);
   std::map<const void*, std::string> file_name;  // model tensor -> the file tensor filling it
   for (const auto& [name, t] : plan.into) file_name[t.unsafeGetTensorImpl()] = name;
   std::map<std::string, checkpoint::HfWeights::Where> source;  // every name of a model tensor

@@ -14,10 +14,10 @@
 #include <optional>
 #include <vector>
 
-#include "engine/setup/components.h"
-#include "engine/observe/profiler.h"
 #include "engine/measure/memory.h"
 #include "engine/measure/op_count.h"
+#include "engine/observe/profiler.h"
+#include "engine/setup/components.h"
 #include "util/device.h"
 #include "util/format.h"
 #include "util/gpu_monitor.h"

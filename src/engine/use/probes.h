@@ -7,17 +7,18 @@
 
 #include "config/config.h"
 #include "data/dataset.h"
-#include "engine/setup/components.h"
 #include "engine/measure/memory.h"
+#include "engine/setup/components.h"
 
 namespace trainer::engine {
 
 // The first `batch` training samples (repeated when the split is smaller), on the CPU.
 data::Batch first_samples(const Components& parts, int64_t batch);
 
-// The floating-point operations of one forward pass over `batch` training samples (engine/measure/flops.h),
-// under autocast when the run uses it. Leaves the model in training mode. With dist.strategy
-// fsdp in a group every rank must call this, in the same order (the blocks are gathered).
+// The floating-point operations of one forward pass over `batch` training samples
+// (engine/measure/flops.h), under autocast when the run uses it. Leaves the model in training mode.
+// With dist.strategy fsdp in a group every rank must call this, in the same order (the blocks are
+// gathered).
 int64_t forward_flops(Components& parts, int64_t batch);
 
 // The model FLOPs of a training step over `batch` training samples (engine/measure/flops.h's

@@ -5,9 +5,9 @@
 #include <chrono>
 
 #include "engine/loop/batches.h"
-#include "engine/observe/metrics.h"
 #include "engine/loop/trainer.h"
 #include "engine/loop/trainer_state.h"
+#include "engine/observe/metrics.h"
 #include "engine/use/probes.h"
 #include "nn/autocast.h"
 #include "util/device.h"

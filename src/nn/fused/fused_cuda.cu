@@ -1,5 +1,5 @@
-// The fused RMSNorm and SwiGLU kernels (nn/fused/fused_kernel.h). RMSNorm: one block per row, the row
-// read once for its statistics and once more (mostly from L2) for the output; the backward's
+// The fused RMSNorm and SwiGLU kernels (nn/fused/fused_kernel.h). RMSNorm: one block per row, the
+// row read once for its statistics and once more (mostly from L2) for the output; the backward's
 // weight gradient accumulates in float32 partial rows, one per block, that the caller sums.
 // SwiGLU: one elementwise pass each way. Products are rounded where ATen's operators round them.
 #include <cuda_bf16.h>
@@ -10,6 +10,7 @@
 
 #include "nn/fused/fused_dispatch.cuh"
 #include "nn/fused/fused_kernel.h"
+#include "nn/fused/fused_math.cuh"
 #include "util/cuda_convert.cuh"
 
 namespace trainer::nn {
@@ -18,13 +19,8 @@ namespace {
 constexpr int kMaxThreads = 256;
 
 using cuda::from_float;
+using cuda::round_to;
 using cuda::to_float;
-
-// v rounded to T and back: the float value ATen's T tensor would hold.
-template <class T>
-__device__ __forceinline__ float round_to(float v) {
-  return to_float(from_float<T>(v));
-}
 
 // The block's sum of v, returned to every thread (blockDim.x a multiple of 32, at most 1024).
 __device__ __forceinline__ float block_sum(float v) {

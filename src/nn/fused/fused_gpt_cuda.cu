@@ -1,5 +1,5 @@
-// The gpt model's fused kernels (nn/fused/fused_gpt_kernel.h). LayerNorm: one block per row, the row
-// read from global memory once and kept as float32 in shared memory where it fits (else read
+// The gpt model's fused kernels (nn/fused/fused_gpt_kernel.h). LayerNorm: one block per row, the
+// row read from global memory once and kept as float32 in shared memory where it fits (else read
 // again, mostly from L2) for the two-pass statistics and the output; the backward's weight and
 // bias gradients accumulate in float32 partial rows, one per block, that the caller sums. Bias +
 // GELU: each thread owns a few adjacent columns and walks its group of rows, so the bias is read
@@ -14,6 +14,7 @@
 
 #include "nn/fused/fused_dispatch.cuh"
 #include "nn/fused/fused_gpt_kernel.h"
+#include "nn/fused/fused_math.cuh"
 #include "util/cuda_convert.cuh"
 
 namespace trainer::nn {
@@ -24,12 +25,8 @@ constexpr int kMaxThreads = 256;
 constexpr int64_t kSharedBytes = 46 * 1024;
 
 using cuda::from_float;
+using cuda::round_to;
 using cuda::to_float;
-
-template <class T>
-__device__ __forceinline__ float round_to(float v) {
-  return to_float(from_float<T>(v));
-}
 
 // N adjacent elements, loaded and stored as one access.
 template <class T, int N>

@@ -1,8 +1,8 @@
 // The fused kernels of the gpt model (nn/fused/fused_gpt_cuda.cu), forward and backward: LayerNorm,
 // optionally after the residual add, and the MLP's bias add with the tanh-approximated GELU after
-// it. No torch header: the kernels' file is compiled by nvcc alone; nn/fused/fused_gpt_ops.h wraps them
-// in autograd functions. Every pointer is device memory of contiguous rows; every launch goes on
-// CUDA stream `stream` (a cudaStream_t) and returns the CUDA error of the launch ("" when none).
+// it. No torch header: the kernels' file is compiled by nvcc alone; nn/fused/fused_gpt_ops.h wraps
+// them in autograd functions. Every pointer is device memory of contiguous rows; every launch goes
+// on CUDA stream `stream` (a cudaStream_t) and returns the CUDA error of the launch ("" when none).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// Autograd functions over the gpt model's fused CUDA kernels (nn/fused/fused_gpt_kernel.h): LayerNorm
-// (optionally after the residual add) and the MLP's bias add with the tanh-approximated GELU,
-// each one kernel forward and one backward. Each `*_supports` says whether its function takes
+// Autograd functions over the gpt model's fused CUDA kernels (nn/fused/fused_gpt_kernel.h):
+// LayerNorm (optionally after the residual add) and the MLP's bias add with the tanh-approximated
+// GELU, each one kernel forward and one backward. Each `*_supports` says whether its function takes
 // these tensors (on a CUDA device, of a dtype the kernels have, in a build with them); the
 // callers keep their ATen composition otherwise (always on the CPU). The functions can run again
 // on the same inputs (activation checkpointing's recomputation): they keep no state between calls.

@@ -1,7 +1,7 @@
-// Autograd functions over the fused CUDA kernels of nn/fused/fused_kernel.h: RMSNorm (optionally after
-// the residual add) and SwiGLU, each one kernel forward and one backward. Each `*_supports` says
-// whether its function takes these tensors (on a CUDA device, of a dtype the kernels have, in a
-// build with them); the callers keep their ATen composition otherwise (always on the CPU).
+// Autograd functions over the fused CUDA kernels of nn/fused/fused_kernel.h: RMSNorm (optionally
+// after the residual add) and SwiGLU, each one kernel forward and one backward. Each `*_supports`
+// says whether its function takes these tensors (on a CUDA device, of a dtype the kernels have, in
+// a build with them); the callers keep their ATen composition otherwise (always on the CPU).
 #pragma once
 
 #include <torch/torch.h>

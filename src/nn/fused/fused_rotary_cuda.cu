@@ -1,7 +1,7 @@
-// The fused rotary-embedding kernel (nn/fused/fused_rotary_kernel.h). One block per token (grid-strided):
-// the token's table row is found once (its packed position or start + t), then the block's
-// threads walk the (head, pair) grid of q's heads followed by k's, each thread reading the two
-// halves of its pair (consecutive threads read consecutive elements) and writing both rotated
+// The fused rotary-embedding kernel (nn/fused/fused_rotary_kernel.h). One block per token
+// (grid-strided): the token's table row is found once (its packed position or start + t), then the
+// block's threads walk the (head, pair) grid of q's heads followed by k's, each thread reading the
+// two halves of its pair (consecutive threads read consecutive elements) and writing both rotated
 // values. Products are rounded where ATen's composition rounds them, and multiplied with
 // __fmul_rn so that no product is contracted into a fused multiply-add ATen's kernels do not do.
 #include <cuda_bf16.h>
@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "nn/fused/fused_dispatch.cuh"
+#include "nn/fused/fused_math.cuh"
 #include "nn/fused/fused_rotary_kernel.h"
 #include "util/cuda_convert.cuh"
 
@@ -21,13 +22,8 @@ constexpr int kMaxThreads = 256;
 constexpr int64_t kMaxBlocks = 65536;
 
 using cuda::from_float;
+using cuda::round_to;
 using cuda::to_float;
-
-// v rounded to T and back: the float value ATen's T tensor would hold.
-template <class T>
-__device__ __forceinline__ float round_to(float v) {
-  return to_float(from_float<T>(v));
-}
 
 // In: the elements read; Out: those written; R: the dtype the table values are rounded to.
 // kBackward: the transposed rotation (the sines' signs swapped).

@@ -1,9 +1,9 @@
-// The fused rotary-embedding kernel (nn/fused/fused_rotary_cuda.cu), forward and backward: the queries
-// and keys of one attention layer rotated in one launch, in transformers' rotate-half layout
-// (apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]). No torch
-// header: the kernel's file is compiled by nvcc alone; nn/fused/fused_rotary_ops.h wraps it in an
-// autograd function. Every pointer is device memory; every launch goes on CUDA stream `stream` (a
-// cudaStream_t) and returns the CUDA error of the launch ("" when none).
+// The fused rotary-embedding kernel (nn/fused/fused_rotary_cuda.cu), forward and backward: the
+// queries and keys of one attention layer rotated in one launch, in transformers' rotate-half
+// layout (apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]). No
+// torch header: the kernel's file is compiled by nvcc alone; nn/fused/fused_rotary_ops.h wraps it
+// in an autograd function. Every pointer is device memory; every launch goes on CUDA stream
+// `stream` (a cudaStream_t) and returns the CUDA error of the launch ("" when none).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// The fused rotary-embedding kernel (nn/fused/fused_rotary_kernel.h) as one autograd function over a
-// layer's queries and keys: both rotated in one kernel forward and one backward, the cos and sin
+// The fused rotary-embedding kernel (nn/fused/fused_rotary_kernel.h) as one autograd function over
+// a layer's queries and keys: both rotated in one kernel forward and one backward, the cos and sin
 // of every position read from tables computed once. fused_rotary_supports says whether it takes
 // these tensors (on a CUDA device, of a dtype the kernel has, in a build with it); the callers
 // keep their ATen composition otherwise (always on the CPU).

@@ -4,14 +4,15 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <string_view>
 #include <utility>
 
 #include "text/error.h"
 #include "text/files.h"
+#include "text/unicode/unicode_nfc.h"
 #include "util/json_error.h"
 #include "util/log.h"
-#include "text/unicode/unicode_nfc.h"
 
 namespace trainer::data {
 namespace {
@@ -67,6 +68,20 @@ std::string folder_template(const std::string& folder, std::string& source) {
                         source + ": chat_template is " + t->dump().substr(0, 60) +
                             ", not a template's text (a string, or a list of {\"name\", "
                             "\"template\"}); set data.chat_template to the format it renders");
+}
+
+// Why `tokenizer` has no bos for the chat format `name`: the tokenizer_config.json beside its
+// tokenizer.json (the one load_tokenizer reads) names none, nor does its post-processor add one.
+std::string no_bos_text(const BpeTokenizer& tokenizer, const std::string& name) {
+  const std::filesystem::path source(tokenizer.source());
+  const auto folder = source.has_parent_path() ? source.parent_path() : std::filesystem::path(".");
+  const std::string config = (folder / "tokenizer_config.json").string();
+  const std::string why =
+      is_file(config) ? config + ": bos_token is missing or null"
+                      : folder.string() + " has no tokenizer_config.json " + "naming a bos_token";
+  return why + ", and " + tokenizer.source() + "'s post-processor adds no bos; the " + name +
+         " chat format starts with it: set bos_token to its beginning-of-text token "
+         "(\"<|begin_of_text|>\")";
 }
 
 }  // namespace
@@ -151,10 +166,7 @@ ChatEncoder::ChatEncoder(const BpeTokenizer& tokenizer, ChatFormat format, ChatS
                             name + " chat format needs it");
     }
   }
-  if (llama(format) && specials_.bos.empty()) {
-    throw ChatEncodeError(tokenizer.source() + " names no bos_token (tokenizer_config.json); the " +
-                          name + " chat format starts with it");
-  }
+  if (llama(format) && specials_.bos.empty()) throw ChatEncodeError(no_bos_text(tokenizer, name));
   // NFC composes e + U+0301 into U+00E9.
   normalizes_ = tokenizer.decode(tokenizer.encode("e\xCC\x81")) == "\xC3\xA9";
 }

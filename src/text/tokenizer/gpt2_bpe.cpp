@@ -14,8 +14,8 @@ namespace {
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw TokenizerError(path +
-                    ": cannot read (a GPT-2 tokenizer folder holds encoder.json and vocab.bpe)");
+    throw TokenizerError(
+        path + ": cannot read (a GPT-2 tokenizer folder holds encoder.json and vocab.bpe)");
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -39,13 +39,14 @@ std::vector<std::string> read_encoder(const std::string& path) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0)
       throw TokenizerError(path + ": token '" + token + "' has no id");
     if (id.get<int64_t>() >= most) {
-      throw TokenizerError(path + ": token '" + token + "' has id " + std::to_string(id.get<int64_t>()) +
-                      ", beyond its " + std::to_string(most) + " tokens (ids run from 0)");
+      throw TokenizerError(path + ": token '" + token + "' has id " +
+                           std::to_string(id.get<int64_t>()) + ", beyond its " +
+                           std::to_string(most) + " tokens (ids run from 0)");
     }
     auto& slot = vocab[static_cast<size_t>(id.get<int64_t>())];
     if (!slot.empty()) {
       throw TokenizerError(path + ": tokens '" + slot + "' and '" + token + "' both have id " +
-                      std::to_string(id.get<int64_t>()) + "; each id must be one token's");
+                           std::to_string(id.get<int64_t>()) + "; each id must be one token's");
     }
     slot = token;
   }
@@ -69,7 +70,7 @@ BpeSpec read_gpt2_bpe(const std::string& dir) {
     const auto space = line.find(' ');
     if (space == std::string::npos) {
       throw TokenizerError(bpe_path + ":" + std::to_string(line_number) + ": the merge '" + line +
-                      "' is not two tokens separated by a space");
+                           "' is not two tokens separated by a space");
     }
     spec.merges.emplace_back(line.substr(0, space), line.substr(space + 1));
   }

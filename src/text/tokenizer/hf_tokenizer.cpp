@@ -103,8 +103,8 @@ void BpeTokenizer::load_model(BpeSpec& spec, Impl& impl) {
     const std::string token = byte_token(b);
     const int32_t id = impl.model_tokens.find(token, hash_of(token));
     if (id < 0) {
-      throw TokenizerError(source_ + ": model.vocab has no token for byte " + std::to_string(b) + " ('" +
-                      token + "'); a byte-level BPE vocabulary holds all 256");
+      throw TokenizerError(source_ + ": model.vocab has no token for byte " + std::to_string(b) +
+                           " ('" + token + "'); a byte-level BPE vocabulary holds all 256");
     }
     impl.byte_ids[static_cast<size_t>(b)] = id;
   }
@@ -137,7 +137,7 @@ void BpeTokenizer::load_merges(const BpeSpec& spec, Impl& impl) {
     merged[r] = impl.model_tokens.find(joined, h.joined);
     if (pairs[r].first < 0 || pairs[r].second < 0 || merged[r] < 0) {
       throw TokenizerError(source_ + ": model.merges[" + std::to_string(r) + "] '" + a + " " + b +
-                      "' joins or makes a token that model.vocab lacks");
+                           "' joins or makes a token that model.vocab lacks");
     }
   }
   impl.merges.build(pairs, merged);
@@ -163,8 +163,9 @@ void BpeTokenizer::load_added(const BpeSpec& spec, Impl& impl) {
     }
     if (id != t.id) {
       throw TokenizerError(source_ + ": added_tokens: '" + t.content + "' has id " +
-                      std::to_string(t.id) + ", but tokenizers gives it " + std::to_string(id) +
-                      " (after the vocabulary's " + std::to_string(model_size) + " tokens)");
+                           std::to_string(t.id) + ", but tokenizers gives it " +
+                           std::to_string(id) + " (after the vocabulary's " +
+                           std::to_string(model_size) + " tokens)");
     }
     added[t.content] = id;
     most = std::max(most, id);

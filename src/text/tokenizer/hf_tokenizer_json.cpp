@@ -150,7 +150,7 @@ bool read_normalizer(const Json& n, const std::string& path, const std::string& 
 void check_model(const Json& model, const std::string& path) {
   if (!model.is_object()) {
     throw TokenizerError(path + ": model: " + model.dump().substr(0, 60) +
-                    " is not an object (a BPE model: type, vocab, merges)");
+                         " is not an object (a BPE model: type, vocab, merges)");
   }
   const std::string type = type_of(model);
   if (type != "BPE" && !(!model.contains("type") && model.contains("merges"))) {
@@ -185,14 +185,14 @@ void read_model(const Json& model, TokenizerLists& lists, const std::string& pat
     if (id < 0 || id >= count) {
       const std::string written =
           id < 0 ? lists.odd[static_cast<size_t>(-1 - id)].dump() : std::to_string(id);
-      throw TokenizerError(path + ": model.vocab: token '" + lists.tokens[i] + "' has id " + written +
-                      ", not one of 0.." + std::to_string(count - 1));
+      throw TokenizerError(path + ": model.vocab: token '" + lists.tokens[i] + "' has id " +
+                           written + ", not one of 0.." + std::to_string(count - 1));
     }
     const auto at = static_cast<size_t>(id);
     if (taken[at]) {
       throw TokenizerError(path + ": model.vocab: tokens '" + spec.vocab[at] + "' and '" +
-                      lists.tokens[i] + "' both have id " + std::to_string(id) +
-                      "; each id must be one token's");
+                           lists.tokens[i] + "' both have id " + std::to_string(id) +
+                           "; each id must be one token's");
     }
     taken[at] = true;
     spec.vocab[at] = std::move(lists.tokens[i]);
@@ -201,7 +201,7 @@ void read_model(const Json& model, TokenizerLists& lists, const std::string& pat
   if (!lists.merges_array) throw TokenizerError(path + ": model.merges: not a list");
   if (lists.bad_merge >= 0) {
     throw TokenizerError(path + ": model.merges[" + std::to_string(lists.bad_merge) +
-                    "]: " + lists.bad_merge_text + " is not two tokens");
+                         "]: " + lists.bad_merge_text + " is not two tokens");
   }
   spec.merges = std::move(lists.merges);
 }
@@ -235,7 +235,7 @@ std::string token_name(const Json& v, const std::string& where = "") {
   }
   if (!where.empty() && !v.is_null()) {
     throw TokenizerError(where + ": " + v.dump().substr(0, 60) +
-                    " is not a token (a string, an object with its \"content\", or null)");
+                         " is not a token (a string, an object with its \"content\", or null)");
   }
   return "";
 }
@@ -257,15 +257,41 @@ std::string template_bos(const Json& post) {
   return token_name(first["SpecialToken"].value("id", Json()));
 }
 
+// Refuses a token tokenizer_config.json's `key` names that `spec` (read from `path`) lacks:
+// transformers adds such a token after the tokenizer's ids, where the model has no embedding.
+void check_named(const std::string& token, const BpeSpec& spec, const std::string& path,
+                 const std::string& config, const std::string& key) {
+  if (token.empty()) return;
+  const auto is_it = [&](const AddedToken& a) { return a.content == token; };
+  if (std::find(spec.vocab.begin(), spec.vocab.end(), token) != spec.vocab.end() ||
+      std::any_of(spec.added.begin(), spec.added.end(), is_it)) {
+    return;
+  }
+  int64_t ids = static_cast<int64_t>(spec.vocab.size());
+  for (const AddedToken& a : spec.added) ids = std::max(ids, a.id + 1);
+  throw TokenizerError(config + ": " + key + " \"" + token.substr(0, 60) + "\" is no token of " +
+                       path + " (neither in model.vocab nor in added_tokens; transformers would " +
+                       "add it as a new token, id " + std::to_string(ids) +
+                       ", which the model has no embedding for); name one of its tokens, or " +
+                       "null for none");
+}
+
 // bos and eos: tokenizer_config.json's, else the post-processor's first special token for bos.
-void read_bos_eos(const Json& root, const std::string& config, BpeSpec& spec) {
+void read_bos_eos(const Json& root, const std::string& path, const std::string& config,
+                  BpeSpec& spec) {
   spec.added_bos = template_bos(root.value("post_processor", Json()));
   spec.bos = spec.added_bos;
   if (config.empty()) return;
   const Json c = read_json(config);
   if (!c.is_object()) throw TokenizerError(config + ": not a JSON object");
-  if (c.contains("bos_token")) spec.bos = token_name(c["bos_token"], config + ": bos_token");
-  if (c.contains("eos_token")) spec.eos = token_name(c["eos_token"], config + ": eos_token");
+  if (c.contains("bos_token")) {
+    spec.bos = token_name(c["bos_token"], config + ": bos_token");
+    check_named(spec.bos, spec, path, config, "bos_token");
+  }
+  if (c.contains("eos_token")) {
+    spec.eos = token_name(c["eos_token"], config + ": eos_token");
+    check_named(spec.eos, spec, path, config, "eos_token");
+  }
 }
 
 }  // namespace
@@ -289,7 +315,7 @@ BpeSpec read_tokenizer_json(const std::string& path, const std::string& config) 
   }
   read_model(root["model"], lists, path, spec);
   read_added(root.value("added_tokens", Json()), path, spec);
-  read_bos_eos(root, config, spec);
+  read_bos_eos(root, path, config, spec);
   return spec;
 }
 
@@ -304,8 +330,8 @@ BpeTokenizer load_tokenizer(const std::string& path) {
     }
     if (fs::exists(dir / "encoder.json", ec)) return BpeTokenizer(read_gpt2_bpe(path));
     throw TokenizerError(path +
-                    ": no tokenizer.json in this folder (nor GPT-2's encoder.json and "
-                    "vocab.bpe); give a Hugging Face model folder or a tokenizer.json file");
+                         ": no tokenizer.json in this folder (nor GPT-2's encoder.json and "
+                         "vocab.bpe); give a Hugging Face model folder or a tokenizer.json file");
   }
   if (!fs::is_regular_file(path, ec)) {
     throw TokenizerError(

@@ -46,10 +46,10 @@ struct TokenizeResult {
 // Writes the tokens of `files` (each one document, read whole, up to 64 MB of them at a time) to
 // `out` (atomically) as little-endian integers of `width` bytes (2: uint16, nanoGPT's .bin; 4:
 // uint32), the tokenizer's end_of_text() between documents; then `out`.json beside it
-// (atomically; text/tokens/token_sidecar.h): the width, the number of tokens, the vocabulary size and the
-// tokenizer's identity, from which the `tokens` data set reads the file. Throws DataError naming a
-// file that cannot be read, or a tokenizer without an end-of-text token when there are several
-// documents; IoError when `out` or its sidecar cannot be written.
+// (atomically; text/tokens/token_sidecar.h): the width, the number of tokens, the vocabulary size
+// and the tokenizer's identity, from which the `tokens` data set reads the file. Throws DataError
+// naming a file that cannot be read, or a tokenizer without an end-of-text token when there are
+// several documents; IoError when `out` or its sidecar cannot be written.
 TokenizeResult tokenize_files(const BpeTokenizer& tokenizer, const std::vector<std::string>& files,
                               const std::string& out, int width, int threads,
                               bool allow_special = false);

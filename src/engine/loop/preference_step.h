@@ -1,0 +1,32 @@
+// Preference tuning's step (train.objective: dpo): each micro-batch of P pairs, 2P rows [chosen;
+// rejected] of data.name: preference (data/tokens/preference.h), scored by the reference (the base
+// with the LoRA adapters off, nn::AdaptersOff, no gradient) and by the policy, then the `dpo:`
+// section's loss of them (losses/preference.h), as TRL 1.16's DPOTrainer computes them with PEFT.
+// The metrics TRL logs are summed on the device over a log window and read once per log record.
+#pragma once
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "engine/setup/objective.h"
+#include "losses/preference.h"
+#include "models/model.h"
+
+namespace trainer::engine {
+
+// train.objective's Objective: null for supervised (train.loss), the preference step for dpo.
+std::shared_ptr<Objective> make_objective(const config::Config& cfg);
+
+// The `dpo:` section as the losses take it.
+losses::PreferenceOptions preference_options(const config::DpoConfig& dpo);
+
+// Labels [B, T] as TRL takes them (the token at each position, -100 outside the completions) from
+// next-token targets [B, T] (targets[t] the label of position t + 1, the last column -100).
+torch::Tensor labels_from_targets(const torch::Tensor& targets);
+
+}  // namespace trainer::engine

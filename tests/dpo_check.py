@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""LoRA DPO (train.objective: dpo, data.name: preference) against TRL 1.16's DPOTrainer with PEFT
+(CTest Dpo.EqualsTrl).
+
+  dpo_check.py TRAINER --tool PREFERENCE_TOOL [--keep DIR]
+
+The base: a tiny random LlamaForCausalLM that transformers builds here, saved by save_pretrained
+with a byte-level BPE tokenizer `tokenizers` trains on a few words (bos added by its
+post-processor, as Llama 3's) and the Llama 3 Instruct template (tests/data/chat_templates).
+The data: 8 training pairs and 4 validation pairs of preference records, in TRL's standard format
+with an implicit prompt (text; TRL's extract_prompt and add_eos apply) and in its conversational
+format with an explicit prompt (messages; the chat template).
+
+Tokens: each pair's two rows (token ids, and the completion labels rebuilt from the trainer's
+next-token targets) equal those of DPOTrainer's dataset and collator, in both formats, at a
+max_length that keeps the rows whole, one that cuts completions and one that drops pairs whose
+prompt reaches it (tests/preference_tool.cpp dumps the trainer's).
+
+For each format and for the sigmoid and ipo losses: the trainer's step-0 adapters (a one-step run
+at learning rate 0, exported with `export --format peft`) are loaded into PEFT over the same base;
+then 20 steps of the trainer (every pair in every batch, AdamW, clipping at 1.0, a constant rate)
+and 20 of DPOTrainer over the same base, adapters and data give the same loss and the same
+rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen,
+logps/rejected, logits/chosen, logits/rejected, entropy and mean_token_accuracy at every step,
+within 1e-5 relative. Near 0, relative to what the value is computed from: the rewards (0 at step
+1, crossing 0 later) to beta times the summed log-probabilities they are differences of, the mean
+logits (means of logits of either sign, crossing 0) to 1e-2.
+
+Bad input, one line and exit 2 each: a record without "rejected" (naming FILE:LINE); preference
+pairs with train.objective supervised.
+
+Exits 77 (skipped) when trl, peft, transformers or tokenizers is not installed.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+
+from run_check import one_intra_op_thread
+
+one_intra_op_thread()  # before torch is imported
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig, PeftModel
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                              TrainerCallback)
+    from trl import DPOConfig, DPOTrainer
+    from window_runs import randomize
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+STEPS, PAIRS, RANK, ALPHA, LR, BETA = 20, 8, 8, 16, 2e-3, 0.1
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TOL = 1e-5
+LOGIT_FLOOR = 1e-2  # logits/*: means of logits of either sign (each ~0.1 in size) cross 0
+METRICS = ["rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+           "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "entropy",
+           "mean_token_accuracy"]
+TEMPLATE = os.path.join(HERE, "data", "chat_templates", "llama3-instruct.json")
+SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+            "<|eot_id|>"]
+WORDS = ["apple", "bread", "cloud", "dance", "eagle", "flame", "grape", "honey", "island",
+         "jelly", "kite", "lemon", "mango", "night", "ocean", "piano"]
+
+
+def save_base(folder):
+    """The tokenizer, the template and a random untied Llama in `folder`."""
+    os.makedirs(folder, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = ([" " + w for w in WORDS] + ["user", "assistant", "Answer:", "Say"]) * 4
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
+        special_tokens=[("<|begin_of_text|>", bos)])
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(TEMPLATE, encoding="utf-8") as f:
+        config = json.load(f)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({**config, "tokenizer_class": "PreTrainedTokenizerFast"}, f)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=bos,
+        eos_token_id=tok.token_to_id("<|eot_id|>")))
+    randomize(model)
+    model.save_pretrained(folder, safe_serialization=True)
+
+
+def records(count, seed, conversational, longest=3):
+    """`count` preference records: text with an implicit prompt, or messages with a prompt; the
+    prompts of 1 to `longest` words after "Say", in turn."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        a, b, c, d, *more = rng.sample(WORDS, 6)
+        question = " ".join(["Say", a, b] + more[:i % longest])
+        good, bad = f" {a} {b} {c}", f" {b} {d}"
+        if conversational:
+            out.append({"prompt": [{"role": "user", "content": question}],
+                        "chosen": [{"role": "assistant", "content": good.strip()}],
+                        "rejected": [{"role": "assistant", "content": bad.strip()}]})
+        else:
+            out.append({"chosen": question + " Answer:" + good,
+                        "rejected": question + " Answer:" + bad})
+    return out
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def run(args, what, expect=0):
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != expect:
+        sys.exit(f"{what}: exit {r.returncode} (expected {expect}): {r.stderr[-3000:]}")
+    return r
+
+
+def trainer_config(work, name, base, train, val, loss_type, steps, lr):
+    config = {
+        "seed": 0,
+        "model": {"name": "llama", "pretrained": base,
+                  "lora": {"rank": RANK, "alpha": ALPHA, "dropout": 0.0, "targets": TARGETS}},
+        "data": {"name": "preference", "files": train, "val_files": val, "max_length": 64,
+                 "batch_size": PAIRS, "workers": 0},
+        "train": {"objective": "dpo", "max_steps": steps, "clip_grad_norm": 1.0,
+                  "eval_at_end": False},
+        "dpo": {"loss_type": loss_type, "beta": BETA},
+        "optim": {"name": "adamw", "lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                  "weight_decay": 0.0},
+        "sched": {"name": "constant"},
+        "run": {"log_every": 1, "eval_every": 100 * STEPS, "checkpoint_every": 100 * STEPS,
+                "progress": "never", "tensorboard": False, "threads": 1},
+    }
+    path = os.path.join(work, f"{name}.yaml")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return path
+
+
+def trainer_records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [r for r in rows if r.get("split") == "train"]
+
+
+class Logged(TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "rewards/chosen" in logs:
+            self.logs.append(dict(logs))
+
+
+class LossDPOTrainer(DPOTrainer):
+    """DPOTrainer recording each step's unrounded loss (Trainer logs it rounded to 4 digits)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.step_losses.append((loss[0] if return_outputs else loss).item())
+        return loss
+
+
+def trl_run(base, adapters, train_rows, loss_type, work):
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
+    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = PeftModel.from_pretrained(model, adapters, is_trainable=True)
+    args = DPOConfig(
+        output_dir=os.path.join(work, "trl"), beta=BETA, loss_type=[loss_type], max_length=64,
+        per_device_train_batch_size=PAIRS, gradient_accumulation_steps=1, learning_rate=LR,
+        lr_scheduler_type="constant", warmup_steps=0, max_steps=STEPS, logging_steps=1,
+        optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
+        weight_decay=0.0, max_grad_norm=1.0, report_to=[], use_cpu=True, seed=0,
+        save_strategy="no", dataloader_num_workers=0, gradient_checkpointing=False,
+        disable_tqdm=True, bf16=False, fp16=False)
+    logged = Logged()
+    trainer = LossDPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
+                             processing_class=tokenizer, callbacks=[logged])
+    trainer.step_losses = []
+    trainer.train()
+    return trainer.step_losses, logged.logs
+
+
+def trl_tokens(base, rows, max_length, work):
+    """Each pair DPOTrainer keeps, as its collator batches it alone: (input_ids, labels) of the
+    two rows [chosen, rejected], without the padding."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
+    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    args = DPOConfig(output_dir=os.path.join(work, "trl-tokens"), max_length=max_length,
+                     report_to=[], use_cpu=True, save_strategy="no")
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=tokenizer)
+    out = []
+    for example in trainer.train_dataset:
+        batch = trainer.data_collator([example])
+        ids, keep, completion = (batch["input_ids"], batch["attention_mask"],
+                                 batch["completion_mask"])
+        labels = ids.masked_fill(completion == 0, -100)
+        out.append([(ids[r][keep[r] == 1].tolist(), labels[r][keep[r] == 1].tolist())
+                    for r in range(2)])
+    return out, [len(example["prompt_ids"]) for example in trainer.train_dataset]
+
+
+def our_tokens(tool, base, train, val, max_length, work):
+    """The trainer's pairs (preference_tool): (inputs, labels) of each row, the labels rebuilt
+    from the next-token targets, cut to each row's own length (TRL's unpadded rows)."""
+    out_dir = os.path.join(work, "tool")
+    os.makedirs(out_dir, exist_ok=True)
+    run([tool, out_dir, f"files={train}", f"val_files={val}", f"max_length={max_length}",
+         f"pretrained={base}"], "preference_tool")
+    pairs = []
+    with open(os.path.join(out_dir, "pairs.jsonl")) as f:
+        for line in f:
+            p = json.loads(line)
+            pairs.append([(inputs, [-100] + targets[:-1])
+                          for inputs, targets in zip(p["inputs"], p["targets"])])
+    return pairs
+
+
+def check_tokens(tool, work, base, conversational, failures):
+    """The pairs' token ids and completion labels equal DPOTrainer's, at a max_length that keeps
+    every row whole, one that cuts every completion after its first two tokens, and one that
+    drops the pairs of the longest prompts."""
+    name = "messages" if conversational else "text"
+    rows = records(PAIRS, 5, conversational)
+    train, val = os.path.join(work, f"tok-{name}.jsonl"), os.path.join(work, f"tok-{name}-v.jsonl")
+    write_jsonl(train, rows)
+    write_jsonl(val, records(2, 6, conversational, longest=1))
+    whole, prompts = trl_tokens(base, rows, None, work)
+    longest_row = max(len(r[0]) for pair in whole for r in pair)
+    lengths = (longest_row, min(prompts) + 2, max(prompts))
+    if min(prompts) == max(prompts):
+        failures.append(f"{name} tokens: the prompts are all {max(prompts)} tokens long")
+    for max_length in lengths:
+        theirs = trl_tokens(base, rows, max_length, work)[0]
+        ours = our_tokens(tool, base, train, val, max_length, work)
+        # Padding: ours to the longer row of the pair (its pad id), TRL's cut by attention_mask.
+        ours = [[(i[:len(t[0])], l[:len(t[0])]) for (i, l), t in zip(pair, their)]
+                for pair, their in zip(ours, theirs)]
+        what = f"{name} tokens at max_length {max_length}"
+        if len(ours) != len(theirs):
+            failures.append(f"{what}: {len(ours)} pairs kept, TRL keeps {len(theirs)}")
+        elif ours != theirs:
+            bad = next(k for k in range(len(ours)) if ours[k] != theirs[k])
+            failures.append(f"{what}: pair {bad}: trainer {ours[bad]}, TRL {theirs[bad]}")
+        else:
+            print(f"{what}: {len(ours)} pairs equal TRL's")
+
+
+def relative(name, a, b, record):
+    """|a - b| over the size of b, or of what b is computed from where b nears 0: a reward is
+    beta times a difference of summed log-probabilities (their float32 rounding), a mean logit is a
+    mean of logits of either sign."""
+    scale = abs(b)
+    if name.startswith("rewards/"):
+        scale = max(scale, BETA * max(abs(record["logps/chosen"]), abs(record["logps/rejected"])))
+    elif name.startswith("logits/"):
+        scale = max(scale, LOGIT_FLOOR)
+    return abs(a - b) / max(scale, 1e-12)
+
+
+def compare(what, ours, losses, logs, failures):
+    if len(ours) != STEPS or len(losses) != STEPS or len(logs) != STEPS:
+        failures.append(f"{what}: steps logged: trainer {len(ours)}, TRL {len(losses)} losses, "
+                        f"{len(logs)} metric records")
+        return
+    worst = (0.0, "")
+    for step, (mine, loss, theirs) in enumerate(zip(ours, losses, logs), 1):
+        pairs = [("loss", mine["loss"], loss)] + [(m, mine.get(m), theirs[m]) for m in METRICS]
+        for name, a, b in pairs:
+            if a is None:
+                failures.append(f"{what}: step {step}: the trainer logged no {name}")
+                return
+            difference = relative(name, a, b, theirs)
+            if difference > worst[0]:
+                worst = (difference, f"step {step} {name}: trainer {a!r}, TRL {b!r}")
+    print(f"{what}: loss {ours[0]['loss']:.6f} -> {ours[-1]['loss']:.6f}; worst relative "
+          f"difference {worst[0]:.2e} ({worst[1]})")
+    if worst[0] > TOL:
+        failures.append(f"{what}: {worst[1]} (relative {worst[0]:.2e} > {TOL})")
+
+
+def check_format(binary, work, base, conversational, loss_type, failures):
+    name = ("messages" if conversational else "text") + "-" + loss_type
+    train_rows = records(PAIRS, 1, conversational)
+    train, val = os.path.join(work, f"{name}-train.jsonl"), os.path.join(work, f"{name}-val.jsonl")
+    write_jsonl(train, train_rows)
+    write_jsonl(val, records(4, 2, conversational))
+    start = os.path.join(work, f"{name}-start")
+    run([binary, "--config", trainer_config(work, f"{name}-start", base, train, val, loss_type,
+                                            1, 0.0), "--run-dir", start], f"{name}: step 0")
+    adapters = os.path.join(work, f"{name}-adapters")
+    run([binary, "export", "--checkpoint", start, "--out", adapters, "--format", "peft"],
+        f"{name}: export")
+    run_dir = os.path.join(work, name)
+    run([binary, "--config", trainer_config(work, name, base, train, val, loss_type, STEPS, LR),
+         "--run-dir", run_dir], f"{name}: train")
+    losses, logs = trl_run(base, adapters, train_rows, loss_type, work)
+    compare(name, trainer_records(run_dir), losses, logs, failures)
+
+
+def check_bad_input(binary, work, base, failures):
+    train, val = os.path.join(work, "bad-train.jsonl"), os.path.join(work, "bad-val.jsonl")
+    rows = records(4, 3, False)
+    del rows[2]["rejected"]
+    write_jsonl(train, rows)
+    write_jsonl(val, records(2, 4, False))
+    config = trainer_config(work, "bad", base, train, val, "sigmoid", 1, LR)
+    r = run([binary, "--config", config, "--run-dir", os.path.join(work, "bad")],
+            "a record without rejected", expect=2)
+    if f"{train}:3" not in r.stderr or "rejected" not in r.stderr:
+        failures.append(f"a record without rejected: the message names neither {train}:3 nor "
+                        f"the key: {r.stderr.strip()[-400:]}")
+    r = run([binary, "--config", config, "--run-dir", os.path.join(work, "bad2"),
+             "--set", "train.objective=supervised"], "pairs without dpo", expect=2)
+    if "data.name" not in r.stderr or "train.objective: dpo" not in r.stderr:
+        failures.append(f"pairs without dpo: the message names neither data.name nor "
+                        f"train.objective: dpo: {r.stderr.strip()[-400:]}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("trainer")
+    parser.add_argument("--tool", required=True, help="tests/preference_tool")
+    parser.add_argument("--keep")
+    args = parser.parse_args()
+    work = args.keep or tempfile.mkdtemp(prefix="dpo_check_")
+    os.makedirs(work, exist_ok=True)
+    failures = []
+    try:
+        base = os.path.join(work, "base")
+        save_base(base)
+        for conversational, loss_type in ((False, "sigmoid"), (True, "sigmoid"), (False, "ipo")):
+            check_format(args.trainer, work, base, conversational, loss_type, failures)
+        # After the runs: a DPOTrainer built over a plain model (no PEFT) changes later runs'
+        # numbers in this process.
+        for conversational in (False, True):
+            check_tokens(args.tool, work, base, conversational, failures)
+        check_bad_input(args.trainer, work, base, failures)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    for f in failures:
+        print("FAIL:", f)
+    print("ok" if not failures else "failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
