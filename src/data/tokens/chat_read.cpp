@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data/tokens/chat.h"
+#include "data/tokens/jsonl_files.h"
 #include "data/tokens/shards.h"
 #include "text/chat/chat_encode.h"
 #include "text/chat/chat_records.h"
@@ -38,66 +39,6 @@ struct LineResult {
   std::string fatal;    // not usable: the message (FILE:LINE: ...)
   std::string dropped;  // dropped with a warning: why
 };
-
-std::string join_path(const std::string& root, const std::string& name) {
-  if (root.empty() || name.empty() || name[0] == '/') return name;
-  return strip_slashes(root) + "/" + name;
-}
-
-// Why `path`, which is not a regular file, cannot be read: missing ("no such file", or "no such
-// file or folder" where a folder would do), a folder where a file is wanted, or a FIFO or device.
-std::string not_a_file(const std::string& path, bool folder_ok) {
-  const std::string why = input_problem(path);
-  if (is_directory(path)) return why + "; name a JSONL file";
-  return why + (folder_ok && !std::filesystem::exists(path) ? " or folder" : "");
-}
-
-// The files of a pattern of data.files or data.val_files (`key`), relative to data.root.
-std::vector<std::string> pattern_files(const std::string& root, const std::string& pattern,
-                                       const std::string& key) {
-  std::vector<std::string> out;
-  try {
-    for (const auto& name : expand_braces(pattern)) out.push_back(join_path(root, name));
-  } catch (const std::invalid_argument& e) {
-    throw DataConfigError(key, e.what());
-  }
-  for (const auto& f : out) {
-    if (!is_file(f)) throw DataConfigError(key, not_a_file(f, false));
-  }
-  return out;
-}
-
-// The training files: data.files, else data.root (a file, or a folder's .jsonl files but the
-// validation files).
-std::vector<std::string> train_files(const config::DataConfig& cfg, const ChatOptions& o,
-                                     const std::vector<std::string>& val) {
-  if (!o.files.empty()) return pattern_files(cfg.root, o.files, "data.files");
-  const std::string root = strip_slashes(cfg.root);
-  if (root.empty()) {
-    throw DataConfigError("data.root",
-                          "set it to a JSONL file of conversations or a folder of them (or set "
-                          "data.files)");
-  }
-  if (is_file(root)) return {root};
-  if (!is_directory(root)) throw DataConfigError("data.root", not_a_file(root, true));
-  std::vector<std::string> out;
-  for (const auto& name : list_dir(root)) {
-    const std::string path = root + "/" + name;
-    const bool jsonl = name.size() > 6 && name.compare(name.size() - 6, 6, ".jsonl") == 0;
-    if (jsonl && is_file(path) && std::find(val.begin(), val.end(), path) == val.end()) {
-      out.push_back(path);
-    }
-  }
-  if (out.empty()) throw DataConfigError("data.root", root + ": no .jsonl file in this folder");
-  return out;
-}
-
-// The folder a tokenizer path names, for its tokenizer_config.json.
-std::string tokenizer_folder(const std::string& path) {
-  if (is_directory(path)) return strip_slashes(path);
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
 
 BpeTokenizer open_tokenizer(const std::string& path) {
   try {
@@ -309,7 +250,7 @@ ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
   data.vocab_size = tokenizer.vocab_size();
   const int64_t eot = tokenizer.end_of_text();
   data.pad_id = eot >= 0 ? eot : std::max<int64_t>(0, tokenizer.eos_id());
-  data.train.files = train_files(cfg, o, val);
+  data.train.files = train_files(cfg.root, o.files, val, "conversations");
   const size_t first_val = data.train.files.size();
   data.train.files.insert(data.train.files.end(), val.begin(), val.end());
   std::vector<std::vector<uint8_t>> buffers;

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/tokens/jsonl_files.h"
 #include "data/tokens/shards.h"
 #include "text/chat/chat_encode.h"
 #include "text/chat/chat_records.h"
@@ -22,50 +23,6 @@
 namespace trainer::data {
 namespace {
 
-std::string join_path(const std::string& root, const std::string& name) {
-  if (root.empty() || name.empty() || name[0] == '/') return name;
-  return strip_slashes(root) + "/" + name;
-}
-
-// The files of pattern `pattern` (key `key`) relative to data.root.
-std::vector<std::string> pattern_files(const std::string& root, const std::string& pattern,
-                                       const std::string& key) {
-  std::vector<std::string> out;
-  try {
-    for (const auto& name : expand_braces(pattern)) out.push_back(join_path(root, name));
-  } catch (const std::invalid_argument& e) {
-    throw DataConfigError(key, e.what());
-  }
-  for (const auto& f : out) {
-    if (!is_file(f)) throw DataConfigError(key, input_problem(f) + "; name a JSONL file");
-  }
-  return out;
-}
-
-// data.files, else data.root: a JSONL file, or a folder's .jsonl files but the validation ones.
-std::vector<std::string> train_files(const config::DataConfig& cfg, const PreferenceDataOptions& o,
-                                     const std::vector<std::string>& val) {
-  if (!o.files.empty()) return pattern_files(cfg.root, o.files, "data.files");
-  const std::string root = strip_slashes(cfg.root);
-  if (root.empty()) {
-    throw DataConfigError("data.root",
-                          "set it to a JSONL file of preference pairs or a folder of "
-                          "them (or set data.files)");
-  }
-  if (is_file(root)) return {root};
-  if (!is_directory(root)) throw DataConfigError("data.root", input_problem(root));
-  std::vector<std::string> out;
-  for (const auto& name : list_dir(root)) {
-    const std::string path = root + "/" + name;
-    const bool jsonl = name.size() > 6 && name.compare(name.size() - 6, 6, ".jsonl") == 0;
-    if (jsonl && is_file(path) && std::find(val.begin(), val.end(), path) == val.end()) {
-      out.push_back(path);
-    }
-  }
-  if (out.empty()) throw DataConfigError("data.root", root + ": no .jsonl file in this folder");
-  return out;
-}
-
 // The tokenizer's path: data.tokenizer, else model.pretrained's folder.
 std::string tokenizer_path(const PreferenceDataOptions& o, const DataContext& ctx) {
   std::string path = o.tokenizer.empty() ? ctx.pretrained : o.tokenizer;
@@ -77,12 +34,6 @@ std::string tokenizer_path(const PreferenceDataOptions& o, const DataContext& ct
   }
   if (!is_file(path) && !is_directory(path)) throw DataConfigError(key, input_problem(path));
   return path;
-}
-
-std::string folder_of(const std::string& path) {
-  if (is_directory(path)) return strip_slashes(path);
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
 struct Reader {
@@ -149,7 +100,7 @@ struct Reader {
 PreferenceData read_preference_data(const config::DataConfig& cfg, const DataContext& ctx) {
   const auto& o = cfg.own<PreferenceDataOptions>();
   std::string path = tokenizer_path(o, ctx);
-  if (o.tokenizer.empty() && is_file(path)) path = folder_of(path);  // a safetensors file
+  if (o.tokenizer.empty() && is_file(path)) path = tokenizer_folder(path);  // a safetensors file
   BpeTokenizer tokenizer = [&] {
     try {
       return load_tokenizer(path);
@@ -157,8 +108,9 @@ PreferenceData read_preference_data(const config::DataConfig& cfg, const DataCon
       throw DataConfigError("data.tokenizer", e.what());
     }
   }();
-  const auto format = find_chat_format(o.chat_template, folder_of(path));
-  if (!format && o.chat_template != "auto") pick_chat_format(o.chat_template, folder_of(path));
+  const auto format = find_chat_format(o.chat_template, tokenizer_folder(path));
+  if (!format && o.chat_template != "auto")
+    pick_chat_format(o.chat_template, tokenizer_folder(path));
   PreferenceData data;
   data.vocab_size = tokenizer.vocab_size();
   const int64_t eot = tokenizer.end_of_text();
@@ -167,7 +119,7 @@ PreferenceData read_preference_data(const config::DataConfig& cfg, const DataCon
       format ? chat_specials(tokenizer, *format, o.chat_date) : ChatSpecials{};
   const auto val = o.val_files.empty() ? std::vector<std::string>()
                                        : pattern_files(cfg.root, o.val_files, "data.val_files");
-  const auto train = train_files(cfg, o, val);
+  const auto train = train_files(cfg.root, o.files, val, "preference pairs");
   Reader reader{o, tokenizer, format, specials, static_cast<uint64_t>(ctx.seed), data};
   const char* train_key = o.files.empty() ? "data.root" : "data.files";
   for (size_t f = 0; f < train.size(); ++f) reader.read(train[f], f, train_key, false, val.empty());
