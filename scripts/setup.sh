@@ -13,7 +13,8 @@
 #   TRAINER_SETUP_MINIMAL=1
 #                    only what building the trainer binary needs (the CMake preset `image`, no
 #                    tests): no GoogleTest, procps, shellcheck, data set or text corpus packages,
-#                    and no Python packages beside torch. For container images (docker/build-steps.sh) and
+#                    and no Python packages beside torch and pyarrow (whose Arrow and Parquet C++
+#                    libraries the build links). For container images (docker/build-steps.sh) and
 #                    distributions that lack the data packages (e.g. Ubuntu).
 #   TRAINER_TORCH_VERSION, TRAINER_TORCH_INDEX_URL
 #                    another torch wheel than the pinned one: its version, and the package index
@@ -79,7 +80,7 @@ EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0 safeten
         quicktok-v1==0.4.0 peft==0.17.1 tokenizers==0.22.2 bitsandbytes==0.50.2
         trl==1.16.0 datasets==5.0.1 pyarrow==25.0.1)
 if [[ "$MINIMAL" == 1 ]]; then
-  EXTRAS=()
+  EXTRAS=(pyarrow==25.0.1)  # the build links the wheel's Arrow and Parquet (cmake/Arrow.cmake)
 fi
 PIP_INDEX=()
 if [[ -n "$TORCH_INDEX_URL" ]]; then
