@@ -16,17 +16,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The dtype the product runs in: autocast's on hidden's device, as it runs linear's; otherwise
-// the inputs' common one.
-torch::ScalarType product_type(const torch::Tensor& hidden, const torch::Tensor& weight) {
-  const auto device = hidden.device().type();
-  const auto common = torch::promote_types(hidden.scalar_type(), weight.scalar_type());
-  if (common != torch::kDouble && at::autocast::is_autocast_enabled(device)) {
-    return at::autocast::get_autocast_dtype(device);
-  }
-  return common;
-}
-
 // At most this many chunks: each adds its product into the weight's gradient [V, C], a pass over
 // V * C floats, so that more and smaller chunks trade little memory for much time (with Liger's
 // rule alone, 128 chunks of 16 rows made a small GPT's CPU step 4.5x slower).
@@ -125,6 +114,15 @@ OutputLoss output_loss(const config::TrainConfig& cfg) {
     }
     return chunked_linear_cross_entropy(h, weight, targets.flatten(), smoothing);
   };
+}
+
+torch::ScalarType product_type(const torch::Tensor& hidden, const torch::Tensor& weight) {
+  const auto device = hidden.device().type();
+  const auto common = torch::promote_types(hidden.scalar_type(), weight.scalar_type());
+  if (common != torch::kDouble && at::autocast::is_autocast_enabled(device)) {
+    return at::autocast::get_autocast_dtype(device);
+  }
+  return common;
 }
 
 }  // namespace trainer::losses

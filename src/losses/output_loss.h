@@ -32,4 +32,8 @@ torch::Tensor chunked_linear_cross_entropy(const torch::Tensor& hidden, const to
                                            const torch::Tensor& targets, double smoothing,
                                            int64_t chunk_rows = 0);
 
+// The dtype the output layer's product runs in: autocast's on hidden's device, as it runs
+// linear's; otherwise the inputs' common one.
+torch::ScalarType product_type(const torch::Tensor& hidden, const torch::Tensor& weight);
+
 }  // namespace trainer::losses

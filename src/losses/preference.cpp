@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "losses/output_loss.h"
 #include "nn/aligned_linear.h"
 
 namespace trainer::losses {
@@ -163,17 +164,6 @@ class SequenceLogProbs : public torch::autograd::Function<SequenceLogProbs> {
     return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
-
-// The dtype of the output layer's product: autocast's on hidden's device, as it runs linear's;
-// otherwise the inputs' common one (losses/output_loss.cpp's rule).
-torch::ScalarType product_type(const torch::Tensor& hidden, const torch::Tensor& weight) {
-  const auto device = hidden.device().type();
-  const auto common = torch::promote_types(hidden.scalar_type(), weight.scalar_type());
-  if (common != torch::kDouble && at::autocast::is_autocast_enabled(device)) {
-    return at::autocast::get_autocast_dtype(device);
-  }
-  return common;
-}
 
 // Positions per chunk of the product: logits of about 4M elements, and at most 8 chunks (each is
 // a pass over the weight's gradient, losses/output_loss.cpp's kMaxChunks).
