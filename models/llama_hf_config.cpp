@@ -40,6 +40,13 @@ bool bool_field(const json& j, const char* key, bool fallback, std::vector<std::
 
 namespace {
 
+// Whether config.json's quantization_config is bitsandbytes' 4-bit NF4, which the engine reads as
+// a quantized LoRA base (model.lora.base_quant: nf4).
+bool bnb_nf4(const nlohmann::json& q) {
+  return q.is_object() && q.value("quant_method", "") == "bitsandbytes" &&
+         q.value("load_in_4bit", false) && q.value("bnb_4bit_quant_type", "fp4") == "nf4";
+}
+
 // The scaling options of one rotary dict (`at`: "rope_scaling." or "rope_parameters."): none, or
 // llama3's four numbers. Without a type the dict is unscaled when `untyped_default` (transformers
 // 5's rope_parameters) and an error otherwise (transformers 4 fails on it).
@@ -266,8 +273,10 @@ void check_math_fields(const json& file, const std::string& type, std::vector<st
     errors.push_back("partial_rotary_factor is " + file["partial_rotary_factor"].dump() +
                      ": llama rotates every dimension of a head");
   }
-  if (present(file, "quantization_config")) {
-    errors.push_back("quantization_config is set: llama loads unquantised weights only");
+  if (present(file, "quantization_config") && !bnb_nf4(file["quantization_config"])) {
+    errors.push_back("quantization_config is " + file["quantization_config"].dump() +
+                     ": llama loads unquantised weights and bitsandbytes' 4-bit NF4 ones "
+                     "(quant_method bitsandbytes, load_in_4bit, bnb_4bit_quant_type nf4)");
   }
   if (present(file, "pruned_heads") && !file["pruned_heads"].empty()) {
     errors.push_back("pruned_heads is " + file["pruned_heads"].dump() +

@@ -22,7 +22,10 @@ Supported: models mlp, lenet (Mlp/Lenet of reference_models.py), resnet18/34/50/
 by Identity, as models/resnet.cpp does), gpt (reference_models.GPT) and llama (transformers'
 LlamaForCausalLM, Qwen2ForCausalLM with model.qkv_bias, Qwen3ForCausalLM with model.qk_norm, sdpa
 attention, called with use_cache=False as training code does; with model.lora.rank > 0 PEFT's
-get_peft_model of it, the optimizer over the adapters); datasets fashion_mnist
+get_peft_model of it, the optimizer over the adapters; model.lora.base_quant nf4 or int8:
+bitsandbytes' Linear4bit (nf4, double quantization) or Linear8bitLt for every linear layer but
+lm_head, as transformers' replace_with_bnb_linear makes them, quantized when the model moves to
+the GPU); datasets fashion_mnist
 (the IDX files of data.root, a Dataset that normalises each sample, in a DataLoader),
 synthetic (random images or vectors of data.shape with random labels, generated once into a
 TensorDataset) and synthetic_tokens (data.train_samples random windows of seq_len + 1 token ids
@@ -104,7 +107,7 @@ DEFAULTS = {
         "rope_high_freq_factor": 4.0, "rope_original_context": 8192, "qkv_bias": False,
         "qk_norm": False,
         "lora": {"rank": 0, "alpha": 8.0, "dropout": 0.0, "targets": [], "rslora": False,
-                 "base_dtype": "float32"},
+                 "base_dtype": "float32", "base_quant": "none"},
     },
     "data": {
         "name": "synthetic", "root": "", "batch_size": 128, "workers": 2, "prefetch": 2,
@@ -344,16 +347,44 @@ def with_lora(lm, lora):
     rank, alpha, dropout, targets (none: PEFT's default for the model) and rslora; the frozen base
     cast to model.lora.base_dtype, the adapters float32."""
     from peft import LoraConfig, get_peft_model
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[lora["base_dtype"]]
+    if lora.get("base_quant", "none") != "none":
+        quantize_linears(lm, lora["base_quant"], dtype)
     config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                         target_modules=lora["targets"] or None, use_rslora=lora["rslora"],
                         task_type="CAUSAL_LM")
     peft_model = get_peft_model(lm, config)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-             "float16": torch.float16}[lora["base_dtype"]]
     for p in peft_model.parameters():
-        if not p.requires_grad:
+        if not p.requires_grad and p.is_floating_point():
             p.data = p.data.to(dtype)
     return peft_model
+
+
+def quantize_linears(lm, kind, dtype):
+    """model.lora.base_quant: every nn.Linear of `lm` but lm_head replaced by bitsandbytes'
+    Linear4bit (nf4, double quantization, computing in `dtype`) or Linear8bitLt (int8 rows)
+    holding its weight; bitsandbytes quantizes them when the model moves to the GPU."""
+    import bitsandbytes as bnb
+    for module in list(lm.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is not nn.Linear or name == "lm_head":
+                continue
+            bias = child.bias is not None
+            if kind == "nf4":
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=bias,
+                                      compute_dtype=dtype, compress_statistics=True,
+                                      quant_type="nf4")
+                q.weight = bnb.nn.Params4bit(child.weight.data.to(dtype), requires_grad=False,
+                                             quant_type="nf4", compress_statistics=True)
+            else:
+                q = bnb.nn.Linear8bitLt(child.in_features, child.out_features, bias=bias,
+                                        has_fp16_weights=False, threshold=0.0)
+                q.weight = bnb.nn.Int8Params(child.weight.data.to(torch.float16),
+                                             requires_grad=False, has_fp16_weights=False)
+            if bias:
+                q.bias = nn.Parameter(child.bias.data.to(dtype), requires_grad=False)
+            setattr(module, name, q)
 
 
 class HfCausalLM(nn.Module):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """model.lora's frozen base loaded without a float32 model anywhere (CTest Lora.*: see below).
 
-  lora_load_check.py TRAINER [--losses | --drawn | --memory | --memory-all]
+  lora_load_check.py TRAINER [--losses | --drawn | --memory | --memory-all | --memory-qlora]
 
 Each option runs one part (CTest: Lora.BaseReadInItsDtypeTrainsAsTheWholeBuild,
 Lora.AdaptersAsDrawnAreTheSameInEveryLayout, Lora.BaseLoadsInItsOwnDtype); none runs them all;
@@ -19,7 +19,9 @@ process.
    the peak RSS over a process that holds no model (the same config's --dry-run=plan: a planned
    model has no parameter storage) is at most 1.15x the folder's bytes in one process (the base in
    bfloat16, read from the files straight into it), and (--memory-all) at most 0.6x under fsdp and
-   under tp 2 over 2 processes (each rank's half of the bf16 base).
+   under tp 2 over 2 processes (each rank's half of the bf16 base); with --memory-all or
+   --memory-qlora, at most 0.4x in one process with model.lora.base_quant: nf4 (the linear
+   layers quantized as each is read: 0.516 bytes a parameter).
 """
 import os
 import subprocess
@@ -34,8 +36,13 @@ from hf_llama_check import (LAUNCH2, STREAMED, big_folder, cases, peak_rss_of,  
                             run_config, save_folder, train_losses)
 
 LORA = ["model.lora.rank=4", "model.lora.base_dtype=bfloat16"]
-LAYOUTS = (("one process", [], []), ("fsdp", LAUNCH2, ["dist.strategy=fsdp"]),
-           ("tp 2", LAUNCH2, ["dist.tp_size=2"]))
+# label, launcher, settings, the most growth allowed as a multiple of the folder's bytes
+LAYOUTS = (("one process", [], [], 1.15), ("fsdp", LAUNCH2, ["dist.strategy=fsdp"], 0.6),
+           ("tp 2", LAUNCH2, ["dist.tp_size=2"], 0.6))
+# QLoRA: the linear layers held in NF4 (0.516 bytes a parameter against bf16's 2), quantized as
+# each is read: the base never exists unquantized (0.26x the folder, plus the quantization
+# temporaries of one layer).
+QLORA = (("one process, nf4", [], ["model.lora.base_quant=nf4"], 0.4),)
 
 
 def run(trainer, launch, config, sets, run_dir):
@@ -51,7 +58,7 @@ def same_losses_as_whole_build(trainer, work):
     folder = os.path.join(work, "lora_parts")
     save_folder(cases()[0][1], folder, dtype=torch.bfloat16)
     config = run_config(work, "lora_parts", folder)
-    for label, launch, sets in LAYOUTS:
+    for label, launch, sets, _ in LAYOUTS:
         losses = {}
         for path, extra in (("read", []), ("whole", ["model.pretrained_skip_head=true"])):
             run_dir = os.path.join(work, f"{label.replace(' ', '_')}_{path}")
@@ -75,7 +82,7 @@ def same_adapters_every_layout(trainer, work):
     # The adapters as drawn (one step at learning rate 0), exported with --format peft: the same
     # tensors in every layout.
     drawn = {}
-    for label, launch, sets in LAYOUTS:
+    for label, launch, sets, _ in LAYOUTS:
         run_dir = os.path.join(work, f"{label.replace(' ', '_')}_drawn")
         r = run(trainer, launch, config, LORA + sets + ["train.max_steps=1", "optim.lr=0"], run_dir)
         out = run_dir + "_peft"
@@ -114,8 +121,7 @@ def memory(trainer, work, layouts):
     assert total >= 2.5e9, total
     config = run_config(work, "lora_big", folder)
     failed = []
-    for label, launch, sets in layouts:
-        limit = 1.15 if not launch else 0.6
+    for label, launch, sets, limit in layouts:
         load, start = peak_growth(trainer, launch, config, LORA + sets)
         growth = load - start
         print(f"LoRA memory, {label}: {total / 1e9:.2f} GB bf16 folder; the largest process's peak "
@@ -136,7 +142,9 @@ def main():
         if mode in ("", "--drawn"):
             same_adapters_every_layout(trainer, work)
         if mode in ("", "--memory", "--memory-all"):
-            memory(trainer, work, LAYOUTS if mode == "--memory-all" else LAYOUTS[:1])
+            memory(trainer, work, LAYOUTS + QLORA if mode == "--memory-all" else LAYOUTS[:1])
+        if mode == "--memory-qlora":
+            memory(trainer, work, QLORA)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
            {{"params", r.held.params},
             {"grads", r.held.grads},
             {"optimizer", r.held.optimizer},
+            {"quantized", r.held.quantized},
             {"total", r.held.total()}}},
           {"comm_bytes_per_step", r.comm_bytes_per_step},
           {"comm_bytes_per_step_by_kind", r.comm_by_kind},
@@ -129,14 +130,16 @@ std::string result_table(const engine::BenchResult& r, const engine::BenchOption
       static_cast<double>(r.flops_per_step) / 1e9, r.tflops, 100.0 * r.mfu, r.peak_tflops);
   out += strprintf("  final loss    %.4f\n", r.final_loss);
   out += strprintf(
-      "  held state    %.1f MiB per rank (%s): parameters %.1f, gradients %.1f, optimizer %.1f\n",
+      "  held state    %.1f MiB per rank (%s): parameters %.1f, gradients %.1f, optimizer %.1f%s\n",
       r.held.total() / 1048576.0,
       (cfg.dist.strategy +
        (t.world_size() > t.data_parallel_size()
             ? strprintf(", tensor parallel over %d", t.world_size() / t.data_parallel_size())
             : std::string()))
           .c_str(),
-      r.held.params / 1048576.0, r.held.grads / 1048576.0, r.held.optimizer / 1048576.0);
+      r.held.params / 1048576.0, r.held.grads / 1048576.0, r.held.optimizer / 1048576.0,
+      r.held.quantized ? strprintf(", quantized base %.1f", r.held.quantized / 1048576.0).c_str()
+                       : "");
   out += strprintf("  communicated  %.3f MiB per step:", r.comm_bytes_per_step / 1048576.0);
   for (const auto& [kind, bytes] : r.comm_by_kind) {
     out += strprintf(" %s %.3f,", kind.c_str(), bytes / 1048576.0);

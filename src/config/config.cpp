@@ -84,6 +84,12 @@ void LoraConfig::validate(Checks& c) const {
     }
   }
   c.one_of("base_dtype", base_dtype, {"float32", "bfloat16", "float16"});
+  c.one_of("base_quant", base_quant, {"none", "nf4", "int8"});
+  if (rank == 0 && base_quant != off.base_quant) {
+    c.add("base_quant",
+          "quantizes the frozen base under LoRA adapters (QLoRA), but model.lora.rank is 0; set "
+          "model.lora.rank (8 to 64), or base_quant: none");
+  }
 }
 
 void DataSetKeys::validate(Checks& c) const {

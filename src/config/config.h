@@ -66,6 +66,8 @@ struct LoraConfig {
                                        // the model (q_proj and v_proj; gpt: c_attn)
   bool rslora = false;                 // rank-stabilised scaling alpha / sqrt(rank)
   std::string base_dtype = "float32";  // the frozen base's dtype: float32|bfloat16|float16
+  std::string base_quant = "none";     // the base's linear layers held quantized: none|nf4|int8
+                                       // (QLoRA; bitsandbytes' 4-bit NF4 or 8-bit rows)
 
   bool enabled() const { return rank > 0; }
 
@@ -80,6 +82,7 @@ struct LoraConfig {
     v("targets", targets);
     v("rslora", rslora);
     v("base_dtype", base_dtype);
+    v("base_quant", base_quant);
   }
 };
 

@@ -197,6 +197,19 @@ void check_objective(const Config& c, Checks& checks) {
   }
 }
 
+// model.lora.base_quant holds each quantizable layer's whole weight in one process: not split
+// over fsdp shards or tensor-parallel parts.
+void check_quantized_base(const Config& c, Checks& checks) {
+  if (c.model.lora.base_quant == "none") return;
+  if (c.dist.strategy == "fsdp" || c.dist.tp_size > 1) {
+    checks.add("model.lora.base_quant",
+               c.model.lora.base_quant +
+                   " holds each layer's whole quantized weight on every rank, which fsdp and "
+                   "tensor parallelism do not split yet: it trains alone or under ddp; set "
+                   "dist.strategy: ddp and dist.tp_size: 1, or base_quant: none");
+  }
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -227,6 +240,7 @@ std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) 
   detail::check_cuda_only(c, env, top);
   detail::check_names(c, env, top);
   detail::check_objective(c, top);
+  detail::check_quantized_base(c, top);
   return detail::without_repeats(std::move(issues));
 }
 

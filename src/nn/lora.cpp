@@ -104,8 +104,13 @@ bool AdaptersOff::active() {
   return adapters_off;
 }
 
+torch::Tensor LinearImpl::base(const torch::Tensor& x) const {
+  return quantized_ ? quant::quantized_linear(x, *quantized_, bias)
+                    : torch::linear(x, weight, bias);
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) const {
-  const auto y = torch::linear(x, weight, bias);  // [..., out]
+  const auto y = base(x);  // [..., out]
   if (!adapting()) return y;
   return add_update(y, torch::linear(adapter_input(x), lora_A->weight));  // h: [..., r]
 }
@@ -131,6 +136,7 @@ torch::Tensor LinearImpl::add_update(const torch::Tensor& y, const torch::Tensor
 
 torch::Tensor LinearImpl::column_parallel(TensorParallel& tp, const torch::Tensor& x,
                                           const torch::Tensor& copied) const {
+  TORCH_CHECK(!quantized_, "a quantized linear layer does not split over tensor parallelism");
   const auto y = torch::linear(copied.defined() ? copied : tp.copy_in(x), weight, bias);
   if (!adapting()) return y;  // [..., out / tp]
   // A's output whole on every rank; its gradient summed over the group's parts of B.
@@ -138,6 +144,7 @@ torch::Tensor LinearImpl::column_parallel(TensorParallel& tp, const torch::Tenso
 }
 
 torch::Tensor LinearImpl::row_parallel(TensorParallel& tp, const torch::Tensor& x) const {
+  TORCH_CHECK(!quantized_, "a quantized linear layer does not split over tensor parallelism");
   auto y = tp.reduce_out(torch::linear(x, weight));  // [..., out]
   if (adapting()) y = add_update(y, tp.reduce_out(torch::linear(adapter_input(x), lora_A->weight)));
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
@@ -184,8 +191,46 @@ torch::Tensor LinearImpl::delta_weight() const {
   return lora_delta(lora_A->weight, lora_B->weight, lora_.scaling());  // [out, in]
 }
 
+void LinearImpl::quantize_weight(quant::QuantKind kind) {
+  if (quantized_) throw std::logic_error("this linear layer's weight is quantized already");
+  const auto& o = this->options;
+  if (weight.dim() != 2 || weight.size(0) != o.out_features() ||
+      weight.size(1) != o.in_features()) {
+    throw std::logic_error("only a whole linear weight can be quantized (not a split part)");
+  }
+  set_quantized(quant::quantize(weight, kind));
+}
+
+void LinearImpl::set_quantized(std::shared_ptr<quant::QuantizedWeight> w) {
+  const auto& o = this->options;
+  const std::vector<int64_t> shape{o.out_features(), o.in_features()};
+  if (w->shape() != shape) {
+    throw std::invalid_argument("the quantized weight is " + c10::str(w->shape()) +
+                                ", the layer's " + c10::str(shape));
+  }
+  quantized_ = std::move(w);
+  torch::NoGradGuard no_grad;
+  weight.requires_grad_(false);
+  weight.set_data(torch::empty({0}, weight.options()));
+}
+
+void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::LinearImpl::to(device, dtype, non_blocking);
+  if (quantized_) quantized_ = quantized_->to(device);
+}
+
+void LinearImpl::to(torch::Dtype dtype, bool non_blocking) {
+  torch::nn::LinearImpl::to(dtype, non_blocking);
+}
+
+void LinearImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::LinearImpl::to(device, non_blocking);
+  if (quantized_) quantized_ = quantized_->to(device);
+}
+
 void LinearImpl::pretty_print(std::ostream& stream) const {
   torch::nn::LinearImpl::pretty_print(stream);
+  if (quantized_) stream << " (quantized)";
   if (adapted()) {
     stream << " + LoRA(r=" << lora_.rank << ", alpha=" << lora_.alpha
            << ", dropout=" << lora_.dropout << (lora_.rslora ? ", rslora" : "") << ")";
@@ -211,6 +256,19 @@ bool is_all_linear(const std::vector<std::string>& targets) {
 
 namespace {
 
+// `layers` but the output layer, the module of the model's last parameter where it is one.
+std::vector<std::pair<std::string, LinearImpl*>> but_output_layer(
+    const torch::nn::Module& model,
+    const std::vector<std::pair<std::string, LinearImpl*>>& layers) {
+  const auto params = model.named_parameters(/*recurse=*/true);
+  const std::string last = params.is_empty() ? "" : params.keys().back();
+  std::vector<std::pair<std::string, LinearImpl*>> out;
+  for (const auto& named : layers) {
+    if (last.rfind(named.first + ".", 0) != 0) out.push_back(named);
+  }
+  return out;
+}
+
 // The linear layers `targets` name (LoraTargetError as add_adapters): for all-linear every
 // nn::Linear but the output layer (the module of the model's last parameter, where it is one), as
 // PEFT's _maybe_include_all_linear_layers leaves out the output embeddings.
@@ -218,12 +276,7 @@ std::vector<std::pair<std::string, LinearImpl*>> chosen_layers(
     const torch::nn::Module& model, std::vector<std::string> targets,
     const std::vector<std::pair<std::string, LinearImpl*>>& layers) {
   if (is_all_linear(targets)) {
-    const auto params = model.named_parameters(/*recurse=*/true);
-    const std::string last = params.is_empty() ? "" : params.keys().back();
-    std::vector<std::pair<std::string, LinearImpl*>> out;
-    for (const auto& named : layers) {
-      if (last.rfind(named.first + ".", 0) != 0) out.push_back(named);
-    }
+    auto out = but_output_layer(model, layers);
     if (out.empty())
       throw LoraTargetError("all-linear: the model has no linear layer but its output layer");
     return out;
@@ -276,6 +329,27 @@ std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std:
     adapted.push_back(name);
   }
   return adapted;
+}
+
+std::vector<std::pair<std::string, LinearImpl*>> quantizable_layers(
+    const torch::nn::Module& model) {
+  return but_output_layer(model, linear_layers(model));
+}
+
+int64_t quantized_bytes(const torch::nn::Module& model) {
+  std::vector<const quant::QuantizedWeight*> weights;
+  for (const auto& [name, layer] : linear_layers(model)) {
+    if (layer->quantized()) weights.push_back(layer->quantized());
+  }
+  return quant::held_bytes(weights);
+}
+
+int64_t quantized_parameters(const torch::nn::Module& model) {
+  int64_t n = 0;
+  for (const auto& [name, layer] : linear_layers(model)) {
+    if (layer->quantized()) n += layer->options.in_features() * layer->options.out_features();
+  }
+  return n;
 }
 
 std::vector<std::pair<std::string, LinearImpl*>> adapted_layers(const torch::nn::Module& model) {

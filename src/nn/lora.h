@@ -15,12 +15,14 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "config/config.h"
+#include "nn/quant/quantized_weight.h"
 #include "nn/tensor_parallel.h"
 
 namespace trainer::nn {
@@ -99,6 +101,22 @@ class LinearImpl : public torch::nn::LinearImpl {
   // lora_delta of the adapter: what merging it adds to the weight, [out, in] float32.
   torch::Tensor delta_weight() const;
 
+  // model.lora.base_quant: the weight, frozen, held as `kind` (nn/quant/quantized_weight.h)
+  // from now on; `weight` keeps no elements and forward multiplies by the quantized weight.
+  // Throws std::invalid_argument (quant::quantize's) and std::logic_error when quantized already
+  // or under tensor parallelism's split.
+  void quantize_weight(quant::QuantKind kind);
+  // The weight given as `w` (its shape the layer's [out, in]), held as quantize_weight holds it.
+  // Throws std::invalid_argument naming both shapes when they differ.
+  void set_quantized(std::shared_ptr<quant::QuantizedWeight> w);
+  // The quantized weight, or nullptr.
+  const quant::QuantizedWeight* quantized() const { return quantized_.get(); }
+
+  // Module::to, moving the quantized weight with the parameters (a dtype leaves it as it is).
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   void pretty_print(std::ostream& stream) const override;
 
   torch::nn::Linear lora_A{nullptr};  // [r, in], no bias
@@ -107,8 +125,11 @@ class LinearImpl : public torch::nn::LinearImpl {
  private:
   torch::Tensor adapter_input(const torch::Tensor& x) const;
   torch::Tensor add_update(const torch::Tensor& y, const torch::Tensor& h) const;
+  // x W^T + b, W the weight or the quantized one.
+  torch::Tensor base(const torch::Tensor& x) const;
 
   LoraOptions lora_;
+  std::shared_ptr<quant::QuantizedWeight> quantized_;
 };
 TORCH_MODULE(Linear);
 
@@ -145,6 +166,16 @@ bool is_all_linear(const std::vector<std::string>& targets);
 // LoraRankError when the rank exceeds the adapted layers' widths.
 std::vector<std::string> add_adapters(torch::nn::Module& model, std::vector<std::string> targets,
                                       const LoraOptions& options, c10::ScalarType base_dtype);
+
+// The layers model.lora.base_quant quantizes: every nn::Linear of `model` but the output layer
+// (as all-linear resolves them, and as transformers leaves the output embeddings out of
+// bitsandbytes' conversion), under their module names, in module order.
+std::vector<std::pair<std::string, LinearImpl*>> quantizable_layers(const torch::nn::Module& model);
+
+// Bytes the quantized weights of `model`'s linear layers hold (quant::held_bytes), and the
+// parameters they stand for.
+int64_t quantized_bytes(const torch::nn::Module& model);
+int64_t quantized_parameters(const torch::nn::Module& model);
 
 // The adapted layers of `model` under their module names, in module order.
 std::vector<std::pair<std::string, LinearImpl*>> adapted_layers(const torch::nn::Module& model);

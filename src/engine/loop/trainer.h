@@ -30,7 +30,8 @@ struct HeldState {
   int64_t params = 0;
   int64_t grads = 0;
   int64_t optimizer = 0;
-  int64_t total() const { return params + grads + optimizer; }
+  int64_t quantized = 0;  // the quantized base's linear weights (model.lora.base_quant)
+  int64_t total() const { return params + grads + optimizer + quantized; }
 };
 
 // What fit() did.

@@ -60,17 +60,18 @@ std::string target_list(const std::vector<std::string>& layers) {
 
 void log_adapters(const Components& parts, const config::LoraConfig& cfg,
                   const std::vector<std::string>& layers) {
-  int64_t trainable = 0, total = 0;
+  int64_t trainable = 0, total = nn::quantized_parameters(*parts.model);
   for (const auto& p : nn::unique_parameters(*parts.model)) {
     total += p.numel();
     if (p.requires_grad()) trainable += p.numel();
   }
-  log::info(strprintf("LoRA: %zu layers adapted (%s), rank %" PRId64 ", scaling %s; %" PRId64
-                      " of %" PRId64 " parameters train (%.2f%%), the base frozen in %s",
-                      layers.size(), target_list(layers).c_str(), cfg.rank,
-                      format_number(nn::lora_options(cfg).scaling()).c_str(), trainable, total,
-                      100.0 * static_cast<double>(trainable) / static_cast<double>(total),
-                      cfg.base_dtype.c_str()));
+  log::info(strprintf(
+      "LoRA: %zu layers adapted (%s), rank %" PRId64 ", scaling %s; %" PRId64 " of %" PRId64
+      " parameters train (%.2f%%), the base frozen in %s%s",
+      layers.size(), target_list(layers).c_str(), cfg.rank,
+      format_number(nn::lora_options(cfg).scaling()).c_str(), trainable, total,
+      100.0 * static_cast<double>(trainable) / static_cast<double>(total), cfg.base_dtype.c_str(),
+      cfg.base_quant == "none" ? "" : (", linear layers in " + cfg.base_quant).c_str()));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "engine/setup/adapter_state.h"
 #include "engine/setup/hf_pretrained.h"
+#include "engine/setup/quantized_base.h"
 #include "nn/batch_norm.h"
 #include "nn/deferred_init.h"
 #include "nn/lora.h"
@@ -300,6 +301,22 @@ void set_input(Components& c, const config::LoadedConfig& loaded) {
   }
 }
 
+// model.pretrained's weights into c.model: `stream`: nothing read, the reader of the files
+// returned (streams_into_parts); `quantizing`: read parameter by parameter, each quantizable
+// layer's weight quantized as it is read (model.lora.base_quant); else loaded whole.
+ParameterFill read_weights(Components& c, const config::LoadedConfig& loaded, bool stream,
+                           bool quantizing) {
+  if (stream) return hf_folder_fill(*c.model, loaded);
+  if (quantizing) {
+    SavedQuantizedRead saved;  // weights the folder holds quantized already
+    auto fill = hf_folder_fill(*c.model, loaded, &saved);
+    fill_quantized(*c.model, fill, saved, loaded);
+  } else if (!loaded.cfg.model.pretrained.empty()) {
+    load_pretrained(c, loaded);
+  }
+  return nullptr;
+}
+
 // The model, its weights loaded (under tp, this rank's parts); where they stream into the FSDP
 // shards (streams_into_parts), the reader make_fsdp fills them from instead.
 ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
@@ -320,16 +337,15 @@ ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
                  "model " + cfg.model.name +
                      " cannot keep attention inside packed conversations; set data.pack: false");
   }
-  ParameterFill fill;
-  if (stream) {
-    fill = hf_folder_fill(*c.model, loaded);
-  } else if (!cfg.model.pretrained.empty()) {
-    load_pretrained(c, loaded);
-  }
+  // model.lora.base_quant: a base read from the files is quantized layer by layer as it is read;
+  // one built otherwise once it is cast to its dtype.
+  const bool quantized = lora && !plan && cfg.model.lora.base_quant != "none";
+  ParameterFill fill = read_weights(c, loaded, stream, quantized && unwritten);
   if (lora) {
     add_seeded_lora(c, loaded);  // the base frozen, adapters attached
     if (fill) fill = with_adapters(std::move(fill), *c.model);
   }
+  if (quantized && !unwritten) quantize_base(*c.model, loaded);
   if (c.tp) {
     try {
       c.tp_plan = c.model->split_over(c.tp);

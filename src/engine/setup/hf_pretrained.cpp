@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checkpoint/hf_folder.h"
+#include "nn/quant/nf4.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -123,7 +124,11 @@ struct LoadPlan {
   std::map<std::string, torch::Tensor> into;                    // file tensor -> model tensor
   std::vector<std::pair<std::string, std::string>> tied_again;  // (file tensor, the one loaded)
   std::vector<std::string> kept;                                // model tensors left as they are
+  std::set<std::string> saved_quantized;  // weights the files hold in bitsandbytes' 4-bit form
 };
+
+// The tensor beside a weight P.weight that bitsandbytes' 4-bit form saves (nn/quant/nf4.h).
+const std::string kNf4State = ".quant_state.bitsandbytes__nf4";
 
 // The file tensors the model lacks: HF's stored rotary tables are recomputed, not weights.
 std::vector<std::string> unexpected(const checkpoint::HfWeights& w,
@@ -141,8 +146,33 @@ std::vector<std::string> unexpected(const checkpoint::HfWeights& w,
   return out;
 }
 
+// Whether file tensor `e` (in `file`) can fill model tensor `name`, `t`: its shape and kind of
+// dtype; otherwise a problem, or (`in_head`, model.pretrained_skip_head) the tensor kept as built.
+bool fits(const std::string& name, const torch::Tensor& t, const checkpoint::SafetensorsEntry& e,
+          const std::string& file, bool in_head, LoadPlan& plan,
+          std::vector<std::string>& problems) {
+  if (c10::IntArrayRef(e.shape) != t.sizes()) {
+    if (in_head) {
+      plan.kept.push_back(name);
+    } else {
+      problems.push_back(file + ": tensor " + name + " is " + shape_text(e.shape) +
+                         ", the model's " + shape_text(t.sizes()));
+    }
+    return false;
+  }
+  if (floating(t.scalar_type()) != floating(e.dtype)) {
+    problems.push_back(file + ": tensor " + name + " is " + c10::toString(e.dtype) +
+                       ", the model's " + c10::toString(t.scalar_type()) +
+                       " (weights are bf16, f16 or f32)");
+    return false;
+  }
+  return true;
+}
+
+// `quantized_ok` (model.lora.base_quant: nf4): a weight the files hold in bitsandbytes' 4-bit form
+// (P.weight with P.weight.quant_state.bitsandbytes__nf4 beside it) is read as such, not compared.
 LoadPlan plan_load(const models::NetImpl& model, const checkpoint::HfWeights& w, bool skip_head,
-                   std::vector<std::string>& problems) {
+                   bool quantized_ok, std::vector<std::string>& problems) {
   std::set<const void*> params;
   for (const auto& p : model.parameters(/*recurse=*/true)) params.insert(p.unsafeGetTensorImpl());
   const std::string head = skip_head ? models::head_prefix(model) : "";
@@ -159,21 +189,13 @@ LoadPlan plan_load(const models::NetImpl& model, const checkpoint::HfWeights& w,
       absent.emplace_back(name, t);
       continue;
     }
-    const auto& e = *it->second.entry;
-    const std::string file = w.files[it->second.file].path();
-    if (c10::IntArrayRef(e.shape) != t.sizes()) {
-      if (in_head(name)) {
-        plan.kept.push_back(name);
-      } else {
-        problems.push_back(file + ": tensor " + name + " is " + shape_text(e.shape) +
-                           ", the model's " + shape_text(t.sizes()));
-      }
+    if (quantized_ok && w.tensors.count(name + kNf4State)) {
+      plan.saved_quantized.insert(name);
+      for (const auto& suffix : nn::quant::nf4_saved_suffixes()) own.insert(name + suffix);
       continue;
     }
-    if (floating(t.scalar_type()) != floating(e.dtype)) {
-      problems.push_back(file + ": tensor " + name + " is " + c10::toString(e.dtype) +
-                         ", the model's " + c10::toString(t.scalar_type()) +
-                         " (weights are bf16, f16 or f32)");
+    if (!fits(name, t, *it->second.entry, w.files[it->second.file].path(), in_head(name), plan,
+              problems)) {
       continue;
     }
     const auto [first, fresh] = filled.emplace(t.unsafeGetTensorImpl(), name);
@@ -246,7 +268,8 @@ LoadPlan checked_plan(const models::NetImpl& model, const config::LoadedConfig& 
     fail(loaded, e.what());
   }
   std::vector<std::string> problems;
-  auto plan = plan_load(model, weights, m.pretrained_skip_head, problems);
+  auto plan =
+      plan_load(model, weights, m.pretrained_skip_head, m.lora.base_quant == "nf4", problems);
   if (!problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
@@ -264,11 +287,36 @@ void log_loaded(const config::LoadedConfig& loaded, const checkpoint::HfWeights&
                       plan.kept.empty() ? "" : "; kept as built: ", listed(plan.kept).c_str()));
 }
 
+// The reader of the weights `weights` hold in bitsandbytes' 4-bit form, by parameter name.
+SavedQuantizedRead saved_quantized_reader(std::shared_ptr<checkpoint::HfWeights> weights,
+                                          std::set<std::string> names) {
+  return [weights, names = std::move(names)](const std::string& name) {
+    nn::quant::Nf4SavedTensors out;
+    if (!names.count(name)) return out;
+    std::vector<torch::Tensor*> fields = {&out.weight,           &out.absmax,
+                                          &out.quant_map,        &out.nested_absmax,
+                                          &out.nested_quant_map, &out.quant_state};
+    const auto& suffixes = nn::quant::nf4_saved_suffixes();
+    for (size_t i = 0; i < suffixes.size(); ++i) {
+      const auto it = weights->tensors.find(name + suffixes[i]);
+      if (it != weights->tensors.end()) {
+        *fields[i] = weights->files[it->second.file].read(*it->second.entry);
+      }
+    }
+    return out;
+  };
+}
+
 }  // namespace
 
 void load_hf_folder(models::NetImpl& model, const config::LoadedConfig& loaded) {
   checkpoint::HfWeights weights;
   const auto plan = checked_plan(model, loaded, weights);
+  if (!plan.saved_quantized.empty()) {
+    fail(loaded, loaded.cfg.model.pretrained + " holds " + *plan.saved_quantized.begin() +
+                     " quantized (bitsandbytes 4-bit), which is read only for a model built from "
+                     "the folder alone; leave model.pretrained_skip_head out");
+  }
   torch::NoGradGuard no_grad;
   copy_planned(weights, plan, loaded);
   log_loaded(loaded, weights, plan, "");
@@ -280,9 +328,16 @@ void check_hf_folder(const models::NetImpl& model, const config::LoadedConfig& l
   log_loaded(loaded, weights, plan, "; headers checked, nothing read (a planned model)");
 }
 
-ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedConfig& loaded) {
+ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedConfig& loaded,
+                             SavedQuantizedRead* saved_quantized) {
   auto weights = std::make_shared<checkpoint::HfWeights>();
   const auto plan = checked_plan(model, loaded, *weights);
+  if (!plan.saved_quantized.empty() && !saved_quantized) {
+    fail(loaded, loaded.cfg.model.pretrained + " holds " + *plan.saved_quantized.begin() +
+                     " quantized (bitsandbytes 4-bit), which is read in one process or under "
+                     "ddp only");
+  }
+  if (saved_quantized) *saved_quantized = saved_quantized_reader(weights, plan.saved_quantized);
   torch::NoGradGuard no_grad;
   check_tied_in_files(*weights, plan, loaded, /*filled=*/false);
   std::map<const void*, std::string> file_name;  // model tensor -> the file tensor filling it
@@ -293,7 +348,7 @@ ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedC
     if (it != file_name.end()) source[name] = weights->tensors.at(it->second);
   }
   for (const auto& [name, p] : models::unique_named_parameters(model)) {
-    if (!source.count(name)) {
+    if (!source.count(name) && !plan.saved_quantized.count(name)) {
       throw std::logic_error("hf_folder_fill: parameter " + name + " is in no file of " +
                              loaded.cfg.model.pretrained + " (model.pretrained_skip_head?)");
     }
@@ -370,6 +425,33 @@ void check_weights_size(const config::LoadedConfig& loaded, const models::Foreig
                          file.c_str(), want, m.pretrained.c_str(), elements, sizes.c_str()));
 }
 
+namespace {
+
+// A folder bitsandbytes quantized (config.json's quantization_config, which the model's reader
+// accepted: 4-bit NF4) is a QLoRA base: model.lora.base_quant becomes nf4 (recorded as set by
+// config.json); without model.lora, or with another base_quant, a ConfigError.
+void apply_quantization_config(config::LoadedConfig& loaded, const nlohmann::json& json,
+                               const std::string& file) {
+  if (!json.contains("quantization_config") || json["quantization_config"].is_null()) return;
+  auto& lora = loaded.cfg.model.lora;
+  if (!lora.enabled()) {
+    fail(loaded, file +
+                     " quantizes the model's linear layers (bitsandbytes 4-bit NF4): such a base "
+                     "stays frozen under LoRA adapters (QLoRA); set model.lora.rank (8 to 64)");
+  }
+  const std::string key = "model.lora.base_quant";
+  if (lora.base_quant != "nf4" && loaded.origins.count(key)) {
+    throw config::ConfigError({config::Issue{
+        loaded.where(key), key,
+        key + " is " + lora.base_quant + ", but " + file +
+            " holds NF4 weights (bitsandbytes 4-bit); leave it out or set it to nf4"}});
+  }
+  lora.base_quant = "nf4";
+  loaded.origins[key] = config::Location{file, 0, 0};
+}
+
+}  // namespace
+
 void apply_hf_folder_config(config::LoadedConfig& loaded) {
   auto& m = loaded.cfg.model;
   if (!checkpoint::is_directory(m.pretrained)) return;
@@ -409,6 +491,7 @@ void apply_hf_folder_config(config::LoadedConfig& loaded) {
     loaded.origins[key] = config::Location{file, 0, 0};
   }
   if (!issues.empty()) throw config::ConfigError(issues);
+  apply_quantization_config(loaded, json, file);
   check_weights_size(loaded, hf, options, file);
 }
 

@@ -8,6 +8,7 @@
 
 #include "config/loader.h"
 #include "models/model.h"
+#include "nn/quant/nf4.h"
 #include "nn/tensor_parallel.h"
 
 namespace trainer::engine {
@@ -48,7 +49,15 @@ using ParameterFill =
 // copied but a reader of the folder's tensors by the model's parameter names is returned (it
 // keeps the files open). Every parameter must be in the files (not with
 // model.pretrained_skip_head). Reads that fail throw FormatError (exit 1).
-ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedConfig& loaded);
+//
+// With model.lora.base_quant: nf4, weights the files hold in bitsandbytes' 4-bit form (as
+// transformers saves a model loaded with BitsAndBytesConfig(load_in_4bit=True): P.weight packed,
+// P.weight.absmax, ..., nn/quant/nf4.h's Nf4SavedTensors) are not filled: `saved_quantized`
+// receives their reader (undefined tensors for every other name). Without `saved_quantized`, such
+// a folder is a ConfigError.
+using SavedQuantizedRead = std::function<nn::quant::Nf4SavedTensors(const std::string& name)>;
+ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedConfig& loaded,
+                             SavedQuantizedRead* saved_quantized = nullptr);
 
 // Fills every parameter of `model`, split by `plan` over `parts` tensor-parallel ranks
 // (NetImpl::split_over), with rank `rank`'s part of the whole tensor `fill` reads: each part

@@ -10,6 +10,7 @@
 #include "engine/observe/metrics.h"
 #include "engine/use/probes.h"
 #include "nn/autocast.h"
+#include "nn/lora.h"
 #include "util/device.h"
 
 namespace trainer::engine {
@@ -44,6 +45,7 @@ HeldState Trainer::held_state() const {
     h.optimizer += named.second.numel() * static_cast<int64_t>(named.second.element_size());
   }
   if (p.fsdp) return h;
+  h.quantized = nn::quantized_bytes(*p.model);
   for (const auto& t : models::unique_parameters(*p.model)) {  // frozen ones: model.lora's base
     if (!t.requires_grad()) h.params += t.numel() * static_cast<int64_t>(t.element_size());
   }
