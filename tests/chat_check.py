@@ -15,10 +15,14 @@ special tokens written in the text) and 60 prompt/completion records (strings an
 
 - Tokens: for every template, each conversation's ids equal apply_chat_template(tokenize=True)
   with it, the tokenizer.json wrapped in PreTrainedTokenizerFast.
+- Tool calls (chat_tool_calls.py): OpenAI-style tool_calls, tool messages and a record's tools
+  with the Llama 3.1, 3.2, Qwen 2.5 and 3 templates: ids equal apply_chat_template(messages,
+  tools=tools), masks of train_on assistant and last as below; tools in the other formats, and
+  what the templates raise on, refused naming the line.
 - Masks, for each data.train_on: an assistant turn is the text between the render of the turns
   before it with add_generation_prompt=True and the render including it (for Qwen 3's turns
   before the last user message, which lose their <think> block once a user message follows: the
-  render including it and a user message after), its tokens those the text overlaps
+  renders with a user message after), its tokens those the text overlaps
   (char_to_token). assistant: every turn; last: the last; completion: the completion's first turn
   to the end; all: every token but the first. A conversation without a trained token is dropped,
   with a warning naming its line.
@@ -49,6 +53,7 @@ import sys
 import tempfile
 
 from chat_reference import hf_tokenizer, run_tool
+from chat_tool_calls import bad_cases as tool_bad_cases, check_tool_calls
 from run_check import one_intra_op_thread
 
 one_intra_op_thread()  # before torch is imported
@@ -194,18 +199,33 @@ def render(t, msgs, gen=False, **kw):
     return t.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, **kw)
 
 
+def cut_before(text, marker):
+    return text[:text.index(marker)]
+
+
 def turn_spans(t, msgs, full, **kw):
-    """(message index, begin, end) of every assistant turn in `full`, the reference's way."""
+    """(message index, begin, end) of every assistant turn in `full`, the reference's way: where
+    the render of the turns before it with add_generation_prompt=True ends, and where the render
+    including it ends. Qwen 3's turns render otherwise once a user message follows (a <think>
+    block dropped) or while they are the last (an empty one added): then the turns as they render
+    with a user message (or a tool message) after them, the first of these that is a prefix of
+    the whole."""
+    user, tool = {"role": "user", "content": MARK}, {"role": "tool", "content": MARK}
     spans = []
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
-        a = render(t, msgs[:i], gen=True, **kw)
-        b = render(t, msgs[:i + 1], **kw)
-        if not full.startswith(b):  # Qwen 3: the turn as it renders with a user message after
-            b2 = render(t, msgs[:i + 1] + [{"role": "user", "content": MARK}], **kw)
-            b = b2[:b2.index("<|im_start|>user\n" + MARK)]
-        if not (full.startswith(a) and full.startswith(b)):
+        starts = [lambda: render(t, msgs[:i], gen=True, **kw),
+                  lambda: cut_before(render(t, msgs[:i] + [user], **kw), "<|im_start|>user\n" +
+                                     MARK) + "<|im_start|>assistant\n"]
+        ends = [lambda: render(t, msgs[:i + 1], **kw),
+                lambda: cut_before(render(t, msgs[:i + 1] + [user], **kw),
+                                   "<|im_start|>user\n" + MARK),
+                lambda: cut_before(render(t, msgs[:i + 1] + [tool], **kw),
+                                   "<|im_start|>user\n<tool_response>\n" + MARK)]
+        a = next((x for x in (f() for f in starts) if full.startswith(x)), None)
+        b = next((x for x in (f() for f in ends) if full.startswith(x)), None)
+        if a is None or b is None:
             raise AssertionError(f"the renders of turn {i} are not prefixes of the whole")
         spans.append((i, len(a), len(b)))
     return spans
@@ -227,8 +247,10 @@ def masks(enc, spans_by_mode):
 
 
 def reference(t, record, **kw):
-    """(ids, {mode: trained}) of a record by transformers."""
+    """(ids, {mode: trained}) of a record by transformers (with its "tools", where it has some)."""
     msgs, first = as_messages(record)
+    if record.get("tools") is not None:
+        kw = dict(kw, tools=record["tools"])
     full = render(t, msgs, **kw)
     ids = t.apply_chat_template(msgs, tokenize=True, **kw)
     enc = t(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -414,36 +436,6 @@ def check_other_template(chat_tool, work, vocab, records):
         fail(f"a mask file one byte short: exit {rc}: {err[-300:]}")
 
 
-def tool_cases(good):
-    """Records whose tool calls, tool definitions or template arguments transformers' templates
-    render (Qwen 2.5 and 3, Llama 3.1 and 3.2): refused, since dropping them changes the ids. A
-    null or empty tool_calls renders nothing (Qwen) and is accepted."""
-    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
-    user = {"role": "user", "content": "2+1?"}
-    calling = {"role": "assistant", "content": "", "tool_calls": [call]}
-    tools = [{"type": "function", "function": {"name": "add", "description": "a+b",
-                                               "parameters": {"type": "object"}}}]
-    line = json.dumps
-    return [
-        ([good, line({"messages": [user, calling]})], [], 2,
-         "bad.jsonl:2: messages[1] has tool_calls: tool calls are not rendered yet"),
-        ([line({"messages": [user, dict(calling, content=None)]})], [], 2,
-         "bad.jsonl:1: messages[1] has tool_calls"),
-        ([good, good, line({"prompt": [user], "completion": [calling]})], [], 2,
-         "bad.jsonl:3: completion[0] has tool_calls"),
-        ([good, line({"messages": [user, {"role": "assistant", "content": "3"}],
-                      "tools": tools})], [], 2,
-         'bad.jsonl:2: "tools": tool definitions are not rendered yet'),
-        ([line({"prompt": "2+1?", "completion": "3", "tools": []})], [], 2,
-         'bad.jsonl:1: "tools"'),
-        ([good, line({"messages": [user, {"role": "assistant", "content": "3"}],
-                      "chat_template_kwargs": {"enable_thinking": False}})], [], 2,
-         'bad.jsonl:2: "chat_template_kwargs"'),
-        ([good, line({"messages": [user, dict(calling, content="3", tool_calls=None)]}),
-          line({"messages": [user, dict(calling, content="3", tool_calls=[])]})], [], 0, ""),
-    ]
-
-
 def check_bad_input(chat_tool, work, small):
     """Each case a line naming the file and line; the small tokenizer's folder (the Qwen 2.5
     template): what is bad is the record, whatever the vocabulary."""
@@ -456,12 +448,8 @@ def check_bad_input(chat_tool, work, small):
     number_template = folder(work, "tpl-number", small_json, {"chat_template": 5})
     cases = [  # (lines, settings, exit status, text the message holds)
         ([good, "", "{not json"], [], 2, "bad.jsonl:3:"),
-        ([good, '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": '
-                '"b"}]}'], [], 2, 'bad.jsonl:2: messages[1].role: "tool" is not a role'),
         (['{"messages": [{"role": "user", "content": ["a"]}]}'], [], 2,
          "bad.jsonl:1: messages[0].content must be a string"),
-        ([good, '{"conversations": [{"from": "human", "value": "a"}]}'], [], 2,
-         "bad.jsonl:2: a ShareGPT record"),
         ([good], ["train_on=completion"], 2, "bad.jsonl:1: data.train_on: completion"),
         ([good, '{"messages": []}', good], [], 0, "bad.jsonl:2: an empty conversation; skipped"),
         ([good, '{"messages": [{"role": "user", "content": "a"}]}'], [], 0,
@@ -477,7 +465,7 @@ def check_bad_input(chat_tool, work, small):
                     indent=4).splitlines(), [], 2,
          "bad.jsonl is a JSON array, not JSON Lines (one record per line)"),
         (["[" + good + ", " + good + "]"], [], 2, "bad.jsonl is a JSON array, not JSON Lines"),
-    ] + tool_cases(good)
+    ] + tool_bad_cases(good, work)
     bad = os.path.join(work, "bad.jsonl")
     for lines, settings, status, message in cases:
         with open(bad, "w") as f:
@@ -670,6 +658,7 @@ def main():
         vocab = {v: qj.write(v, os.path.join(work, "vocab-" + v)) for v in ("llama3", "qwen3")}
         small, _, _ = small_tokenizer(work, records["chat"] + records["pc"])
         check_templates(chat_tool, work, vocab, records)
+        check_tool_calls(chat_tool, work, vocab, sys.modules[__name__])
         check_forced(chat_tool, work, vocab, records)
         check_other_template(chat_tool, work, vocab, records)
         check_bad_input(chat_tool, work, small)

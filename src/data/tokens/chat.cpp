@@ -227,6 +227,28 @@ void ChatOptions::validate(config::Checks& c) const {
   for (const auto& name : chat_format_names()) templates.push_back(name);
   c.one_of("chat_template", chat_template, templates);
   c.one_of("train_on", train_on, train_on_names());
+  c.one_of("format", format, record_format_names());
+  if (!record_format_named(format)) return;
+  for (const auto& [key, message] : record_mapping_problems(record_mapping())) c.add(key, message);
+}
+
+RecordMapping ChatOptions::record_mapping() const {
+  RecordMapping m;
+  m.format = record_format_named(format).value_or(RecordFormat::automatic);
+  m.messages_key = messages_key;
+  m.role_key = role_key;
+  m.content_key = content_key;
+  m.system_key = system_key;
+  m.instruction_key = instruction_key;
+  m.input_key = input_key;
+  m.output_key = output_key;
+  m.history_key = history_key;
+  m.user_role = user_role;
+  m.assistant_role = assistant_role;
+  m.system_role = system_role;
+  m.tool_role = tool_role;
+  m.tool_call_role = tool_call_role;
+  return m;
 }
 
 void register_chat(DatasetRegistry& registry) {

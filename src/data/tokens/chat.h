@@ -1,4 +1,5 @@
-// Chat data (data.name: chat): conversations in JSONL files (text/chat/chat_records.h), rendered
+// Chat data (data.name: chat): conversations in JSONL files (text/chat/chat_records.h; records in
+// the Alpaca and ShareGPT formats rewritten into them, text/chat/record_formats.h), rendered
 // with the model's chat template (text/chat/chat_template.h: the published Llama 3.x and ChatML
 // templates, recognised from tokenizer_config.json, or forced with data.chat_template) and
 // tokenized with its tokenizer (text/tokenizer/hf_tokenizer.h), as transformers'
@@ -20,6 +21,7 @@
 #include "config/issues.h"
 #include "data/dataset.h"
 #include "text/chat/chat_template.h"
+#include "text/chat/record_formats.h"
 
 namespace trainer::data {
 
@@ -42,6 +44,12 @@ struct ChatOptions {
   std::string chat_date;  // Llama 3.1 and 3.2's "Today Date" ("26 Jul 2024"); empty: the
                           // template's own (3.1: 26 Jul 2024; 3.2: today, as transformers), which
                           // a training run resolves once and records (chat_dated_today)
+  std::string format = "auto";  // the records' format (text/chat/record_formats.h): auto (by
+                                // their keys), messages, alpaca, sharegpt, prompt_completion
+  // Column and role names of records that name them otherwise (RecordMapping); "": the format's.
+  std::string messages_key, role_key, content_key, system_key;
+  std::string instruction_key, input_key, output_key, history_key;
+  std::string user_role, assistant_role, system_role, tool_role, tool_call_role;
 
   template <class V>
   void visit(V& v) {
@@ -54,7 +62,23 @@ struct ChatOptions {
     v("train_on", train_on);
     v("pack", pack);
     v("chat_date", chat_date);
+    v("format", format);
+    v("messages_key", messages_key);
+    v("role_key", role_key);
+    v("content_key", content_key);
+    v("system_key", system_key);
+    v("instruction_key", instruction_key);
+    v("input_key", input_key);
+    v("output_key", output_key);
+    v("history_key", history_key);
+    v("user_role", user_role);
+    v("assistant_role", assistant_role);
+    v("system_role", system_role);
+    v("tool_role", tool_role);
+    v("tool_call_role", tool_call_role);
   }
+  // The record format and names these keys set (format must be valid: validate() checks it).
+  RecordMapping record_mapping() const;
   void validate(config::Checks& c) const;
 };
 

@@ -1,4 +1,5 @@
-// Reading chat data: the files, the tokenizer and its chat template, and every line rendered and
+// Reading chat data: the files, the tokenizer and its chat template, and every line (in the
+// OpenAI form, or rewritten into it from data.format's, text/chat/record_formats.h) rendered and
 // tokenized on all cores (data/tokens/chat.h).
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 #include "data/tokens/shards.h"
 #include "text/chat/chat_encode.h"
 #include "text/chat/chat_records.h"
+#include "text/chat/record_formats.h"
 #include "text/files.h"
 #include "text/tokenizer/hf_tokenizer.h"
 #include "util/fileio.h"
@@ -55,12 +57,20 @@ std::string message_path(const ChatRecord& r, size_t i) {
                                : "completion[" + std::to_string(i - r.completion_from) + "]";
 }
 
-LineResult encode_line(const Line& line, const std::string& where, const ChatEncoder& encoder,
-                       BpeTokenizer::PieceCache& cache) {
+// Where in a record the template refused it: "messages[1].tool_calls", or "\"tools\"" for the
+// record's own key.
+std::string render_error_path(const ChatRecord& r, const ChatRenderError& e) {
+  if (e.message() == ChatRenderError::kRecord) return "\"" + e.field() + "\"";
+  return message_path(r, e.message()) + "." + e.field();
+}
+
+LineResult encode_line(const Line& line, const std::string& where, const RecordMapping& mapping,
+                       const ChatEncoder& encoder, BpeTokenizer::PieceCache& cache) {
   LineResult out;
   ChatRecord record;
   try {
-    record = parse_chat_record(line.text, where);
+    const auto rewritten = normalize_chat_line(line.text, mapping, where);
+    record = parse_chat_record(rewritten ? std::string_view(*rewritten) : line.text, where);
   } catch (const ChatRecordError& e) {
     out.fatal = e.what();
     return out;
@@ -78,8 +88,8 @@ LineResult encode_line(const Line& line, const std::string& where, const ChatEnc
   try {
     out.chat = encoder.encode(record, &cache);
   } catch (const ChatRenderError& e) {
-    out.fatal = where + ": " + message_path(record, e.message()) + ".role: " + e.what() +
-                "; render other roles with scripts/render_chat.py";
+    out.fatal = where + ": " + render_error_path(record, e) + ": " + e.what() +
+                (e.field() == "role" ? "; render other roles with scripts/render_chat.py" : "");
     return out;
   }
   if (std::find(out.chat.trained.begin(), out.chat.trained.end(), 1) == out.chat.trained.end()) {
@@ -92,7 +102,7 @@ LineResult encode_line(const Line& line, const std::string& where, const ChatEnc
 // Every line encoded, on up to `threads` threads; the results in line order.
 std::vector<LineResult> encode_lines(const std::vector<Line>& lines,
                                      const std::vector<std::string>& files,
-                                     const ChatEncoder& encoder) {
+                                     const RecordMapping& mapping, const ChatEncoder& encoder) {
   std::vector<LineResult> results(lines.size());
   const size_t threads = std::max<size_t>(
       1, std::min<size_t>({std::thread::hardware_concurrency(), 16, lines.size() / 64 + 1}));
@@ -105,8 +115,8 @@ std::vector<LineResult> encode_lines(const std::vector<Line>& lines,
       for (size_t begin; (begin = next.fetch_add(kChunk)) < lines.size();) {
         for (size_t i = begin; i < std::min(lines.size(), begin + kChunk); ++i) {
           const auto& l = lines[i];
-          results[i] =
-              encode_line(l, files[l.file] + ":" + std::to_string(l.number), encoder, cache);
+          results[i] = encode_line(l, files[l.file] + ":" + std::to_string(l.number), mapping,
+                                   encoder, cache);
         }
       }
     } catch (...) {
@@ -255,7 +265,7 @@ ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
   data.train.files.insert(data.train.files.end(), val.begin(), val.end());
   std::vector<std::vector<uint8_t>> buffers;
   const auto lines = read_lines(data.train.files, buffers);
-  auto results = encode_lines(lines, data.train.files, *encoder);
+  auto results = encode_lines(lines, data.train.files, o.record_mapping(), *encoder);
   refuse_unusable(lines, results, buffers, data.train.files, first_val, o.files.empty());
   data.val.files = data.train.files;
   split_lines(lines, results, first_val, o.val_fraction, static_cast<uint64_t>(ctx.seed), data);

@@ -207,7 +207,7 @@ int64_t ChatEncoder::end_of_turn_id() const {
 }
 
 EncodedChat ChatEncoder::encode(const ChatRecord& record, BpeTokenizer::PieceCache* cache) const {
-  const RenderedChat chat = render_chat(format_, record.messages, specials_);
+  const RenderedChat chat = render_chat(format_, record.messages, specials_, record.tools);
   EncodedChat out;
   tokenizer_.encode_into(chat.text, /*allow_special=*/true, cache, out.ids);
   // Each token's bytes, end to end, spell the text the tokenizer read.

@@ -61,9 +61,10 @@ class ChatEncoder {
   ChatEncoder(const BpeTokenizer& tokenizer, ChatFormat format, ChatSpecials specials,
               TrainOn train_on);
 
-  // `record` rendered and tokenized. Throws ChatRenderError for a role the format does not
-  // render, DataError when the tokens do not spell the rendered text back (a tokenizer whose
-  // added tokens strip whitespace). Thread-safe with one `cache` per thread (null: none).
+  // `record` rendered and tokenized. Throws ChatRenderError for what the format does not render
+  // (a role, tool calls, tools: chat_render_error_text says it), DataError when the tokens do not
+  // spell the rendered text back (a tokenizer whose added tokens strip whitespace). Thread-safe
+  // with one `cache` per thread (null: none).
   EncodedChat encode(const ChatRecord& record, BpeTokenizer::PieceCache* cache) const;
 
   // The ids of `messages` rendered with add_generation_prompt=True (render_generation_prompt),

@@ -5,12 +5,13 @@
 #include <string>
 #include <utility>
 
+#include "text/chat/python_json.h"
 #include "util/json_error.h"
 
 namespace trainer::data {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;  // keys in the order given, as tojson prints them
 
 std::string type_name(const Json& j) {
   switch (j.type()) {
@@ -49,27 +50,79 @@ bool given(const Json& j) {
   return !j.is_null() && !((j.is_array() || j.is_object()) && j.empty());
 }
 
-// Tool calls render into the ids in the Qwen 2.5, Qwen 3 and Llama 3.1 and 3.2 templates; the
-// built-in renderers have none, and dropping them would train something other than the data.
-void refuse_tool_calls(const Json& m, const std::string& where, const std::string& path) {
-  const auto calls = m.find("tool_calls");
-  if (calls == m.end() || !given(*calls)) return;
-  fail(where, path +
-                  " has tool_calls: tool calls are not rendered yet (the built-in chat templates "
-                  "render text only); remove them, or render the records with "
-                  "scripts/render_chat.py (transformers) and train them as data.name: tokens");
+// One of a message's tool_calls: {"type": "function", "function": {"name", "arguments"}}, the
+// arguments an object or a string (as transformers takes them; the templates print both).
+ChatToolCall read_tool_call(const Json& call, const std::string& where, const std::string& path) {
+  const std::string form =
+      " (OpenAI's {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}})";
+  if (!call.is_object())
+    fail(where, path + " must be an object" + form + ", got " + type_name(call));
+  const auto function = call.find("function");
+  if (function == call.end() || !function->is_object()) {
+    fail(where, path + ".function must be an object {\"name\", \"arguments\"}" + form);
+  }
+  const auto name = function->find("name");
+  if (name == function->end() || !name->is_string()) {
+    fail(where, path + ".function.name must be a string");
+  }
+  const auto arguments = function->find("arguments");
+  if (arguments == function->end() || !(arguments->is_object() || arguments->is_string())) {
+    fail(where, path + ".function.arguments must be an object or a string of JSON, got " +
+                    (arguments == function->end() ? std::string("none") : type_name(*arguments)));
+  }
+  ChatToolCall out;
+  out.name = name->get<std::string>();
+  out.arguments_string = arguments->is_string();
+  out.arguments =
+      out.arguments_string ? arguments->get<std::string>() : python_json_dumps(*arguments);
+  return out;
 }
 
-// A record's "tools" (tool definitions, which the templates render into the system or first user
-// turn) and "chat_template_kwargs" (arguments to the template, as TRL passes them).
-void refuse_template_inputs(const Json& record, const std::string& where) {
-  const auto tools = record.find("tools");
-  if (tools != record.end() && !tools->is_null()) {
-    fail(where,
-         "\"tools\": tool definitions are not rendered yet (the built-in chat templates render "
-         "text only); remove the key, or render the records with scripts/render_chat.py "
-         "(transformers) and train them as data.name: tokens");
+// A message's tool_calls; null or [] is none.
+std::vector<ChatToolCall> read_tool_calls(const Json& m, const std::string& where,
+                                          const std::string& path) {
+  const auto calls = m.find("tool_calls");
+  if (calls == m.end() || !given(*calls)) return {};
+  if (!calls->is_array()) {
+    fail(where, path + ".tool_calls must be a list of calls, got " + type_name(*calls));
   }
+  const auto role = m.find("role");
+  if (role != m.end() && *role != "assistant") {
+    fail(where, path + " has tool_calls: only an assistant message calls tools");
+  }
+  std::vector<ChatToolCall> out;
+  for (size_t i = 0; i < calls->size(); ++i) {
+    out.push_back(
+        read_tool_call((*calls)[i], where, path + ".tool_calls[" + std::to_string(i) + "]"));
+  }
+  return out;
+}
+
+// A record's "tools": tool definitions (OpenAI function schemas), which the templates print into
+// the system or the first user turn as tojson writes them.
+ChatTools read_tools(const Json& record, const std::string& where) {
+  const auto tools = record.find("tools");
+  if (tools == record.end() || tools->is_null()) return std::nullopt;
+  if (!tools->is_array()) {
+    fail(where,
+         "\"tools\" must be a list of tool definitions ({\"type\": \"function\", "
+         "\"function\": {\"name\", \"description\", \"parameters\"}}), got " +
+             type_name(*tools));
+  }
+  std::vector<ChatTool> out;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const Json& t = (*tools)[i];
+    if (!t.is_object()) {
+      fail(where, "tools[" + std::to_string(i) + "] must be an object (a function schema), got " +
+                      type_name(t));
+    }
+    out.push_back({python_json_dumps(t), python_json_dumps(t, 4)});
+  }
+  return out;
+}
+
+// A record's "chat_template_kwargs" (arguments to the template, as TRL passes them).
+void refuse_template_arguments(const Json& record, const std::string& where) {
   const auto kwargs = record.find("chat_template_kwargs");
   if (kwargs != record.end() && given(*kwargs)) {
     fail(where,
@@ -80,18 +133,20 @@ void refuse_template_inputs(const Json& record, const std::string& where) {
 
 ChatMessage read_message(const Json& m, const std::string& where, const std::string& path) {
   if (!m.is_object()) fail(where, path + " must be an object {\"role\", \"content\"}");
-  refuse_tool_calls(m, where, path);
   const auto role = m.find("role");
   const auto content = m.find("content");
   if (role == m.end() || !role->is_string()) {
-    fail(where, path + ".role must be a string (system, user or assistant)");
+    fail(where, path + ".role must be a string (system, user, assistant or tool)");
   }
-  if (content == m.end() || !content->is_string()) {
-    fail(where, path + ".content must be a string, got " +
+  std::vector<ChatToolCall> calls = read_tool_calls(m, where, path);
+  const bool none = content == m.end() || content->is_null();
+  if (!(content != m.end() && content->is_string()) && !(none && !calls.empty())) {
+    fail(where, path + ".content must be a string" + (calls.empty() ? "" : " or null") + ", got " +
                     (content == m.end() ? std::string("none") : type_name(*content)) +
                     " (the built-in chat templates render text only)");
   }
-  ChatMessage out{role->get<std::string>(), content->get<std::string>(), std::nullopt};
+  ChatMessage out{role->get<std::string>(), none ? "" : content->get<std::string>(), std::nullopt,
+                  std::move(calls)};
   const auto reasoning = m.find("reasoning_content");
   if (reasoning != m.end() && !reasoning->is_null()) {
     if (!reasoning->is_string()) fail(where, path + ".reasoning_content must be a string");
@@ -165,8 +220,12 @@ ChatRecord parse_chat_record(std::string_view line, const std::string& where) {
   const bool messages = record.contains("messages");
   const bool prompt = record.contains("prompt");
   if (messages && prompt) fail(where, "a record has \"messages\" or \"prompt\", not both");
-  refuse_template_inputs(record, where);
-  if (prompt) return read_prompt_completion(record, where);
+  refuse_template_arguments(record, where);
+  if (prompt) {
+    ChatRecord out = read_prompt_completion(record, where);
+    out.tools = read_tools(record, where);
+    return out;
+  }
   if (!messages) {
     if (record.contains("conversations")) {
       fail(where,
@@ -179,7 +238,22 @@ ChatRecord parse_chat_record(std::string_view line, const std::string& where) {
   }
   ChatRecord out;
   read_messages(record["messages"], where, "messages", out.messages);
+  out.tools = read_tools(record, where);
   return out;
+}
+
+std::string chat_message_path(const ChatRecord& record, size_t i) {
+  if (!record.prompt_completion) return "messages[" + std::to_string(i) + "]";
+  return i < record.completion_from
+             ? "prompt[" + std::to_string(i) + "]"
+             : "completion[" + std::to_string(i - record.completion_from) + "]";
+}
+
+std::string chat_render_error_text(const ChatRecord& record, const ChatRenderError& e) {
+  if (e.message() == ChatRenderError::kRecord) return "\"" + e.field() + "\": " + e.what();
+  std::string text = chat_message_path(record, e.message()) + "." + e.field() + ": " + e.what();
+  if (e.field() == "role") text += "; render other roles with scripts/render_chat.py";
+  return text;
 }
 
 }  // namespace trainer::data

@@ -4,11 +4,12 @@
 //   {"prompt": "...", "completion": "..."}                   (a user turn, then an assistant turn)
 //   {"prompt": [messages...], "completion": [messages...]}   (conversational prompt and completion)
 //
-// Roles are system, user and assistant; contents are strings; an assistant message may carry
-// "reasoning_content" (a string, rendered by Qwen 3's template). What the templates would render
-// and the built-in ones do not is refused: a message's "tool_calls" (unless null or empty), a
-// record's "tools" (unless null) and "chat_template_kwargs" (unless null or empty). Other keys are
-// ignored.
+// Roles are system, user, assistant and tool; contents are strings; an assistant message may carry
+// "reasoning_content" (a string, rendered by Qwen 3's template) and OpenAI-style "tool_calls"
+// ([{"type": "function", "function": {"name", "arguments"}}], the arguments an object or a string;
+// its content then may be null), and a record a list of "tools" (function schemas), rendered where
+// the format's template renders them (chat_template.h). A null or empty tool_calls is none; a
+// record's "chat_template_kwargs" (unless null or empty) is refused. Other keys are ignored.
 // Torch-free.
 #pragma once
 
@@ -26,6 +27,7 @@ struct ChatRecord {
   std::vector<ChatMessage> messages;  // empty: an empty conversation
   bool prompt_completion = false;     // a {"prompt", "completion"} record
   size_t completion_from = 0;         // the index of the completion's first message
+  ChatTools tools;                    // the record's "tools"
 };
 
 // A line that is not a chat record: not JSON, not an object of the keys above, a content that is
@@ -44,5 +46,13 @@ bool json_array_file(std::string_view text);
 
 // The record of one JSONL line; `where` is "FILE:LINE". Throws ChatRecordError.
 ChatRecord parse_chat_record(std::string_view line, const std::string& where);
+
+// The path of message `i` of `record` in its JSON: messages[i], prompt[i] or completion[i].
+std::string chat_message_path(const ChatRecord& record, size_t i);
+
+// What a ChatRenderError of `record` says, after "FILE:LINE: ": the message's path and key
+// ("messages[1].tool_calls", or the record's "\"tools\""), and why (for a role, with the hint to
+// render other roles with scripts/render_chat.py).
+std::string chat_render_error_text(const ChatRecord& record, const ChatRenderError& e);
 
 }  // namespace trainer::data

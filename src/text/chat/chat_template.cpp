@@ -5,6 +5,8 @@
 #include <ctime>
 #include <utility>
 
+#include "text/chat/python_json.h"
+
 namespace trainer::data {
 namespace {
 
@@ -94,49 +96,138 @@ class Writer {
   RenderedChat& out_;
 };
 
-void check_roles(const std::vector<ChatMessage>& messages) {
+constexpr const char* kToolFormats = "llama3.1, llama3.2, qwen2.5 and qwen3";
+
+// What `format` does not render: a role, tool calls, tool definitions.
+void check_renders(ChatFormat format, const std::vector<ChatMessage>& messages,
+                   const ChatTools& tools) {
+  const bool with_tools = chat_format_renders_tools(format);
+  const std::string name = chat_format_name(format);
+  if (!with_tools && tools && !tools->empty()) {
+    throw ChatRenderError(ChatRenderError::kRecord,
+                          "the " + name + " chat template renders no tool definitions (" +
+                              kToolFormats + " do); remove the key",
+                          "tools");
+  }
   for (size_t i = 0; i < messages.size(); ++i) {
     const auto& r = messages[i].role;
-    if (r != "system" && r != "user" && r != "assistant") {
-      throw ChatRenderError(i, "\"" + r +
-                                   "\" is not a role the built-in chat templates render "
-                                   "(system, user, assistant)");
+    if (r != "system" && r != "user" && r != "assistant" && !(with_tools && r == "tool")) {
+      throw ChatRenderError(
+          i, "\"" + r + "\" is not a role the " + name + " chat template renders (system, user, " +
+                 (with_tools
+                      ? "assistant, tool)"
+                      : "assistant; tool messages render in " + std::string(kToolFormats) + ")"));
+    }
+    if (!with_tools && !messages[i].tool_calls.empty()) {
+      throw ChatRenderError(
+          i, "the " + name + " chat template renders no tool calls (" + kToolFormats + " do)",
+          "tool_calls");
     }
   }
+}
+
+// A call's arguments as tojson prints them (a string quoted as JSON), or as given where
+// `raw_strings` (Qwen 3 prints a string as it is).
+std::string call_arguments(const ChatToolCall& call, bool raw_strings) {
+  return call.arguments_string && !raw_strings ? python_json_quote(call.arguments) : call.arguments;
 }
 
 std::string llama_header(const std::string& role) {
   return "<|start_header_id|>" + role + "<|end_header_id|>\n\n";
 }
 
+// Llama 3.1 and 3.2's first user turn with tools (tools_in_user_message, their default): the
+// guidance, each definition as tojson(indent=4), then the message's content. `first` is the
+// message after the system one; returns the index of the message after it.
+size_t put_llama_tools(ChatFormat format, const std::vector<ChatMessage>& messages, size_t first,
+                       const std::vector<ChatTool>& tools, Writer& w) {
+  const std::string name = chat_format_name(format);
+  if (first >= messages.size()) {
+    throw ChatRenderError(ChatRenderError::kRecord,
+                          "the " + name +
+                              " chat template puts the tool definitions into the first user "
+                              "message, and the record has none (transformers raises)",
+                          "tools");
+  }
+  if (messages[first].role != "user") {
+    throw ChatRenderError(first,
+                          "the " + name +
+                              " chat template puts the tool definitions into the first message "
+                              "after the system one, as a user turn; this is " +
+                              messages[first].role + " (make it a user message)");
+  }
+  std::string block = llama_header("user") +
+                      "Given the following functions, please respond with a JSON for a function "
+                      "call with its proper arguments that best answers the given prompt.\n\n"
+                      "Respond in the format {\"name\": function name, \"parameters\": "
+                      "dictionary of argument name and its value}.Do not use variables.\n\n";
+  for (const auto& t : tools) block += t.json_indented + "\n\n";
+  w.put(block + python_strip(messages[first].content) + kLlamaEot);
+  return first + 1;
+}
+
+// Llama 3.1 and 3.2's system turn; returns the index of the first message after it.
+size_t put_llama_system(ChatFormat format, const std::vector<ChatMessage>& messages,
+                        const ChatSpecials& specials, bool tools, Writer& w) {
+  std::string system;
+  size_t first = 0;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = python_strip(messages[0].content);
+    first = 1;
+  }
+  const std::string date = !specials.date.empty()          ? specials.date
+                           : format == ChatFormat::llama32 ? chat_today()
+                                                           : "26 Jul 2024";
+  w.put(specials.bos);
+  w.put(llama_header("system"));
+  if (tools) w.put("Environment: ipython\n");
+  w.put("Cutting Knowledge Date: December 2023\nToday Date: " + date + "\n\n");
+  w.put(system + kLlamaEot);
+  return first;
+}
+
 void render_llama(ChatFormat format, const std::vector<ChatMessage>& messages,
-                  const ChatSpecials& specials, Writer& w) {
+                  const ChatSpecials& specials, const ChatTools& tools, Writer& w) {
   size_t first = 0;
   if (format == ChatFormat::llama3) {
     w.put(messages.empty() ? "" : specials.bos);
   } else {
-    std::string system;
-    if (!messages.empty() && messages[0].role == "system") {
-      system = python_strip(messages[0].content);
-      first = 1;
-    }
-    const std::string date = !specials.date.empty()          ? specials.date
-                             : format == ChatFormat::llama32 ? chat_today()
-                                                             : "26 Jul 2024";
-    w.put(specials.bos);
-    w.put(llama_header("system"));
-    w.put("Cutting Knowledge Date: December 2023\nToday Date: " + date + "\n\n");
-    w.put(system + kLlamaEot);
+    first = put_llama_system(format, messages, specials, tools.has_value(), w);
+    if (tools) first = put_llama_tools(format, messages, first, *tools, w);
   }
   for (size_t i = first; i < messages.size(); ++i) {
     const auto& m = messages[i];
-    const std::string body = python_strip(m.content) + kLlamaEot;
-    if (m.role == "assistant") {
-      w.turn(i, llama_header(m.role), body);
+    if (m.role == "tool") {
+      // The template prints a content that is iterable (a string is) as tojson.
+      w.put(llama_header("ipython") + python_json_quote(m.content) + kLlamaEot);
+    } else if (!m.tool_calls.empty()) {
+      if (m.tool_calls.size() != 1) {
+        throw ChatRenderError(i,
+                              std::to_string(m.tool_calls.size()) + " calls in one message: the " +
+                                  chat_format_name(format) +
+                                  " chat template renders one a message (transformers raises); "
+                                  "give each call a message of its own",
+                              "tool_calls");
+      }
+      const auto& call = m.tool_calls[0];
+      w.turn(i, llama_header("assistant"),
+             "{\"name\": \"" + call.name + "\", \"parameters\": " + call_arguments(call, false) +
+                 "}" + kLlamaEot);
+    } else if (m.role == "assistant") {
+      w.turn(i, llama_header(m.role), python_strip(m.content) + kLlamaEot);
     } else {
-      w.put(llama_header(m.role) + body);
+      w.put(llama_header(m.role) + python_strip(m.content) + kLlamaEot);
     }
   }
+}
+
+constexpr const char* kQwen25System =
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
+// A Qwen tool call: <tool_call> and the call as JSON.
+std::string qwen_call(const ChatToolCall& call, bool raw_strings) {
+  return "<tool_call>\n{\"name\": \"" + call.name +
+         "\", \"arguments\": " + call_arguments(call, raw_strings) + "}\n</tool_call>";
 }
 
 // Qwen 3's index of the last user message (its template's ns.last_query_index): the last one not
@@ -166,31 +257,79 @@ std::string qwen3_body(const ChatMessage& m, bool after_query, bool last) {
         strip_char(open == std::string::npos ? head : head.substr(open + 7), '\n', Side::left);
     content = strip_char(content.substr(content.rfind("</think>") + 8), '\n', Side::left);
   }
+  std::string body = content;
   if (after_query && (last || !reasoning.empty())) {
-    return "<think>\n" + strip_char(reasoning, '\n', Side::both) + "\n</think>\n\n" +
-           strip_char(content, '\n', Side::left) + kImEnd + "\n";
+    body = "<think>\n" + strip_char(reasoning, '\n', Side::both) + "\n</think>\n\n" +
+           strip_char(content, '\n', Side::left);
   }
-  return content + kImEnd + "\n";
+  for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+    if (k > 0 || !content.empty()) body += "\n";
+    body += qwen_call(m.tool_calls[k], /*raw_strings=*/true);
+  }
+  return body + kImEnd + "\n";
 }
 
-void render_chatml(ChatFormat format, const std::vector<ChatMessage>& messages, Writer& w) {
-  if (!messages.empty() && messages[0].role != "system") {
+// A Qwen 2.5 assistant turn with tool calls, after "<|im_start|>assistant\n".
+std::string qwen25_calls_body(const ChatMessage& m) {
+  std::string body = m.content.empty() ? "" : "\n" + m.content;
+  for (const auto& call : m.tool_calls) body += "\n" + qwen_call(call, /*raw_strings=*/false);
+  return body.substr(1) + kImEnd + "\n";  // the first "\n" ends the header
+}
+
+// Qwen 2.5 and 3's system turn with tools: the system message's content (Qwen 2.5: else its
+// default), then the definitions.
+void put_qwen_tools(ChatFormat format, const std::vector<ChatMessage>& messages,
+                    const std::vector<ChatTool>& tools, Writer& w) {
+  std::string s = "<|im_start|>system\n";
+  if (!messages.empty() && messages[0].role == "system") {
+    s += messages[0].content + "\n\n";
+  } else if (format == ChatFormat::qwen25) {
+    s += std::string(kQwen25System) + "\n\n";
+  }
+  s += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+       "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const auto& t : tools) s += "\n" + t.json;
+  s += "\n</tools>\n\nFor each function call, return a json object with function name and "
+       "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+       "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+  w.put(s);
+}
+
+// Qwen 2.5 and 3's tool message: a <tool_response> in a user turn that runs over consecutive tool
+// messages.
+void put_qwen_tool_response(const std::vector<ChatMessage>& messages, size_t i, Writer& w) {
+  std::string s;
+  if (i == 0 || messages[i - 1].role != "tool") s += "<|im_start|>user";
+  s += "\n<tool_response>\n" + messages[i].content + "\n</tool_response>";
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") s += "<|im_end|>\n";
+  w.put(s);
+}
+
+void render_chatml(ChatFormat format, const std::vector<ChatMessage>& messages,
+                   const ChatTools& tools, Writer& w) {
+  const bool listed = tools && !tools->empty();  // the templates' `if tools`
+  if (listed) {
+    put_qwen_tools(format, messages, *tools, w);
+  } else if (!messages.empty() && messages[0].role != "system") {
     if (format == ChatFormat::qwen2) {
       w.put("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
     } else if (format == ChatFormat::qwen25) {
-      w.put(
-          "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-          "assistant.<|im_end|>\n");
+      w.put(std::string("<|im_start|>system\n") + kQwen25System + "<|im_end|>\n");
     }
   }
   const size_t query = format == ChatFormat::qwen3 && !messages.empty() ? last_query(messages) : 0;
-  for (size_t i = 0; i < messages.size(); ++i) {
+  const bool system_first = !messages.empty() && messages[0].role == "system";
+  for (size_t i = listed && system_first ? 1 : 0; i < messages.size(); ++i) {
     const auto& m = messages[i];
     const std::string head = std::string(kImStart) + m.role + "\n";
-    if (m.role != "assistant") {
+    if (m.role == "tool") {
+      put_qwen_tool_response(messages, i, w);
+    } else if (m.role != "assistant") {
       w.put(head + m.content + kImEnd + "\n");
     } else if (format == ChatFormat::qwen3) {
       w.turn(i, head, qwen3_body(m, i > query, i + 1 == messages.size()));
+    } else if (!m.tool_calls.empty()) {
+      w.turn(i, head, qwen25_calls_body(m));
     } else {
       w.turn(i, head, m.content + kImEnd + "\n");
     }
@@ -252,31 +391,36 @@ std::optional<ChatFormat> recognize_chat_template(std::string_view text) {
   return std::nullopt;
 }
 
+bool chat_format_renders_tools(ChatFormat format) {
+  return format == ChatFormat::llama31 || format == ChatFormat::llama32 ||
+         format == ChatFormat::qwen25 || format == ChatFormat::qwen3;
+}
+
 RenderedChat render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
-                         const ChatSpecials& specials) {
-  check_roles(messages);
+                         const ChatSpecials& specials, const ChatTools& tools) {
+  check_renders(format, messages, tools);
   RenderedChat out;
   Writer w(out);
   switch (format) {
     case ChatFormat::llama3:
     case ChatFormat::llama31:
     case ChatFormat::llama32:
-      render_llama(format, messages, specials, w);
+      render_llama(format, messages, specials, tools, w);
       break;
     case ChatFormat::plain:
       render_plain(messages, specials, w);
       break;
     default:
-      render_chatml(format, messages, w);
+      render_chatml(format, messages, tools, w);
   }
   return out;
 }
 
 std::string render_generation_prompt(ChatFormat format, const std::vector<ChatMessage>& messages,
-                                     const ChatSpecials& specials) {
+                                     const ChatSpecials& specials, const ChatTools& tools) {
   std::vector<ChatMessage> with_reply = messages;
   with_reply.push_back({"assistant", "", std::nullopt});
-  RenderedChat chat = render_chat(format, with_reply, specials);
+  RenderedChat chat = render_chat(format, with_reply, specials, tools);
   chat.text.resize(chat.turns.back().begin);
   return chat.text;
 }

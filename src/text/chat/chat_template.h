@@ -1,8 +1,10 @@
 // Chat templates rendered by built-in code: the published templates of Llama 3, 3.1 and 3.2
 // Instruct and of ChatML (Qwen 2, 2.5, 3), recognised by the exact text of tokenizer_config.json's
-// `chat_template`, rendered as transformers' apply_chat_template renders them for conversations
-// of system, user and assistant messages (no tools), with where each assistant turn lies in the
-// text. Torch-free.
+// `chat_template`, rendered as transformers' apply_chat_template renders them, with where each
+// assistant turn lies in the text. Conversations of system, user and assistant messages in every
+// format; in the formats whose templates render tools (Llama 3.1 and 3.2, Qwen 2.5 and 3), also
+// assistant messages with OpenAI-style tool calls, tool messages and a list of tool definitions,
+// as apply_chat_template(messages, tools=tools) renders them. Torch-free.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace trainer::data {
@@ -41,11 +44,44 @@ std::optional<ChatFormat> recognize_chat_template(std::string_view text);
 // compares.
 uint64_t chat_template_hash(std::string_view text);
 
-struct ChatMessage {
-  std::string role;  // system, user or assistant
-  std::string content;
-  std::optional<std::string> reasoning;  // the message's reasoning_content (Qwen 3), if given
+// A call of an assistant message's tool_calls: {"type": "function", "function": {"name",
+// "arguments"}}.
+struct ChatToolCall {
+  std::string name;
+  // The arguments: an object as the templates' tojson writes it (python_json_dumps), or the string
+  // given (which Qwen 3 prints as it is, and the others as a quoted JSON string).
+  std::string arguments;
+  bool arguments_string = false;  // given as a string
 };
+
+struct ChatMessage {
+  ChatMessage() = default;
+  ChatMessage(std::string role, std::string content,
+              std::optional<std::string> reasoning = std::nullopt,
+              std::vector<ChatToolCall> tool_calls = {})
+      : role(std::move(role)),
+        content(std::move(content)),
+        reasoning(std::move(reasoning)),
+        tool_calls(std::move(tool_calls)) {}
+
+  std::string role;     // system, user, assistant or tool
+  std::string content;  // an assistant message with tool calls: "" for a null content
+  std::optional<std::string> reasoning;  // the message's reasoning_content (Qwen 3), if given
+  std::vector<ChatToolCall> tool_calls;  // an assistant message's; empty: none
+};
+
+// A tool definition of a record's "tools" (an OpenAI function schema, any JSON object) as the
+// templates' tojson writes it: on one line (Qwen) and with indent=4 (Llama).
+struct ChatTool {
+  std::string json;
+  std::string json_indented;
+};
+// A record's "tools": nullopt for none (no key, or null); an empty list renders as an empty list
+// does (Llama 3.1 and 3.2: the tool preamble without definitions; Qwen: nothing).
+using ChatTools = std::optional<std::vector<ChatTool>>;
+
+// Whether `format`'s template renders tool calls, tool messages and tool definitions.
+bool chat_format_renders_tools(ChatFormat format);
 
 // What a format renders besides the messages.
 struct ChatSpecials {
@@ -69,27 +105,35 @@ struct RenderedChat {
   std::vector<Turn> turns;
 };
 
-// Thrown for a message the format does not render (a role other than system, user, assistant);
-// `message` is its index.
+// Thrown for what the format does not render: a role other than system, user, assistant (and
+// tool where it renders tools), a message's tool calls or a record's tools in a format without
+// them, what the template itself raises on (Llama 3.1 and 3.2: more than one call a message,
+// tools without a user message after the system one). `message` is the message's index, or
+// kRecord for the record's "tools"; `field` the key at fault ("role", "tool_calls", "tools").
 class ChatRenderError : public std::invalid_argument {
  public:
-  ChatRenderError(size_t message, const std::string& what)
-      : std::invalid_argument(what), message_(message) {}
+  static constexpr size_t kRecord = static_cast<size_t>(-1);
+  ChatRenderError(size_t message, const std::string& what, std::string field = "role")
+      : std::invalid_argument(what), message_(message), field_(std::move(field)) {}
   size_t message() const { return message_; }
+  const std::string& field() const { return field_; }
 
  private:
   size_t message_;
+  std::string field_;
 };
 
-// `messages` rendered in `format` (add_generation_prompt=False). Throws ChatRenderError.
+// `messages` (and `tools`) rendered in `format` (add_generation_prompt=False). Throws
+// ChatRenderError.
 RenderedChat render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
-                         const ChatSpecials& specials);
+                         const ChatSpecials& specials, const ChatTools& tools = std::nullopt);
 
 // `messages` rendered in `format` with add_generation_prompt=True: the text an assistant reply to
 // them is generated after (the render of `messages` and an assistant turn, up to where the turn's
 // body begins). Throws ChatRenderError.
 std::string render_generation_prompt(ChatFormat format, const std::vector<ChatMessage>& messages,
-                                     const ChatSpecials& specials);
+                                     const ChatSpecials& specials,
+                                     const ChatTools& tools = std::nullopt);
 
 // The text that ends an assistant turn in `format`: Llama 3's <|eot_id|>, ChatML's <|im_end|>,
 // plain's specials.eos.
