@@ -9,7 +9,7 @@ into tokenizer.json by scripts/quicktok_tokenizer_json.py: Llama 3's pattern wit
 Qwen 2's single-digit pattern with NFC), and small ones `tokenizers` trains here on this machine's
 text for each pattern (GPT-2's ByteLevel regex, and as a Split; Llama 3's; Qwen 2's), with added
 tokens that strip whitespace left or right, are normalized, or are not special.
-Texts: over 10 MB of this machine's UTF-8 text (Debian's licenses, /usr/share/doc, fortunes, the
+Texts: over 5 MB of this machine's UTF-8 text (Debian's licenses, /usr/share/doc, fortunes, the
 venv's Python sources; every other document of it for Qwen 3) and generated stress (CJK, Hangul
 jamo, Arabic and Hebrew marks, Devanagari, Thai, emoji with skin tones and ZWJ, combining marks
 out of order, digit runs, whitespace and newline runs with \\r\\n and Unicode spaces,
@@ -52,7 +52,7 @@ except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
 
-REAL_MB = 10.5  # this machine's text, for the real vocabularies
+REAL_MB = 5.0  # this machine's text, for the real vocabularies
 TRAINED_MB = 1.0  # of it for each trained tokenizer
 
 

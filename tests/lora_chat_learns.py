@@ -18,7 +18,7 @@ learn the task on the random base (its frozen random embeddings give attention n
 word by: rank 32, 1000 steps, the loss stays at 1.7, above guessing among the 32 words), so the
 base is first pretrained briefly by a full fine-tune of the trainer on another task, the words repeated
 in their order (copy), and exported (`export --format hf`). Then LoRA (rank 32, alpha 64, on
-every projection, the base frozen) learns the reversal, and every held-out prompt goes through
+every projection, the base frozen) learns the reversal, and 50 of the held-out prompts go through
 `trainer generate --chat --temperature 0`: at least 95% of the replies must be exactly the
 reversed lines (the reply ends at <|eot_id|>, which is not printed).
 
@@ -56,6 +56,7 @@ WORDS = ["apple", "bread", "cloud", "dance", "eagle", "flame", "grape", "honey",
          "tiger", "umbrella", "violin", "water", "yellow", "zebra", "amber", "breeze", "candle",
          "desert", "ember", "forest", "glacier"]
 HELD_OUT = 100
+ASKED = 50  # of the held-out triples, those answered through generate (a process each)
 TRAIN = 4000
 PRETRAIN_STEPS = 400
 STEPS = 300
@@ -225,7 +226,7 @@ def main():
                      "LoRA (rank 32, reverse)")
         print(f"training in all: {pretrain + export + lora:.1f} s wall (pretraining "
               f"{pretrain:.1f} s, export {export:.1f} s, LoRA {lora:.1f} s)")
-        accuracy = evaluate(args.trainer, os.path.join(work, "lora"), held)
+        accuracy = evaluate(args.trainer, os.path.join(work, "lora"), held[:ASKED])
         if accuracy < ACCURACY:
             sys.exit(f"accuracy {accuracy:.2%} below {ACCURACY:.0%}")
     finally:
