@@ -36,6 +36,9 @@ every batch, rank-16 adapters on every projection, AdamW with clipping at a cons
    exits 2 naming model.pretrained and model.lora.rank.
 7. nf4 under ddp on two processes (two windows each) trains as one process does: 10 steps
    within 1e-5 relative.
+8. `export --format hf --merge` of the nf4 run: the dequantized base with the adapters merged,
+   logits within 1e-5 of PEFT's merge_and_unload over transformers' dequantize() of the 4-bit
+   load.
 
 Exits 77 (skipped) when transformers, peft or bitsandbytes is not installed.
 """
@@ -54,9 +57,9 @@ try:
     import torch.nn.functional as F
     from lora_check import (SEQ, VOCAB, WINDOWS, Trainer, peft_losses, peft_model, report, run,
                             save_base, worst)
-    from peft import prepare_model_for_kbit_training
+    from peft import PeftModel, prepare_model_for_kbit_training
     from transformers import BitsAndBytesConfig, LlamaForCausalLM
-    from window_runs import write_windows
+    from window_runs import relative, write_windows
 
     with warnings.catch_warnings():  # bitsandbytes warns that torch.jit is deprecated
         warnings.simplefilter("ignore")
@@ -243,6 +246,26 @@ def check_bad_input(binary, work, base, folders, failures):
                             f"and {', '.join(needles)}: {r.stderr[-2000:]!r}")
 
 
+def check_merge(t, base, trained, windows, failures):
+    """Check 8: `export --format hf --merge` of the nf4 run writes the dequantized base with the
+    adapters merged: its logits equal PEFT's merge_and_unload over transformers' dequantize() of
+    the 4-bit load (1e-5 relative)."""
+    merged = os.path.join(t.work, "nf4_merged")
+    t.export(trained, merged, "--format", "hf", "--merge")
+    adapters = os.path.join(t.work, "nf4_trained_peft")  # check_eval's export
+    dequantized = quantized_base(base, "nf4").dequantize()
+    reference = PeftModel.from_pretrained(dequantized, adapters).merge_and_unload().eval()
+    x = windows[:, :-1]
+    with torch.no_grad():
+        theirs = reference(x).logits
+        ours = LlamaForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()(x).logits
+    diff = relative(ours, theirs)
+    print(f"nf4 merged export: logits relative max |diff| {diff:.3g} against PEFT's merge of the "
+          "dequantized base")
+    if not diff <= LOSS_TOL:
+        failures.append(f"nf4 merged export: logits differ from PEFT's by {diff}")
+
+
 def check_ddp(t, failures):
     """Check 7: nf4 under ddp on two processes (two windows each) trains as one process does:
     10 steps within 1e-5 relative."""
@@ -309,6 +332,7 @@ def main():
             check_held_bytes(t, quant, model, weights, failures)
             if quant == "nf4":
                 check_eval(t, base, trained, windows, failures)
+                check_merge(t, base, trained, windows, failures)
                 check_ddp(t, failures)
         check_saved_quantized(sys.argv[1], work, base, folders, windows, failures)
         check_bad_input(sys.argv[1], work, base, folders, failures)

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "models/model.h"
 #include "nn/lora.h"
+#include "nn/quant/quantized_weight.h"
 #include "util/fileio.h"
 #include "util/format.h"
 
@@ -121,6 +122,36 @@ models::NamedWeights base_weights(const std::string& pretrained, const std::stri
   return models::to_trainer_layout(model, out);
 }
 
+// A QLoRA run's base (model.lora.base_quant; the checkpoint's lora.quantized names its layers):
+// each quantized layer's weight as the run computed with it, quantized from the file's weight in
+// model.lora.base_dtype and dequantized (float32, then the file's dtype), as PEFT merges into a
+// dequantized bitsandbytes weight.
+void dequantize_quantized(models::NamedWeights& base, const nlohmann::json& meta,
+                          const std::string& checkpoint) {
+  const auto& lora = meta["lora"];
+  if (!lora.contains("quantized")) return;
+  nn::quant::QuantKind kind;
+  try {
+    kind = nn::quant::quant_kind(config_value(meta, "model.lora.base_quant"));
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("--merge: " + checkpoint + "'s model.lora.base_quant: " + e.what());
+  }
+  const auto dtype = nn::lora_base_dtype(config_value(meta, "model.lora.base_dtype"));
+  std::map<std::string, torch::Tensor*> by_name;
+  for (auto& [name, t] : base) by_name[name] = &t;
+  torch::NoGradGuard no_grad;
+  for (const auto& layer : lora["quantized"]) {
+    const auto it = by_name.find(layer.get<std::string>() + ".weight");
+    if (it == by_name.end() || !it->second->is_floating_point()) {
+      throw UsageError("--merge: " + checkpoint + "'s run quantized " + layer.get<std::string>() +
+                       ", which its base holds no float weight of (a folder saved quantized is "
+                       "not merged yet); export the adapters with --format peft");
+    }
+    torch::Tensor& w = *it->second;
+    w = nn::quant::quantize(w.to(dtype), kind)->dequantized(torch::kFloat).to(w.scalar_type());
+  }
+}
+
 }  // namespace
 
 bool holds_adapters(const nlohmann::json& meta) {
@@ -171,6 +202,7 @@ checkpoint::NamedTensors merged_weights(const std::string& checkpoint, const nlo
                      " was trained on it; restore the base it was trained on");
   }
   auto base = base_weights(pretrained, config_value(meta, "model.name"));
+  dequantize_quantized(base, meta, checkpoint);
   std::map<std::string, torch::Tensor> given(weights.begin(), weights.end());
   const double scaling = adapter_options(meta, checkpoint).scaling();
   std::map<std::string, torch::Tensor*> by_name;

@@ -125,6 +125,13 @@ void add_adapter_meta(const Components& parts, nlohmann::json& meta) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& [name, layer] : nn::adapted_layers(*parts.model)) layers.push_back(name);
   meta["lora"] = {{"base", parts.lora_base}, {"layers", layers}};
+  // model.lora.base_quant: the layers the run computed with quantized weights (export --merge
+  // merges into their dequantized weights).
+  nlohmann::json quantized = nlohmann::json::array();
+  for (const auto& [name, layer] : nn::quantizable_layers(*parts.model)) {
+    if (layer->quantized()) quantized.push_back(name);
+  }
+  if (!quantized.empty()) meta["lora"]["quantized"] = quantized;
 }
 
 std::string load_adapters(Components& parts, const config::LoadedConfig& loaded,
