@@ -15,8 +15,9 @@ Configs.ShippedConfigsResolve).
    on uint32 token files that `trainer tokenize` writes with the folder's tokenizer.json;
    configs/qwen3_lora_chat.yaml trains 3 LoRA steps from a tiny Qwen 3 folder (tokenizer.json
    with ChatML's tokens, Qwen 3's published tokenizer_config.json) on a JSONL chat file;
-   configs/llama2_70b_lora_mlperf.yaml trains 3 LoRA steps on token files with mask files in the
-   layout its comment gives. Each writes a checkpoint; the loss is finite.
+   configs/llama3_8b_qlora.yaml trains 3 QLoRA steps (an NF4 base) from a tiny Llama folder on
+   that chat file; configs/llama2_70b_lora_mlperf.yaml trains 3 LoRA steps on token files with
+   mask files in the layout its comment gives. Each writes a checkpoint; the loss is finite.
 Exits 77 (skipped) when transformers or tokenizers is not installed.
 """
 import glob
@@ -160,6 +161,17 @@ def train_qwen3_lora_chat(trainer, repo, work, folder, failures):
     check_trained("configs/qwen3_lora_chat.yaml", run_dir, failures)
 
 
+def train_llama3_qlora(trainer, repo, work, folder, failures):
+    """configs/llama3_8b_qlora.yaml: 3 QLoRA steps (nf4 base) on the JSONL chat file."""
+    run_dir = os.path.join(work, "run_qlora")
+    run([trainer, "--config", os.path.join(repo, "configs", "llama3_8b_qlora.yaml"),
+         "--run-dir", run_dir, "--set", f"model.pretrained={folder}", "--set",
+         f"data.root={os.path.join(work, 'chat.jsonl')}", "--set", "data.seq_len=96", "--set",
+         "data.batch_size=2", "--set", "data.val_fraction=0.1", "--set",
+         "train.grad_accum_steps=1", *SMALL], "llama3_8b_qlora.yaml", failures)
+    check_trained("configs/llama3_8b_qlora.yaml", run_dir, failures)
+
+
 def train_mlperf_layout(trainer, repo, work, folder, failures):
     data = os.path.join(work, "govreport_mlperf")
     os.makedirs(data)
@@ -188,6 +200,7 @@ def main():
         check_resolve(trainer, repo, folders, failures)
         train_hf_pretrained(trainer, repo, work, folders["llama"], failures)
         train_qwen3_lora_chat(trainer, repo, work, folders["qwen3"], failures)
+        train_llama3_qlora(trainer, repo, work, folders["llama"], failures)
         train_mlperf_layout(trainer, repo, work, folders["llama"], failures)
     for f in failures:
         print("FAIL:", f)

@@ -35,7 +35,8 @@ every batch, rank-16 adapters on every projection, AdamW with clipping at a cons
    equals transformers' loss of that folder loaded as saved within 1e-4; without model.lora it
    exits 2 naming model.pretrained and model.lora.rank.
 7. nf4 under ddp on two processes (two windows each) trains as one process does: 10 steps
-   within 1e-5 relative.
+   within 1e-5 relative; with model.checkpointing: blocks (each block recomputed, the quantized
+   layers dequantized again) the losses equal those without, bit for bit.
 8. `export --format hf --merge` of the nf4 run: the dequantized base with the adapters merged,
    logits within 1e-5 of PEFT's merge_and_unload over transformers' dequantize() of the 4-bit
    load.
@@ -276,6 +277,12 @@ def check_ddp(t, failures):
     print(f"nf4, ddp on 2 processes: 10 steps, worst relative step difference {diff:.3g}")
     if len(two) != 10 or not diff <= LOSS_TOL:
         failures.append(f"nf4 ddp: {len(two)} steps logged, worst relative difference {diff}")
+    recomputed = QloraTrainer(t.binary, t.work, t.base, t.folders, t.lora_keys)
+    recomputed.model_keys = {"checkpointing": "blocks"}
+    again = recomputed.losses(recomputed.train("nf4_checkpointed", steps=10))
+    print(f"nf4 with model.checkpointing: blocks: 10 steps, equal to without: {again == one}")
+    if again != one:
+        failures.append(f"nf4 with checkpointing blocks: {again}, without {one}")
 
 
 def check_saved_quantized(binary, work, base, folders, windows, failures):
