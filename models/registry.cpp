@@ -66,15 +66,16 @@ const std::vector<std::string>& activation_names() {
 nn::CheckpointPolicy checkpoint_policy(const config::ModelConfig& cfg, bool has_blocks) {
   const auto period = config::checkpoint_period(cfg.checkpointing);
   if (!period) {
-    throw ModelError("model.checkpointing", "must be none, blocks or every:N with N >= 1, got '" +
-                                                cfg.checkpointing + "'");
+    throw ModelError(
+        "model.checkpointing",
+        "must be none, blocks, offload or every:N with N >= 1, got '" + cfg.checkpointing + "'");
   }
   if (*period > 0 && !has_blocks) {
     throw ModelError("model.checkpointing", "model '" + cfg.name +
                                                 "' has no blocks to checkpoint; use none "
                                                 "(resnet and gpt models have them)");
   }
-  return nn::CheckpointPolicy(*period);
+  return nn::CheckpointPolicy(*period, /*offload=*/cfg.checkpointing == "offload");
 }
 
 torch::Tensor activate(const std::string& name, const torch::Tensor& x) {

@@ -405,6 +405,8 @@ CASES=(
   "llama1b_bf16_compile|gpu_llama1b.yaml|3|10|150|compile"
   "llama1b_lora_bf16|gpu_llama1b_lora.yaml|3|10|60|trainer pytorch"
   "llama1b_bf16_fused|gpu_llama1b.yaml|3|10|60|trainer|model.fused_kernels=auto"
+  "llama1b_ckpt|gpu_llama1b.yaml|3|10|60|trainer|model.checkpointing=blocks"
+  "llama1b_offload|gpu_llama1b.yaml|3|10|60|trainer|model.checkpointing=offload"
   "llama1b_qlora_bf16|gpu_llama1b_qlora.yaml|3|10|60|trainer pytorch"
   "llama8b_qlora_bf16|gpu_llama8b_qlora.yaml|2|6|120|trainer pytorch"
 )
@@ -672,7 +674,7 @@ order = ["r50_bf16_b256", "r50_bf16_b256_compile", "r50_bf16_b256_loop", "r50_fp
          "r50_bf16_b32", "r50_bf16_b32_graph", "r50_bf16_b32_compile", "r50_bf16_b32_autotune",
          "r50_bf16_b32_loop", "r50_fp16_b32", "gpt2_bf16", "gpt2_bf16_graph", "gpt2_bf16_compile", "gpt2_bf16_fused",
          "gpt2_bf16_autotune", "gpt2_bf16_loop", "gpt2_bf16_tp1", "llama1b_bf16",
-         "llama1b_bf16_compile", "llama1b_bf16_fused", "llama1b_lora_bf16", "llama1b_qlora_bf16", "llama8b_qlora_bf16", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer",
+         "llama1b_bf16_compile", "llama1b_bf16_fused", "llama1b_lora_bf16", "llama1b_ckpt", "llama1b_offload", "llama1b_qlora_bf16", "llama8b_qlora_bf16", "gpt2_ckpt", "ddp_ws1", "ddp_ws1_reducer",
          "graph_losses", "gpt2_fsdp", "gpt2_fsdp_ddp", "fsdp_losses"]
 runs = {}
 for f in sorted(os.listdir(bench)):

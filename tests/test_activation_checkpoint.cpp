@@ -55,6 +55,44 @@ TEST(ActivationCheckpointTest, DropoutMasksAndGradientsMatchThePlainForward) {
   expect_bitwise_equal(run(false), run(true));
 }
 
+TEST(ActivationCheckpointTest, OffloadedInputsLeaveAndComeBackUnchanged) {
+  DropBlock block;
+  auto run = [&](bool offload) {
+    torch::manual_seed(7);
+    block->zero_grad();
+    auto x = torch::randn({4, 6}, torch::requires_grad());
+    auto fn = [block](const torch::Tensor& in) mutable { return block->forward(in); };
+    const int64_t before = offloaded_bytes();
+    auto y = checkpoint(*block, fn, x * 1.0, offload);  // [4, 6]
+    EXPECT_EQ(offloaded_bytes() - before, offload ? 4 * 6 * 4 : 0);
+    y.pow(2).sum().backward();
+    auto grads = grads_of(*block);
+    grads.push_back(x.grad().clone());
+    grads.push_back(y.detach());
+    return grads;
+  };
+  expect_bitwise_equal(run(false), run(true));
+  // The backward reruns from the host copy, not from the input: changed after forward, the
+  // input's new values do not reach the gradients (without offload autograd refuses the change).
+  torch::manual_seed(3);
+  auto x = torch::randn({4, 6}, torch::requires_grad());
+  auto in = x * 1.0;
+  auto fn = [block](const torch::Tensor& t) mutable { return block->forward(t); };
+  block->zero_grad();
+  auto y = checkpoint(*block, fn, in, /*offload=*/true);
+  {
+    torch::NoGradGuard no_grad;
+    in.add_(100.0);
+  }
+  y.pow(2).sum().backward();
+  const auto offloaded = grads_of(*block);
+  torch::manual_seed(3);
+  auto x2 = torch::randn({4, 6}, torch::requires_grad());
+  block->zero_grad();
+  checkpoint(*block, fn, x2 * 1.0).pow(2).sum().backward();
+  expect_bitwise_equal(offloaded, grads_of(*block));
+}
+
 TEST(ActivationCheckpointTest, ParametersGetGradientsWhenNoInputRequiresThem) {
   DropBlock block;
   torch::manual_seed(1);
@@ -231,7 +269,7 @@ TEST(ActivationCheckpointTest, GptWithDropoutTrainsAsWithout) {
   cfg.options.set("block_size", int64_t{16});
   cfg.options.set("vocab_size", int64_t{40});
   cfg.options.set("dropout", 0.1);
-  for (const std::string mode : {"blocks", "every:2"}) {
+  for (const std::string mode : {"blocks", "every:2", "offload"}) {
     SCOPED_TRACE(mode);
     expect_same_training(
         cfg, models::InputSpec{{16}, 40},

@@ -82,6 +82,7 @@ nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOpti
             {"quantized", r.held.quantized},
             {"total", r.held.total()}}},
           {"comm_bytes_per_step", r.comm_bytes_per_step},
+          {"activation_offload_bytes_per_step", r.activation_offload_bytes_per_step},
           {"comm_bytes_per_step_by_kind", r.comm_by_kind},
           {"profile", r.profile_trace.empty()
                           ? nlohmann::json(nullptr)

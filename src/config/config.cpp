@@ -26,7 +26,7 @@ void each_positive(Checks& c, const std::string& key, const std::vector<double>&
 
 std::optional<int64_t> checkpoint_period(const std::string& spec) {
   if (spec == "none") return 0;
-  if (spec == "blocks") return 1;
+  if (spec == "blocks" || spec == "offload") return 1;  // offload: blocks, inputs on the host
   if (spec.rfind("every:", 0) != 0 || spec.size() == 6) return std::nullopt;
   const std::string digits = spec.substr(6);
   if (digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
@@ -51,7 +51,7 @@ void ModelConfig::validate(Checks& c) const {
   c.at_least("num_classes", num_classes, 0);
   if (!checkpoint_period(checkpointing)) {
     c.add("checkpointing",
-          "must be none, blocks or every:N with N >= 1, got '" + checkpointing + "'");
+          "must be none, blocks, offload or every:N with N >= 1, got '" + checkpointing + "'");
   }
 }
 

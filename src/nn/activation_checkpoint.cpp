@@ -3,6 +3,8 @@
 #include <torch/autograd.h>
 #include <torch/custom_class.h>
 
+#include <atomic>
+
 #include "nn/autocast.h"
 #include "nn/rng.h"
 
@@ -22,7 +24,44 @@ struct Segment : torch::CustomClassHolder {
   torch::Tensor cpu_rng;                       // CPU generator state at forward
   std::vector<c10::DeviceIndex> cuda_devices;  // devices of the CUDA inputs
   TensorList cuda_rng;                         // their generator states at forward
+  bool offload = false;                        // the inputs held in host memory until backward
+  TensorList held;                             // then: the inputs' host copies
+  std::vector<bool> requires_grad;             // and whether each input required grad
+  std::vector<c10::Device> devices;            // and its device
 };
+
+std::atomic<int64_t> offloaded{0};
+
+// `x` copied into host memory: pinned when it is on a CUDA device, the copy not blocking the
+// host (backward's copy back is ordered after it on the same stream).
+torch::Tensor to_host(const torch::Tensor& x) {
+  if (!x.defined()) return x;
+  auto host = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(x.is_cuda()));
+  host.copy_(x, /*non_blocking=*/x.is_cuda());
+  offloaded += static_cast<int64_t>(x.nbytes());
+  return host;
+}
+
+// The inputs as forward saved them: back from host memory when offloaded.
+TensorList saved_inputs(AutogradContext* ctx, const Segment& seg) {
+  TensorList inputs;
+  if (!seg.offload) {
+    for (const auto& x : ctx->get_saved_variables()) {
+      inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
+    }
+    return inputs;
+  }
+  for (size_t i = 0; i < seg.held.size(); ++i) {
+    const auto& h = seg.held[i];
+    if (!h.defined()) {
+      inputs.push_back(h);
+      continue;
+    }
+    const auto device = i < seg.devices.size() ? seg.devices[i] : h.device();
+    inputs.push_back(h.to(device, /*non_blocking=*/true).requires_grad_(seg.requires_grad[i]));
+  }
+  return inputs;
+}
 
 // Sets the generators to the segment's forward states while alive, and back afterwards, so the
 // rerun draws the forward's numbers and the rest of the program sees no draw at all.
@@ -93,7 +132,15 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       seg->cuda_devices.push_back(index);
       seg->cuda_rng.push_back(generator_state(cuda_generator(index)));
     }
-    ctx->save_for_backward(inputs);
+    if (seg->offload) {
+      for (const auto& x : inputs) {
+        seg->held.push_back(to_host(x));
+        seg->requires_grad.push_back(x.defined() && x.requires_grad());
+        seg->devices.push_back(x.defined() ? x.device() : c10::Device(torch::kCPU));
+      }
+    } else {
+      ctx->save_for_backward(inputs);
+    }
     auto outputs = seg->fn(inputs);  // grad mode is off here: nothing inside is kept
     ctx->saved_data["segment"] = c10::IValue::make_capsule(seg);
     return outputs;
@@ -101,10 +148,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto seg = c10::static_intrusive_pointer_cast<Segment>(ctx->saved_data["segment"].toCapsule());
-    TensorList inputs;
-    for (const auto& x : ctx->get_saved_variables()) {
-      inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
-    }
+    const TensorList inputs = saved_inputs(ctx, *seg);
+    seg->held.clear();  // the host copies are no longer needed
     // The rerun updates scratch copies of the buffers (batch-norm statistics were updated by the
     // forward already); the originals come back once its graph has been used.
     BufferSwap scratch(seg->buffers);
@@ -149,10 +194,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 }  // namespace
 
 TensorList checkpoint(const torch::nn::Module& module, const SegmentFn& fn,
-                      const TensorList& inputs) {
+                      const TensorList& inputs, bool offload) {
   if (!torch::GradMode::is_enabled()) return fn(inputs);
   auto seg = c10::make_intrusive<Segment>();
   seg->fn = fn;
+  seg->offload = offload;
   seg->num_inputs = inputs.size();
   TensorList tensors = inputs;
   for (const auto& p : module.parameters(/*recurse=*/true)) {
@@ -169,9 +215,14 @@ TensorList checkpoint(const torch::nn::Module& module, const SegmentFn& fn,
 
 torch::Tensor checkpoint(const torch::nn::Module& module,
                          const std::function<torch::Tensor(const torch::Tensor&)>& fn,
-                         const torch::Tensor& input) {
+                         const torch::Tensor& input, bool offload) {
   return checkpoint(
-      module, [fn](const TensorList& in) { return TensorList{fn(in[0])}; }, TensorList{input})[0];
+      module, [fn](const TensorList& in) { return TensorList{fn(in[0])}; }, TensorList{input},
+      offload)[0];
+}
+
+int64_t offloaded_bytes() {
+  return offloaded.load();
 }
 
 }  // namespace trainer::nn

@@ -34,7 +34,8 @@ class BlockRunner {
                     const std::function<torch::Tensor(const torch::Tensor&)>& fn,
                     const torch::Tensor& input) const {
     if (hooks_) hooks_->before_block(index);
-    torch::Tensor out = policy_.applies(index) ? checkpoint(block, fn, input) : fn(input);
+    torch::Tensor out =
+        policy_.applies(index) ? checkpoint(block, fn, input, policy_.offload()) : fn(input);
     if (hooks_) hooks_->after_block(index, out);
     return out;
   }

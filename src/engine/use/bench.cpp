@@ -18,6 +18,7 @@
 #include "engine/measure/op_count.h"
 #include "engine/observe/profiler.h"
 #include "engine/setup/components.h"
+#include "nn/activation_checkpoint.h"
 #include "util/device.h"
 #include "util/format.h"
 #include "util/gpu_monitor.h"
@@ -235,9 +236,15 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& options) {
 
   PhaseTimer timer(device, options.warmup);
   distributed::CommBytes communicated;  // before the timed steps
-  timer.on_timed_start = [&] { communicated = trainer.communicated(); };
+  int64_t offloaded = 0;                // likewise
+  timer.on_timed_start = [&] {
+    communicated = trainer.communicated();
+    offloaded = nn::offloaded_bytes();
+  };
   trainer.run_steps(options.warmup + options.steps, timer, options.fixed_batch);
   timer.finish(r);
+  r.activation_offload_bytes_per_step =
+      (nn::offloaded_bytes() - offloaded) / std::max<int64_t>(options.steps, 1);
   r.held = trainer.held_state();
   const auto moved = trainer.communicated() - communicated;
   const auto per_step = [&](int64_t bytes) {

@@ -51,14 +51,16 @@ struct BenchResult {
   std::map<std::string, std::map<std::string, double>>
       ops_by_name;  // phase -> operator -> per step
   double host_syncs_per_step = 0;
-  HeldState held;                    // this rank's parameters, gradients and optimizer state
-  std::string profile_trace;         // the Chrome trace written (BenchOptions::profile_dir)
-  std::string profile_table;         // its summary: operators by self time, kernels by time
-  double profiled_ops_per_step = 0;  // top-level ATen operators per profiled step
-  double comm_bytes_per_step = 0;    // this rank's collectives' payload per timed step (fsdp:
-                                     // all-gathers and reduce-scatters; ddp: the gradients'
-                                     // all-reduce, each gradient once; the steps' own small ones;
-                                     // 0 alone)
+  HeldState held;             // this rank's parameters, gradients and optimizer state
+  std::string profile_trace;  // the Chrome trace written (BenchOptions::profile_dir)
+  std::string profile_table;  // its summary: operators by self time, kernels by time
+  double profiled_ops_per_step = 0;
+  int64_t activation_offload_bytes_per_step = 0;  // model.checkpointing: offload, timed steps  //
+                                                  // top-level ATen operators per profiled step
+  double comm_bytes_per_step = 0;  // this rank's collectives' payload per timed step (fsdp:
+                                   // all-gathers and reduce-scatters; ddp: the gradients'
+                                   // all-reduce, each gradient once; the steps' own small ones;
+                                   // 0 alone)
   std::map<std::string, double> comm_by_kind;  // the same by kind: all_reduce, all_gather,
                                                // reduce_scatter, broadcast
 };
