@@ -1,5 +1,8 @@
 #include "nn/quant/nf4.h"
 
+#include "nn/fused/fused_launch.h"
+#include "nn/quant/nf4_kernel.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -89,6 +92,31 @@ void check_input(const torch::Tensor& w, int64_t blocksize) {
     throw std::invalid_argument("NF4 block size " + std::to_string(blocksize) +
                                 ": use a power of two from 32 to 4096 (64 is QLoRA's)");
 }
+
+#ifdef TRAINER_WITH_CUDA
+// dequantize on a CUDA device: one launch of nn/quant/nf4_cuda.cu's kernel.
+torch::Tensor dequantize_cuda(const Nf4Weight& w, torch::ScalarType out) {
+  auto result = torch::empty({w.numel()}, w.packed.options().dtype(out));  // [numel]
+  Nf4DequantizeArgs a;
+  a.packed = w.packed.data_ptr<uint8_t>();
+  a.code = w.code.data_ptr<float>();
+  if (w.nested()) {
+    a.absmax_q = w.absmax.data_ptr<uint8_t>();
+    a.nested_absmax = w.nested_absmax.data_ptr<float>();
+    a.nested_code = w.nested_code.data_ptr<float>();
+    a.offset = w.offset.data_ptr<float>();
+    a.nested_blocksize = w.nested_blocksize;
+  } else {
+    a.absmax = w.absmax.data_ptr<float>();
+  }
+  a.out = result.data_ptr();
+  a.numel = w.numel();
+  a.blocksize = w.blocksize;
+  a.dtype = fused_dtype_of(result);
+  run_kernel(&launch_nf4_dequantize, a, result, "NF4 dequantization");
+  return result.view(w.shape);
+}
+#endif
 
 }  // namespace
 
@@ -180,6 +208,9 @@ torch::Tensor dequantize(const Nf4Weight& w, torch::ScalarType out) {
   if (out != torch::kFloat && out != torch::kBFloat16 && out != torch::kHalf)
     throw std::invalid_argument(std::string("NF4 dequantization into ") + c10::toString(out) +
                                 ": use float32, bfloat16 or float16");
+#ifdef TRAINER_WITH_CUDA
+  if (w.packed.is_cuda()) return dequantize_cuda(w, out);
+#endif
   const int64_t n = w.numel();
   const torch::Tensor absmax = restore_absmax(w);
   const torch::Tensor pairs = byte_pairs(w.code);
