@@ -395,9 +395,16 @@ bool ArrowRows::next_integer_lists(std::vector<std::vector<int64_t>>& lists) {
 }
 
 bool ArrowRows::next(Json& row) {
+  nlohmann::ordered_json ordered;
+  if (!next(ordered)) return false;
+  row = Json(ordered);
+  return true;
+}
+
+bool ArrowRows::next(nlohmann::ordered_json& row) {
   auto& d = *impl_;
   if (!d.at_row()) return false;
-  row = Json::object();
+  row = nlohmann::ordered_json::object();
   for (size_t c = 0; c < d.columns.size(); ++c) {
     try {
       arrow_values::to_json(*d.arrays[c], d.index, row[d.columns[c]]);

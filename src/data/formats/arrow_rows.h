@@ -78,7 +78,10 @@ class ArrowRows {
   void seek(int64_t row);
   // The number of the row next() returns next.
   int64_t position() const;
-  // The next row as an object {column: value} into `row`; false at the end.
+  // The next row as an object {column: value} into `row`; false at the end. The ordered form
+  // keeps the columns and a struct's fields in the file's order (as datasets' ds[i] gives them,
+  // and as chat templates print them with tojson).
+  bool next(nlohmann::ordered_json& row);
   bool next(nlohmann::json& row);
 
   // The next row's columns as integers, without JSON (token rows: input_ids, labels), into

@@ -19,7 +19,7 @@
 namespace trainer::data::arrow_values {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;  // a struct's fields in the file's order
 
 bool integer_type(arrow::Type::type id) {
   return arrow::is_integer(id);

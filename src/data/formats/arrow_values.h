@@ -21,9 +21,9 @@ std::string one_line(std::string text);
 bool of_kind(const arrow::DataType& type, ColumnKind kind);
 const char* kind_text(ColumnKind kind);
 
-// Value `i` of `array` as JSON (arrow_rows.h lists the types). Throws std::runtime_error for a
-// value Arrow cannot print.
-void to_json(const arrow::Array& array, int64_t i, nlohmann::json& out);
+// Value `i` of `array` as JSON (arrow_rows.h lists the types), a struct's fields in the order
+// of its type. Throws std::runtime_error for a value Arrow cannot print.
+void to_json(const arrow::Array& array, int64_t i, nlohmann::ordered_json& out);
 
 // The integers of list `i` of `array`, a list of integers, into `out`. Throws std::runtime_error
 // for a null list or item, or another type.

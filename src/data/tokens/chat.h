@@ -1,5 +1,8 @@
-// Chat data (data.name: chat): conversations in JSONL files (text/chat/chat_records.h; records in
-// the Alpaca and ShareGPT formats rewritten into them, text/chat/record_formats.h), rendered
+// Chat data (data.name: chat): conversations in JSONL files, or rows of Parquet and Arrow stream
+// files (data/formats/arrow_rows.h; a row is read as the JSON object of its columns, a null
+// value as an absent key, and is then a record as a JSONL line is), as text/chat/chat_records.h
+// reads them (records in the Alpaca and ShareGPT formats rewritten into them,
+// text/chat/record_formats.h), rendered
 // with the model's chat template (text/chat/chat_template.h: the published Llama 3.x and ChatML
 // templates, recognised from tokenizer_config.json, or forced with data.chat_template) and
 // tokenized with its tokenizer (text/tokenizer/hf_tokenizer.h), as transformers'
@@ -27,11 +30,12 @@ namespace trainer::data {
 
 // The `data.` keys of chat.
 struct ChatOptions {
-  std::string files;  // the training JSONL files: a brace pattern (data/tokens/shards.h), relative
-                      // to data.root when set; empty: data.root itself (a JSONL file, or a
-                      // folder whose .jsonl files are read in name order)
-  std::string val_files;      // the validation JSONL files, a pattern as `files`; empty: a seeded
-                              // data.val_fraction of the training conversations
+  std::string files;      // the training files (.jsonl, .parquet, .arrow): a brace pattern
+                          // (data/tokens/shards.h) with wildcards, relative to data.root when set;
+                          // empty: data.root itself (a file, or a folder whose files are read in
+                          // name order, or a data set folder's training split: jsonl_files.h)
+  std::string val_files;  // the validation files, a pattern as `files`; empty: a seeded
+                          // data.val_fraction of the training conversations
   double val_fraction = 0.1;  // without val_files: each conversation's chance to validate
   int64_t seq_len = 0;    // tokens per sample; 0: the longest conversation's, at most the model's
                           // context length
@@ -94,12 +98,18 @@ struct ChatConversations {
   std::vector<uint8_t> trained;        // per token: 1 where it is a trained target
   std::vector<int64_t> offsets = {0};  // conversation c: tokens [offsets[c], offsets[c + 1])
   std::vector<int32_t> file;           // per conversation: its file, an index into `files`
-  std::vector<int64_t> line;           // per conversation: its line (1-based)
+  std::vector<int64_t> line;           // per conversation: its line (1-based), or row (from 0)
   std::vector<std::string> files;
+  std::vector<uint8_t> rows;  // per file: 1 where its records are rows (Parquet, Arrow)
 
   int64_t size() const { return static_cast<int64_t>(offsets.size()) - 1; }
   int64_t length(int64_t c) const { return offsets[c + 1] - offsets[c]; }
-  std::string name(int64_t c) const { return files[file[c]] + ":" + std::to_string(line[c]); }
+  // "FILE:LINE", or "FILE: row N" (as data/formats/arrow_rows.h names rows).
+  std::string name(int64_t c) const { return record_name(file[c], line[c]); }
+  std::string record_name(int32_t f, int64_t number) const {
+    const auto i = static_cast<size_t>(f);
+    return files[i] + (i < rows.size() && rows[i] ? ": row " : ":") + std::to_string(number);
+  }
 };
 
 struct ChatData {
@@ -107,13 +117,17 @@ struct ChatData {
   ChatFormat format = ChatFormat::chatml;
   int64_t vocab_size = 0;  // one more than the tokenizer's largest id
   int64_t pad_id = 0;      // the input of padding positions
-  int64_t skipped = 0;     // lines dropped: empty conversations, none with a trained token
+  int64_t skipped = 0;     // records dropped: empty conversations, none with a trained token
 };
 
 // The conversations of the data section `cfg` (name chat), read, rendered and tokenized on all
 // cores; lines it drops (empty conversations, none with a trained token) are warned about and
-// counted. Throws DataConfigError for settings and records that cannot be used (a line that is
-// not a chat record names its file and line), DataError for unreadable files.
+// counted. Files are read one at a time, Parquet and Arrow ones by batches of rows, never whole.
+// Without data.val_files, row N of a file draws its split as line N + 1 of a JSONL file does (a
+// Parquet file of a JSONL file's lines splits as that file). Throws DataConfigError for settings
+// and records that cannot be used (a line that is not a chat record names its file and line, a
+// row its file, row and column; a file that is not Parquet or an Arrow stream, truncated or
+// corrupt, names the file), DataError for unreadable files.
 ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx);
 
 }  // namespace trainer::data

@@ -1,6 +1,7 @@
-// Reading chat data: the files, the tokenizer and its chat template, and every line (in the
-// OpenAI form, or rewritten into it from data.format's, text/chat/record_formats.h) rendered and
-// tokenized on all cores (data/tokens/chat.h).
+// Reading chat data: the files, the tokenizer and its chat template, and every record (a JSONL
+// line, or a Parquet or Arrow row as the JSON of its columns; in the OpenAI form, or rewritten
+// into it from data.format's, text/chat/record_formats.h) rendered and tokenized on all cores
+// (data/tokens/chat.h).
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -12,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "data/formats/arrow_rows.h"
 #include "data/tokens/chat.h"
 #include "data/tokens/jsonl_files.h"
 #include "data/tokens/shards.h"
@@ -28,10 +32,10 @@
 namespace trainer::data {
 namespace {
 
-// One line of a file.
+// One record of a file: a JSONL line, or a row's JSON.
 struct Line {
   int32_t file = 0;
-  int64_t number = 0;  // 1-based
+  int64_t number = 0;  // a line's, 1-based; a row's, from 0
   std::string_view text;
 };
 
@@ -99,9 +103,9 @@ LineResult encode_line(const Line& line, const std::string& where, const RecordM
   return out;
 }
 
-// Every line encoded, on up to `threads` threads; the results in line order.
-std::vector<LineResult> encode_lines(const std::vector<Line>& lines,
-                                     const std::vector<std::string>& files,
+// Every line encoded, on up to `threads` threads; the results in line order. `names` names the
+// records (its files and rows).
+std::vector<LineResult> encode_lines(const std::vector<Line>& lines, const ChatConversations& names,
                                      const RecordMapping& mapping, const ChatEncoder& encoder) {
   std::vector<LineResult> results(lines.size());
   const size_t threads = std::max<size_t>(
@@ -115,8 +119,7 @@ std::vector<LineResult> encode_lines(const std::vector<Line>& lines,
       for (size_t begin; (begin = next.fetch_add(kChunk)) < lines.size();) {
         for (size_t i = begin; i < std::min(lines.size(), begin + kChunk); ++i) {
           const auto& l = lines[i];
-          results[i] = encode_line(l, files[l.file] + ":" + std::to_string(l.number), mapping,
-                                   encoder, cache);
+          results[i] = encode_line(l, names.record_name(l.file, l.number), mapping, encoder, cache);
         }
       }
     } catch (...) {
@@ -133,23 +136,17 @@ std::vector<LineResult> encode_lines(const std::vector<Line>& lines,
   return results;
 }
 
-// The non-blank lines of `files` (their bytes kept in `buffers`).
-std::vector<Line> read_lines(const std::vector<std::string>& files,
-                             std::vector<std::vector<uint8_t>>& buffers) {
+// The non-blank lines of file `f`, whose bytes are `text`.
+std::vector<Line> split_into_lines(int32_t f, std::string_view text) {
   std::vector<Line> lines;
-  for (size_t f = 0; f < files.size(); ++f) {
-    buffers.push_back(read_file(files[f]));
-    const std::string_view text(reinterpret_cast<const char*>(buffers.back().data()),
-                                buffers.back().size());
-    int64_t number = 0;
-    for (size_t at = 0; at < text.size();) {
-      size_t end = text.find('\n', at);
-      if (end == std::string_view::npos) end = text.size();
-      const auto line = text.substr(at, end - at);
-      ++number;
-      if (!blank_line(line)) lines.push_back({static_cast<int32_t>(f), number, line});
-      at = end + 1;
-    }
+  int64_t number = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    const auto line = text.substr(at, end - at);
+    ++number;
+    if (!blank_line(line)) lines.push_back({f, number, line});
+    at = end + 1;
   }
   return lines;
 }
@@ -162,53 +159,132 @@ void append(ChatConversations& to, const Line& line, EncodedChat&& chat) {
   to.line.push_back(line.number);
 }
 
-// The lines' conversations into the splits: a line of a validation file validates; without
-// validation files, a line validates with chance `val_fraction`, drawn from (seed, file, line).
-void split_lines(const std::vector<Line>& lines, std::vector<LineResult>& results,
-                 size_t first_val_file, double val_fraction, uint64_t seed, ChatData& data) {
-  const bool drawn = first_val_file == data.train.files.size();
-  int64_t dropped = 0;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const auto& l = lines[i];
-    auto& r = results[i];
-    const std::string where = data.train.files[l.file] + ":" + std::to_string(l.number);
-    if (!r.dropped.empty()) {
-      if (++dropped <= 5) log::warn("chat: " + where + ": " + r.dropped + "; skipped");
-      continue;
+// Whether `path` is read as rows (Parquet, an Arrow stream) rather than as JSONL.
+bool rows_file(const std::string& path) {
+  for (const std::string ext : {".parquet", ".arrow"}) {
+    if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0) {
+      return true;
     }
-    const uint64_t draw =
-        mix_seed(mix_seed(seed, static_cast<uint64_t>(l.file)), static_cast<uint64_t>(l.number));
-    const bool val = drawn ? static_cast<double>(draw >> 11) * 0x1.0p-53 < val_fraction
-                           : static_cast<size_t>(l.file) >= first_val_file;
-    append(val ? data.val : data.train, l, std::move(r.chat));
   }
-  data.skipped = dropped;
-  if (dropped > 5) {
-    log::warn(strprintf("chat: %lld lines skipped in all (the first 5 above)",
-                        static_cast<long long>(dropped)));
+  return false;
+}
+
+// A row's JSON as a record: null values of objects (a struct's field or a column a record lacks,
+// as datasets writes them) are absent keys.
+void drop_nulls(nlohmann::ordered_json& value) {
+  if (value.is_array()) {
+    for (auto& item : value) drop_nulls(item);
+    return;
+  }
+  if (!value.is_object()) return;
+  for (auto it = value.begin(); it != value.end();) {
+    if (it->is_null()) {
+      it = value.erase(it);
+    } else {
+      drop_nulls(*it++);
+    }
   }
 }
 
-// DataConfigError for the first line that cannot be used (under data.val_files for a validation
-// file, else data.root or data.files); a file that is one JSON array is named as such.
-void refuse_unusable(const std::vector<Line>& lines, const std::vector<LineResult>& results,
-                     const std::vector<std::vector<uint8_t>>& buffers,
-                     const std::vector<std::string>& files, size_t first_val, bool root_key) {
+// Reading the records of the files into the splits, a file (or a batch of rows) at a time.
+struct RecordReader {
+  const RecordMapping& mapping;
+  const ChatEncoder& encoder;
+  size_t first_val = 0;   // the files from it on validate
+  bool root_key = false;  // the training files are data.root's (else data.files')
+  double val_fraction = 0;
+  uint64_t seed = 0;
+  ChatData& data;
+  int64_t dropped = 0;
+
+  static constexpr size_t kRowsPerBatch = 4096;
+
+  // The key of file `f`'s problems.
+  std::string key(size_t f) const {
+    return f >= first_val ? "data.val_files" : root_key ? "data.root" : "data.files";
+  }
+
+  void read_file_records(size_t f);
+  void read_jsonl(size_t f);
+  void read_rows(size_t f);
+  void take(const std::vector<Line>& lines, std::string_view jsonl);
+};
+
+void RecordReader::read_file_records(size_t f) {
+  if (data.train.rows[f]) {
+    read_rows(f);
+  } else {
+    read_jsonl(f);
+  }
+}
+
+void RecordReader::read_jsonl(size_t f) {
+  const auto bytes = read_file(data.train.files[f]);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  take(split_into_lines(static_cast<int32_t>(f), text), text);
+}
+
+// The rows of file `f` by batches of kRowsPerBatch, each row as the JSON text of its columns.
+void RecordReader::read_rows(size_t f) {
+  const std::string& path = data.train.files[f];
+  try {
+    ArrowRows rows(path);
+    nlohmann::ordered_json row;
+    std::vector<std::string> texts;
+    for (;;) {
+      texts.clear();
+      const int64_t first = rows.position();
+      while (texts.size() < kRowsPerBatch && rows.next(row)) {
+        drop_nulls(row);
+        texts.push_back(row.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+      }
+      if (texts.empty()) break;
+      std::vector<Line> lines;
+      lines.reserve(texts.size());
+      for (size_t i = 0; i < texts.size(); ++i) {
+        lines.push_back({static_cast<int32_t>(f), first + static_cast<int64_t>(i), texts[i]});
+      }
+      take(lines, {});
+    }
+  } catch (const ArrowRowsError& e) {
+    throw DataConfigError(key(f), e.what());
+  }
+}
+
+// The lines' records encoded, the first that cannot be used refused (a JSONL file `jsonl` that is
+// one JSON array named as such), the others into the splits: a line of a validation file
+// validates; without validation files, a line validates with chance `val_fraction`, drawn from
+// (seed, file, line number; row N as line N + 1).
+void RecordReader::take(const std::vector<Line>& lines, std::string_view jsonl) {
+  auto results = encode_lines(lines, data.train, mapping, encoder);
   for (size_t i = 0; i < lines.size(); ++i) {
     if (results[i].fatal.empty()) continue;
     const auto f = static_cast<size_t>(lines[i].file);
-    const std::string key = f >= first_val ? "data.val_files"
-                            : root_key     ? "data.root"
-                                           : "data.files";
-    const std::string_view text(reinterpret_cast<const char*>(buffers[f].data()),
-                                buffers[f].size());
-    if (json_array_file(text)) {
-      throw DataConfigError(key, files[f] +
-                                     " is a JSON array, not JSON Lines (one record per line); "
-                                     "write each record on a line of its own (jq -c '.[]' " +
-                                     files[f] + ")");
+    if (!data.train.rows[f] && json_array_file(jsonl)) {
+      const auto& name = data.train.files[f];
+      throw DataConfigError(key(f), name +
+                                        " is a JSON array, not JSON Lines (one record per line); "
+                                        "write each record on a line of its own (jq -c '.[]' " +
+                                        name + ")");
     }
-    throw DataConfigError(key, results[i].fatal);
+    throw DataConfigError(key(f), results[i].fatal);
+  }
+  const bool drawn = first_val == data.train.files.size();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto& l = lines[i];
+    auto& r = results[i];
+    if (!r.dropped.empty()) {
+      if (++dropped <= 5) {
+        log::warn("chat: " + data.train.record_name(l.file, l.number) + ": " + r.dropped +
+                  "; skipped");
+      }
+      continue;
+    }
+    const auto number = static_cast<uint64_t>(l.number + (data.train.rows[l.file] ? 1 : 0));
+    const uint64_t draw = mix_seed(mix_seed(seed, static_cast<uint64_t>(l.file)), number);
+    const bool val = drawn ? static_cast<double>(draw >> 11) * 0x1.0p-53 < val_fraction
+                           : static_cast<size_t>(l.file) >= first_val;
+    append(val ? data.val : data.train, l, std::move(r.chat));
   }
 }
 
@@ -260,15 +336,27 @@ ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
   data.vocab_size = tokenizer.vocab_size();
   const int64_t eot = tokenizer.end_of_text();
   data.pad_id = eot >= 0 ? eot : std::max<int64_t>(0, tokenizer.eos_id());
-  data.train.files = train_files(cfg.root, o.files, val, "conversations");
+  data.train.files =
+      train_files(cfg.root, o.files, val, "conversations", {".jsonl", ".parquet", ".arrow"});
   const size_t first_val = data.train.files.size();
   data.train.files.insert(data.train.files.end(), val.begin(), val.end());
-  std::vector<std::vector<uint8_t>> buffers;
-  const auto lines = read_lines(data.train.files, buffers);
-  auto results = encode_lines(lines, data.train.files, o.record_mapping(), *encoder);
-  refuse_unusable(lines, results, buffers, data.train.files, first_val, o.files.empty());
+  for (const auto& f : data.train.files) data.train.rows.push_back(rows_file(f) ? 1 : 0);
   data.val.files = data.train.files;
-  split_lines(lines, results, first_val, o.val_fraction, static_cast<uint64_t>(ctx.seed), data);
+  data.val.rows = data.train.rows;
+  const RecordMapping mapping = o.record_mapping();
+  RecordReader reader{mapping,
+                      *encoder,
+                      first_val,
+                      o.files.empty(),
+                      o.val_fraction,
+                      static_cast<uint64_t>(ctx.seed),
+                      data};
+  for (size_t f = 0; f < data.train.files.size(); ++f) reader.read_file_records(f);
+  data.skipped = reader.dropped;
+  if (reader.dropped > 5) {
+    log::warn(strprintf("chat: %lld records skipped in all (the first 5 above)",
+                        static_cast<long long>(reader.dropped)));
+  }
   return data;
 }
 

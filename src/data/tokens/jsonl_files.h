@@ -1,6 +1,7 @@
-// The JSONL files a record data set reads (chat, preference): data.files and data.val_files
-// patterns relative to data.root, or data.root itself (a file, or a folder's .jsonl files), each
-// problem a DataConfigError naming its key.
+// The files a record data set reads (chat: JSONL, Parquet and Arrow stream files; preference:
+// JSONL): data.files and data.val_files patterns relative to data.root, or data.root itself (a
+// file, or a folder of them as the Hugging Face Hub and datasets' save_to_disk lay them out),
+// each problem a DataConfigError naming its key.
 #pragma once
 
 #include <string>
@@ -15,14 +16,21 @@ std::string join_path(const std::string& root, const std::string& name);
 // file or folder" where a folder would do), a folder where a file is wanted, or a FIFO or device.
 std::string not_a_file(const std::string& path, bool folder_ok);
 
-// The files of a pattern of data.files or data.val_files (`key`), relative to data.root.
+// The files of a pattern of data.files or data.val_files (`key`), relative to data.root: its
+// brace expansion (data/tokens/shards.h), each name with a wildcard (*, ?, [...]) the files it
+// matches in byte order (none: an error).
 std::vector<std::string> pattern_files(const std::string& root, const std::string& pattern,
                                        const std::string& key);
 
-// The training files: `files` (data.files), else data.root `root`: a file, or a folder's .jsonl
-// files but `val`. `what` names the records in the message for an unset root ("conversations").
+// The training files: `files` (data.files), else data.root `root`: a file, or a folder's files
+// named with one of `extensions` (".jsonl"), but `val`, in name order. A folder with none reads
+// the training split of a data set folder: the Hub's (data/train-00000-of-00003.parquet,
+// data/train.jsonl: data/ files named train*) or save_to_disk's of a DatasetDict
+// (dataset_dict.json beside train/data-00000-of-00001.arrow: train/'s files). `what` names the
+// records in the message for an unset root ("conversations").
 std::vector<std::string> train_files(const std::string& root, const std::string& files,
-                                     const std::vector<std::string>& val, const std::string& what);
+                                     const std::vector<std::string>& val, const std::string& what,
+                                     const std::vector<std::string>& extensions = {".jsonl"});
 
 // The folder a tokenizer path names (itself, or a file's folder), for its tokenizer_config.json.
 std::string tokenizer_folder(const std::string& path);
