@@ -26,8 +26,12 @@ within 1e-5 relative. Near 0, relative to what the value is computed from: the r
 1, crossing 0 later) to beta times the summed log-probabilities they are differences of, the mean
 logits (means of logits of either sign, crossing 0) to 1e-2.
 
-Bad input, one line and exit 2 each: a record without "rejected" (naming FILE:LINE); preference
-pairs with train.objective supervised.
+Bad input, one line naming FILE:LINE and the fault and exit 2 each: a record without "chosen" or
+"rejected", an empty completion (text, or messages without content), roles out of order (a user
+message in a completion, the prompt repeated in the completions), conversations whose prompts
+differ (no "prompt": trl.extract_prompt's common start would leave the user's turn in the
+completions); preference pairs with train.objective supervised (naming the keys). Pairs whose
+prompt reaches max_length: dropped as DPOTrainer drops them, each named in a warning, counted.
 
 Exits 77 (skipped) when trl, peft, transformers or tokenizers is not installed.
 """
@@ -53,6 +57,7 @@ try:
     from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                               TrainerCallback)
     from trl import DPOConfig, DPOTrainer
+    from trl.experimental.cpo import CPOConfig, CPOTrainer
     from window_runs import randomize
 except ImportError as e:
     print(f"skipped: {e}")
@@ -65,6 +70,7 @@ LOGIT_FLOOR = 1e-2  # logits/*: means of logits of either sign (each ~0.1 in siz
 METRICS = ["rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
            "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "entropy",
            "mean_token_accuracy"]
+SIMPO_METRICS = METRICS[:8] + ["nll_loss"]  # CPOTrainer's
 TEMPLATE = os.path.join(HERE, "data", "chat_templates", "llama3-instruct.json")
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
             "<|eot_id|>"]
@@ -280,14 +286,14 @@ def relative(name, a, b, record):
     return abs(a - b) / max(scale, 1e-12)
 
 
-def compare(what, ours, losses, logs, failures):
+def compare(what, ours, losses, logs, failures, metrics=METRICS):
     if len(ours) != STEPS or len(losses) != STEPS or len(logs) != STEPS:
         failures.append(f"{what}: steps logged: trainer {len(ours)}, TRL {len(losses)} losses, "
                         f"{len(logs)} metric records")
         return
     worst = (0.0, "")
     for step, (mine, loss, theirs) in enumerate(zip(ours, losses, logs), 1):
-        pairs = [("loss", mine["loss"], loss)] + [(m, mine.get(m), theirs[m]) for m in METRICS]
+        pairs = [("loss", mine["loss"], loss)] + [(m, mine.get(m), theirs[m]) for m in metrics]
         for name, a, b in pairs:
             if a is None:
                 failures.append(f"{what}: step {step}: the trainer logged no {name}")
@@ -320,23 +326,161 @@ def check_format(binary, work, base, conversational, loss_type, failures):
     compare(name, trainer_records(run_dir), losses, logs, failures)
 
 
+def bad_record_cases():
+    """(what, record, words the message names besides FILE:LINE): records trainer refuses."""
+    say = [{"role": "user", "content": "Say apple"}]
+    other = [{"role": "user", "content": "Say bread"}]
+    answer = [{"role": "assistant", "content": "apple"}]
+    wrong = [{"role": "assistant", "content": "bread"}]
+    return [
+        ("a record without chosen", {"prompt": "Say apple", "rejected": " bread"}, ["chosen"]),
+        ("a record without rejected", {"chosen": "Say apple Answer: apple"}, ["rejected"]),
+        ("an empty text completion", {"prompt": "Say apple", "chosen": "", "rejected": " bread"},
+         ["chosen", "empty"]),
+        ("an empty message completion",
+         {"prompt": say, "chosen": answer, "rejected": [{"role": "assistant", "content": ""}]},
+         ["rejected", "empty"]),
+        ("roles out of order (a user message in the completion)",
+         {"prompt": say, "chosen": answer + say, "rejected": wrong}, ["chosen[1]", "out of order"]),
+        ("roles out of order (the prompt repeated in the completion)",
+         {"prompt": say, "chosen": say + answer, "rejected": say + wrong},
+         ["chosen[0]", "out of order"]),
+        ("prompts that differ (implicit, conversational)",
+         {"chosen": say + answer, "rejected": other + wrong}, ["message 0", "prompt"]),
+    ]
+
+
+def simpo_records(base, count, seed, length=25):
+    """Text pairs whose rows all have `length` tokens: CPOTrainer's logits/* are means over every
+    position of the padded rows, and its padding (attention-masked) is not the trainer's."""
+    import random
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        a, b, c, d, e = rng.sample(WORDS, 5)
+        question = f"Say {a} {b} Answer:"
+        record = {"chosen": f"{question} {a} {b} {c}", "rejected": f"{question} {b} {d} {e}"}
+        if all(len(tokenizer(text)["input_ids"]) == length for text in record.values()):
+            out.append(record)
+    return out
+
+
+class LossCPOTrainer(CPOTrainer):
+    """CPOTrainer recording each step's unrounded loss."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.step_losses.append((loss[0] if return_outputs else loss).item())
+        return loss
+
+
+def trl_cpo_run(base, adapters, train_rows, work):
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
+    tokenizer.pad_token = tokenizer.eos_token  # the collator asks for one (the rows need none)
+    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = PeftModel.from_pretrained(model, adapters, is_trainable=True)
+    args = CPOConfig(
+        output_dir=os.path.join(work, "trl-cpo"), loss_type="simpo", cpo_alpha=0.0, beta=BETA,
+        simpo_gamma=0.5, max_length=64, per_device_train_batch_size=PAIRS,
+        gradient_accumulation_steps=1, learning_rate=LR, lr_scheduler_type="constant",
+        warmup_steps=0, max_steps=STEPS, logging_steps=1, optim="adamw_torch", adam_beta1=0.9,
+        adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, report_to=[],
+        use_cpu=True, seed=0, save_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
+        bf16=False, fp16=False)
+    logged = Logged()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = LossCPOTrainer(model=model, args=args,
+                                 train_dataset=Dataset.from_list(train_rows),
+                                 processing_class=tokenizer, callbacks=[logged])
+    trainer.step_losses = []
+    trainer.train()
+    return trainer.step_losses, logged.logs
+
+
+def check_simpo(binary, work, base, failures):
+    """dpo.loss_type simpo (reference-free, cpo_alpha 0) against CPOTrainer with loss_type
+    "simpo" and PEFT: 20 steps from the same adapters, the loss and every metric it logs."""
+    name = "text-simpo"
+    train_rows = simpo_records(base, PAIRS, 7)
+    train, val = os.path.join(work, f"{name}-train.jsonl"), os.path.join(work, f"{name}-val.jsonl")
+    write_jsonl(train, train_rows)
+    write_jsonl(val, simpo_records(base, 4, 8))
+    start = os.path.join(work, f"{name}-start")
+    run([binary, "--config", trainer_config(work, f"{name}-start", base, train, val, "simpo",
+                                            1, 0.0), "--run-dir", start], f"{name}: step 0")
+    adapters = os.path.join(work, f"{name}-adapters")
+    run([binary, "export", "--checkpoint", start, "--out", adapters, "--format", "peft"],
+        f"{name}: export")
+    run_dir = os.path.join(work, name)
+    run([binary, "--config", trainer_config(work, name, base, train, val, "simpo", STEPS, LR),
+         "--run-dir", run_dir], f"{name}: train")
+    losses, logs = trl_cpo_run(base, adapters, train_rows, work)
+    compare(name, trainer_records(run_dir), losses, logs, failures, SIMPO_METRICS)
+
+
 def check_bad_input(binary, work, base, failures):
-    train, val = os.path.join(work, "bad-train.jsonl"), os.path.join(work, "bad-val.jsonl")
-    rows = records(4, 3, False)
-    del rows[2]["rejected"]
-    write_jsonl(train, rows)
-    write_jsonl(val, records(2, 4, False))
-    config = trainer_config(work, "bad", base, train, val, "sigmoid", 1, LR)
-    r = run([binary, "--config", config, "--run-dir", os.path.join(work, "bad")],
-            "a record without rejected", expect=2)
-    if f"{train}:3" not in r.stderr or "rejected" not in r.stderr:
-        failures.append(f"a record without rejected: the message names neither {train}:3 nor "
-                        f"the key: {r.stderr.strip()[-400:]}")
+    """Each bad record on line 3 of the training file: exit 2, one line naming FILE:LINE and the
+    fault; where TRL would train on it, what TRL makes of it (trl.extract_prompt's prompt)."""
+    from trl.data_utils import extract_prompt
+    for k, (what, record, words) in enumerate(bad_record_cases()):
+        conversational = isinstance(record.get("chosen", record.get("rejected")), list)
+        rows = records(4, 3, conversational)
+        train = os.path.join(work, f"bad{k}-train.jsonl")
+        val = os.path.join(work, f"bad{k}-val.jsonl")
+        write_jsonl(train, rows[:2] + [record] + rows[2:])
+        write_jsonl(val, records(2, 4, conversational))
+        config = trainer_config(work, f"bad{k}", base, train, val, "sigmoid", 1, LR)
+        r = run([binary, "--config", config, "--run-dir", os.path.join(work, f"bad{k}")], what,
+                expect=2)
+        lines = [line for line in r.stderr.splitlines() if f"{train}:3" in line]
+        if len(lines) != 1 or not all(w in lines[0] for w in words):
+            failures.append(f"{what}: no one line naming {train}:3 and {words}: "
+                            f"{r.stderr.strip()[-400:]}")
+        else:
+            print(f"{what}: exit 2, {lines[0].strip()[-160:]}")
+    # TRL's implicit prompt of conversations whose user turns differ is their common start (no
+    # message), which would train on the user's turn as the chosen completion.
+    split = extract_prompt({"chosen": bad_record_cases()[-1][1]["chosen"],
+                            "rejected": bad_record_cases()[-1][1]["rejected"]})
+    if split["prompt"] != [] or split["chosen"][0]["role"] != "user":
+        failures.append(f"trl.extract_prompt of differing prompts: {split}")
+    train = os.path.join(work, "bad-train.jsonl")
+    write_jsonl(train, records(4, 3, False))
+    config = trainer_config(work, "bad", base, train, train, "sigmoid", 1, LR)
     r = run([binary, "--config", config, "--run-dir", os.path.join(work, "bad2"),
              "--set", "train.objective=supervised"], "pairs without dpo", expect=2)
     if "data.name" not in r.stderr or "train.objective: dpo" not in r.stderr:
         failures.append(f"pairs without dpo: the message names neither data.name nor "
                         f"train.objective: dpo: {r.stderr.strip()[-400:]}")
+
+
+def check_dropped(binary, work, base, failures):
+    """Pairs whose prompt reaches max_length: DPOTrainer's filter drops them; the trainer drops
+    the same number, warns naming each FILE:LINE and counts them in its log, and trains on."""
+    rows = records(PAIRS, 5, False)
+    train, val = os.path.join(work, "drop-train.jsonl"), os.path.join(work, "drop-val.jsonl")
+    write_jsonl(train, rows)
+    write_jsonl(val, records(2, 6, False, longest=1))
+    _, prompts = trl_tokens(base, rows, None, work)
+    max_length = max(prompts)
+    kept = len(trl_tokens(base, rows, max_length, work)[0])
+    config = trainer_config(work, "drop", base, train, val, "sigmoid", 1, 0.0)
+    r = run([binary, "--config", config, "--run-dir", os.path.join(work, "drop"), "--set",
+             f"data.max_length={max_length}", "--set", "data.batch_size=2"],
+            "pairs longer than max_length")
+    dropped = PAIRS - kept
+    named = [line for line in r.stderr.splitlines() if "dropped" in line and f"{train}:" in line]
+    counted = f"{PAIRS - dropped} train and" in r.stderr and f"{dropped} pairs dropped" in r.stderr
+    if dropped == 0 or len(named) != dropped or not counted:
+        failures.append(f"max_length {max_length}: TRL drops {dropped} of {PAIRS} pairs; the "
+                        f"trainer's log: {r.stderr.strip()[-600:]}")
+    else:
+        print(f"max_length {max_length}: {dropped} of {PAIRS} pairs dropped as TRL drops them, "
+              f"each named, counted in the log")
 
 
 def main():
@@ -353,11 +497,13 @@ def main():
         save_base(base)
         for conversational, loss_type in ((False, "sigmoid"), (True, "sigmoid"), (False, "ipo")):
             check_format(args.trainer, work, base, conversational, loss_type, failures)
+        check_simpo(args.trainer, work, base, failures)
         # After the runs: a DPOTrainer built over a plain model (no PEFT) changes later runs'
         # numbers in this process.
         for conversational in (False, True):
             check_tokens(args.tool, work, base, conversational, failures)
         check_bad_input(args.trainer, work, base, failures)
+        check_dropped(args.trainer, work, base, failures)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

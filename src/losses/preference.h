@@ -100,8 +100,24 @@ struct PreferenceMetrics {
   torch::Tensor nll_loss;                         // simpo, orpo
   torch::Tensor log_odds_ratio, log_odds_chosen;  // orpo
 
+  // What the values are means over, where TRL's gather_for_metrics combines the ranks' batches
+  // into one: the pairs (rewards/*, logps/*: means over the global batch), the completion tokens
+  // of the chosen rows, of the rejected rows and of both (the DPO types' logits/chosen and
+  // mean_token_accuracy, logits/rejected, entropy: sums over sums). Float32 0-dim. The other
+  // values (simpo's and orpo's logits/*, nll_loss, log_odds_*) are TRL's means of one value a rank.
+  torch::Tensor pairs, chosen_tokens, rejected_tokens, tokens;
+
   // (TRL's name, value) of the defined ones: "rewards/chosen", "logits/rejected", "nll_loss", ...
   std::vector<std::pair<std::string, torch::Tensor>> named() const;
+
+  // (name, value, weight) of the defined ones, in named()'s order: over several batches, TRL's
+  // value is Σ value·weight / Σ weight (0 where Σ weight is 0); weight a float32 0-dim tensor (1
+  // for the means of one value a rank).
+  struct Weighted {
+    std::string name;
+    torch::Tensor value, weight;
+  };
+  std::vector<Weighted> weighted() const;
 };
 
 struct PreferenceResult {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <tuple>
 
 #include "losses/preference.h"
 
@@ -33,6 +34,8 @@ const torch::Tensor& required(const torch::Tensor& t, const char* what) {
 // The rewards and log-probability metrics every trainer logs the same way
 // (dpo_trainer.py:1582-1601, cpo_trainer.py:894-905, orpo_trainer.py:853-859).
 void reward_metrics(const Pair& rewards, const Pair& logps, PreferenceMetrics& m) {
+  m.pairs = torch::full({}, static_cast<double>(rewards.chosen.size(0)),
+                        rewards.chosen.options().dtype(torch::kFloat));
   m.rewards_chosen = rewards.chosen.mean();
   m.rewards_rejected = rewards.rejected.mean();
   m.rewards_accuracies = rewards.chosen.gt(rewards.rejected).to(torch::kFloat).mean();
@@ -96,6 +99,9 @@ PreferenceResult dpo(const PreferenceInputs& in, const PreferenceOptions& o) {
     // :1536-1546: entropy over every completion token; :1570-1580: top-1 accuracy on chosen.
     m.entropy = ratio_or_zero(p.entropy_sum.sum(), p.tokens.sum());
     m.mean_token_accuracy = ratio_or_zero(halves(p.top1).chosen.sum(), tokens.chosen.sum());
+    m.chosen_tokens = tokens.chosen.sum().to(torch::kFloat);
+    m.rejected_tokens = tokens.rejected.sum().to(torch::kFloat);
+    m.tokens = p.tokens.sum().to(torch::kFloat);
   }
   return r;
 }
@@ -244,25 +250,38 @@ PreferenceResult preference_loss(const PreferenceInputs& inputs, const Preferenc
   }
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> PreferenceMetrics::named() const {
-  const std::pair<const char*, const torch::Tensor*> all[] = {
-      {"rewards/chosen", &rewards_chosen},
-      {"rewards/rejected", &rewards_rejected},
-      {"rewards/accuracies", &rewards_accuracies},
-      {"rewards/margins", &rewards_margins},
-      {"logps/chosen", &logps_chosen},
-      {"logps/rejected", &logps_rejected},
-      {"logits/chosen", &logits_chosen},
-      {"logits/rejected", &logits_rejected},
-      {"entropy", &entropy},
-      {"mean_token_accuracy", &mean_token_accuracy},
-      {"nll_loss", &nll_loss},
-      {"log_odds_ratio", &log_odds_ratio},
-      {"log_odds_chosen", &log_odds_chosen}};
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [name, t] : all) {
-    if (t->defined()) out.emplace_back(name, *t);
+std::vector<PreferenceMetrics::Weighted> PreferenceMetrics::weighted() const {
+  // The DPO types' token-weighted metrics; the reference-free types' logits/* are means of one
+  // value a rank (cpo_trainer.py:906-911, orpo_trainer.py:861-866).
+  const bool tokens_weigh = tokens.defined();
+  const std::tuple<const char*, const torch::Tensor*, const torch::Tensor*> all[] = {
+      {"rewards/chosen", &rewards_chosen, &pairs},
+      {"rewards/rejected", &rewards_rejected, &pairs},
+      {"rewards/accuracies", &rewards_accuracies, &pairs},
+      {"rewards/margins", &rewards_margins, &pairs},
+      {"logps/chosen", &logps_chosen, &pairs},
+      {"logps/rejected", &logps_rejected, &pairs},
+      {"logits/chosen", &logits_chosen, tokens_weigh ? &chosen_tokens : nullptr},
+      {"logits/rejected", &logits_rejected, tokens_weigh ? &rejected_tokens : nullptr},
+      {"entropy", &entropy, &tokens},
+      {"mean_token_accuracy", &mean_token_accuracy, &chosen_tokens},
+      {"nll_loss", &nll_loss, nullptr},
+      {"log_odds_ratio", &log_odds_ratio, nullptr},
+      {"log_odds_chosen", &log_odds_chosen, nullptr}};
+  std::vector<Weighted> out;
+  for (const auto& [name, t, weight] : all) {
+    if (!t->defined()) continue;
+    out.push_back({name, *t,
+                   weight && weight->defined()
+                       ? *weight
+                       : torch::ones({}, t->options().dtype(torch::kFloat))});
   }
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> PreferenceMetrics::named() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& w : weighted()) out.emplace_back(std::move(w.name), std::move(w.value));
   return out;
 }
 

@@ -83,8 +83,8 @@ struct PreferenceData {
 // The pairs of the data section `cfg` (name preference), read and tokenized. Throws
 // DataConfigError naming FILE:LINE and the key for a record that cannot be used (not JSON, no
 // chosen or rejected, an empty completion, formats mixed, a message that is not {role, content},
-// an explicit prompt not shared by a conversational chosen and rejected), DataError for
-// unreadable files.
+// roles out of order: a completion that is not the assistant's answer, conversations without a
+// prompt that differ before the answers), DataError for unreadable files.
 PreferenceData read_preference_data(const config::DataConfig& cfg, const DataContext& ctx);
 
 // A TRL preference record's prompt and completions as tokens.

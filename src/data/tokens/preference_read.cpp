@@ -82,11 +82,53 @@ void split_text_prompt(PreferenceRecord& r) {
   r.rejected = r.rejected.substr(idx);
 }
 
-void split_message_prompt(PreferenceRecord& r) {
-  const auto at = static_cast<ptrdiff_t>(implicit_prompt_end(r.chosen_m, r.rejected_m, same).first);
+// Messages: the prompt is the messages chosen and rejected share, as trl.extract_prompt takes it;
+// where they differ before the assistant's answers (the first differing message is not the
+// assistant's), their prompts differ: TRL would train on the rest of the conversation as the
+// completion, trainer refuses the record.
+void split_message_prompt(PreferenceRecord& r, const std::string& where) {
+  const auto [end, differed] = implicit_prompt_end(r.chosen_m, r.rejected_m, same);
+  if (differed) {
+    for (const auto* side : {&r.chosen_m, &r.rejected_m}) {
+      const auto& role = (*side)[end].role;
+      if (role == "assistant") continue;
+      throw RecordError{where + ": chosen and rejected differ at message " + std::to_string(end) +
+                        " (a " + role +
+                        " message), before the assistant's answers: without \"prompt\" the "
+                        "prompt is the messages both start with; give them the same conversation "
+                        "up to the answers (or set \"prompt\" and let each hold its answer)"};
+    }
+  }
+  const auto at = static_cast<ptrdiff_t>(end);
   r.prompt_m.assign(r.chosen_m.begin(), r.chosen_m.begin() + at);
   r.chosen_m.erase(r.chosen_m.begin(), r.chosen_m.begin() + at);
   r.rejected_m.erase(r.rejected_m.begin(), r.rejected_m.begin() + at);
+}
+
+// A completion is the assistant's answer: it starts with an assistant message and holds only
+// assistant and tool messages, with some content. `skipped`: the prompt's messages taken from it
+// (an implicit prompt), for the index in the message.
+void check_completion(const std::vector<ChatMessage>& messages, const char* key, size_t skipped,
+                      const std::string& where) {
+  if (messages.empty()) {
+    throw RecordError{where + ": " + key +
+                      " has no message after the prompt; each completion needs one"};
+  }
+  bool content = false;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& role = messages[i].role;
+    content = content || !messages[i].content.empty() ||
+              (messages[i].reasoning && !messages[i].reasoning->empty());
+    if (role == "assistant" || (i > 0 && role == "tool")) continue;
+    throw RecordError{
+        where + ": " + key + "[" + std::to_string(skipped + i) + "] is a " + role +
+        " message in the completion: roles out of order; a completion is the assistant's answer "
+        "(assistant messages, tool results between them), the turns before it go in the prompt"};
+  }
+  if (!content) {
+    throw RecordError{where + ": " + key +
+                      " is empty (its messages have no content); each completion needs an answer"};
+  }
 }
 
 PreferenceRecord parse_record(std::string_view line, const std::string& where) {
@@ -116,6 +158,11 @@ PreferenceRecord parse_record(std::string_view line, const std::string& where) {
     }
     r.chosen = j["chosen"].get<std::string>();
     r.rejected = j["rejected"].get<std::string>();
+    for (const auto* key : {"chosen", "rejected"}) {
+      if (j[key].get_ref<const std::string&>().empty()) {
+        throw RecordError{where + ": \"" + key + "\" is empty; each completion needs text"};
+      }
+    }
     if (has_prompt) {
       r.prompt = j["prompt"].get<std::string>();
     } else {
@@ -128,12 +175,11 @@ PreferenceRecord parse_record(std::string_view line, const std::string& where) {
   if (has_prompt) {
     r.prompt_m = messages_of(j["prompt"], where, "prompt");
   } else {
-    split_message_prompt(r);
+    split_message_prompt(r, where);
   }
-  if (r.chosen_m.empty() || r.rejected_m.empty()) {
-    throw RecordError{where + ": " + (r.chosen_m.empty() ? "chosen" : "rejected") +
-                      " has no message after the prompt; each completion needs one"};
-  }
+  const size_t skipped = has_prompt ? 0 : r.prompt_m.size();
+  check_completion(r.chosen_m, "chosen", skipped, where);
+  check_completion(r.rejected_m, "rejected", skipped, where);
   return r;
 }
 

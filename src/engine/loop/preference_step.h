@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "distributed/process_group.h"
 #include "engine/setup/objective.h"
 #include "losses/preference.h"
 #include "models/model.h"
@@ -20,7 +21,11 @@
 namespace trainer::engine {
 
 // train.objective's Objective: null for supervised (train.loss), the preference step for dpo.
-std::shared_ptr<Objective> make_objective(const config::Config& cfg);
+// With `group` (ddp's ranks, more than one) each micro-batch's metrics are combined over the ranks
+// as TRL's gather_for_metrics combines them (one all-reduce of a few values). The preference step
+// is also a SavedPart ("dpo.": the metrics window), which the checkpoints hold.
+std::shared_ptr<Objective> make_objective(const config::Config& cfg,
+                                          distributed::Group* group = nullptr);
 
 // The `dpo:` section as the losses take it.
 losses::PreferenceOptions preference_options(const config::DpoConfig& dpo);

@@ -32,7 +32,7 @@ struct Trainer::State {
 
   // train.objective's step (null for supervised) in the parts.
   static Components with_objective(Components parts, const config::Config& cfg) {
-    parts.objective = make_objective(cfg);
+    parts.objective = make_objective(cfg, parts.group.get());
     return parts;
   }
 
@@ -54,6 +54,7 @@ struct Trainer::State {
     std::vector<SavedPart*> out;
     if (guard) out.push_back(guard.get());
     if (average) out.push_back(average.get());
+    if (auto* part = dynamic_cast<SavedPart*>(parts.objective.get())) out.push_back(part);
     return out;
   }
 

@@ -315,7 +315,7 @@ void MetricsLog::train(int64_t epoch) {
   }
   line += " ETA " + format_duration(eta());
   add_gpu_readings(record, line);
-  if (parts_.objective) {  // train.objective's metrics (dpo: TRL's names), this rank's
+  if (parts_.objective) {  // train.objective's metrics (dpo: TRL's names, over the global batch)
     for (const auto& [name, value] : parts_.objective->take_window()) record[name] = value;
   }
   if (writer_) writer_->write(record);
