@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -202,6 +203,78 @@ TEST(LaunchArgs, NprocAutoGpuCpu) {
     return 1;
   });
   EXPECT_FALSE(counted);
+}
+
+// Sets the variables while alive (and unsets the scheduler variables it does not name), then
+// restores them.
+using Vars = std::map<std::string, std::string>;
+
+class Env {
+ public:
+  explicit Env(const Vars& values) {
+    for (const char* name :
+         {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+          "PET_MAX_RESTARTS", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"}) {
+      const char* old = std::getenv(name);
+      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+      ::unsetenv(name);
+    }
+    for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~Env() {
+    for (const auto& [name, value] : saved_) {
+      value ? ::setenv(name.c_str(), value->c_str(), 1) : ::unsetenv(name.c_str());
+    }
+  }
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+TEST(LaunchArgs, TakesATrainJobsPetVariablesFlagsWin) {
+  const Env env(Vars{{"PET_NNODES", "2"},
+                     {"PET_NPROC_PER_NODE", "3"},
+                     {"PET_NODE_RANK", "1"},
+                     {"PET_MASTER_ADDR", "job-node-0-0.job"},
+                     {"PET_MASTER_PORT", "29400"}});
+  const auto o = parse({"--", "--config", "x.yaml"});
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.nproc_per_node, 3);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "job-node-0-0.job");
+  EXPECT_EQ(o.master_port, 29400);
+  ASSERT_EQ(o.from_environment.size(), 5u);
+  EXPECT_EQ(o.from_environment[1], "--nnodes 2 from PET_NNODES");
+  const auto flags = parse({"--nnodes", "4", "--node-rank", "3", "--", "t"});
+  EXPECT_EQ(flags.nnodes, 4);
+  EXPECT_EQ(flags.node_rank, 3);
+  EXPECT_EQ(flags.master_port, 29400);  // not given: still the variable's
+  // --standalone reads none of them.
+  EXPECT_EQ(parse({"--standalone", "--", "t"}).nnodes, 1);
+}
+
+TEST(LaunchArgs, TakesAVolcanoOrPyTorchJobPodsLayout) {
+  const Env env(Vars{{"WORLD_SIZE", "3"},
+                     {"RANK", "2"},
+                     {"MASTER_ADDR", "job-master-0"},
+                     {"MASTER_PORT", "23456"}});
+  const auto o = parse({"--nproc-per-node", "2", "--", "t"});
+  EXPECT_EQ(o.nnodes, 3);
+  EXPECT_EQ(o.node_rank, 2);
+  EXPECT_EQ(o.master_addr, "job-master-0");
+  EXPECT_EQ(o.master_port, 23456);
+  EXPECT_TRUE(Contains(o.from_environment[0], "WORLD_SIZE"));
+  // A worker's environment (LOCAL_RANK set) is no pod's layout.
+  const Env worker(
+      Vars{{"WORLD_SIZE", "3"}, {"RANK", "2"}, {"MASTER_ADDR", "m"}, {"LOCAL_RANK", "0"}});
+  EXPECT_EQ(parse({"--", "t"}).nnodes, 1);
+}
+
+TEST(LaunchArgs, ABadVariableIsNamed) {
+  const Env env(Vars{{"PET_NNODES", "two"}});
+  EXPECT_TRUE(Contains(usage_error({"--", "t"}), "PET_NNODES (for --nnodes): expected an integer"));
+  const Env rank(Vars{{"PET_NNODES", "2"}, {"PET_NODE_RANK", "2"}});
+  EXPECT_TRUE(Contains(usage_error({"--", "t"}), "out of range"));
 }
 
 TEST(LaunchArgs, StandalonePicksAFreePortAndARunId) {

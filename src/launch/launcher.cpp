@@ -3,6 +3,7 @@
 #include "launch/launcher.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -135,6 +136,10 @@ std::string launch_help() {
          "a worker fails the others get SIGTERM,\nthen SIGKILL after the grace period; the group "
          "is restarted while restarts remain, except\nafter exit code 2. SIGINT/SIGTERM are "
          "passed to the workers; a second one kills them.\n"
+         "\nA flag left out takes a scheduler's value: PET_NPROC_PER_NODE, PET_NNODES, "
+         "PET_NODE_RANK,\nPET_MASTER_ADDR, PET_MASTER_PORT, PET_MAX_RESTARTS (torchrun's, as "
+         "Kubeflow's TrainJob\nsets them), else a Volcano or PyTorchJob pod's WORLD_SIZE, RANK, "
+         "MASTER_ADDR and\nMASTER_PORT (without LOCAL_RANK); not with --standalone.\n"
          "\nExit codes: 0 all workers exited 0, 1 a worker failed, 2 usage or configuration "
          "error.\n";
 }
@@ -171,22 +176,79 @@ void make_standalone(const cxxopts::ParseResult& parsed, LaunchOptions& o) {
   o.run_id = random_run_id();
 }
 
-// The options' values, checked one by one.
+// A flag's value from what a scheduler sets for the launcher, when the command line lacks it:
+// torchrun's PET_<FLAG> (Kubeflow Trainer's TrainJob sets PET_NNODES, PET_NPROC_PER_NODE,
+// PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT in each node's pod), else, for the nodes'
+// layout, what Volcano's PyTorch plugin and Kubeflow's PyTorchJob give each pod (WORLD_SIZE its
+// pods, RANK this pod's index, MASTER_ADDR, MASTER_PORT), recognised when all of WORLD_SIZE, RANK
+// and MASTER_ADDR are set and no LOCAL_RANK (a worker's). `source` receives the variable's name.
+std::optional<std::string> from_scheduler(const std::string& flag, std::string& source) {
+  std::string pet = "PET_";
+  for (const char c : flag) pet += c == '-' ? '_' : static_cast<char>(std::toupper(c));
+  if (const char* v = std::getenv(pet.c_str())) {
+    source = pet;
+    return std::string(v);
+  }
+  static const std::vector<std::pair<std::string, const char*>> pod = {
+      {"nnodes", "WORLD_SIZE"},
+      {"node-rank", "RANK"},
+      {"master-addr", "MASTER_ADDR"},
+      {"master-port", "MASTER_PORT"}};
+  const bool pods = std::getenv("WORLD_SIZE") && std::getenv("RANK") &&
+                    std::getenv("MASTER_ADDR") && !std::getenv("LOCAL_RANK");
+  for (const auto& [name, variable] : pod) {
+    const char* v = std::getenv(variable);
+    if (pods && name == flag && v) {
+      source = std::string(variable) + " (a Volcano or PyTorchJob pod's)";
+      return std::string(v);
+    }
+  }
+  return std::nullopt;
+}
+
+// The options' values, checked one by one: the command line's, else (without --standalone) the
+// scheduler's (from_scheduler; each recorded in o.from_environment).
 void read_options(const cxxopts::ParseResult& parsed, const std::function<int()>& gpu_count,
                   LaunchOptions& o) {
+  const bool standalone = parsed.count("standalone") > 0;
+  std::string source;  // of the value text() returned last: the flag, or a variable
   auto text = [&](const char* flag) -> std::optional<std::string> {
-    if (!parsed.count(flag)) return std::nullopt;
-    return parsed[flag].as<std::string>();
+    source = std::string("--") + flag;
+    if (parsed.count(flag)) return parsed[flag].as<std::string>();
+    if (standalone) return std::nullopt;
+    auto v = from_scheduler(flag, source);
+    if (v) o.from_environment.push_back(std::string("--") + flag + " " + *v + " from " + source);
+    return v;
   };
-  if (auto v = text("nproc-per-node")) o.nproc_per_node = parse_nproc(*v, gpu_count);
-  if (auto v = text("nnodes")) o.nnodes = parse_int("nnodes", *v, 1, 1 << 20);
-  if (auto v = text("node-rank")) o.node_rank = parse_int("node-rank", *v, 0, 1 << 20);
+  // A value's parse; an error names the variable that gave it, where one did.
+  auto checked = [&](const auto& parse) {
+    try {
+      return parse();
+    } catch (const ArgumentError& e) {
+      if (source.rfind("--", 0) == 0) throw;
+      const std::string what = e.what();  // "--nnodes: expected ..."
+      const auto colon = what.find(':');
+      throw ArgumentError(source + " (for " + what.substr(0, colon) + ")" + what.substr(colon));
+    }
+  };
+  if (auto v = text("nproc-per-node")) {
+    o.nproc_per_node = checked([&] { return parse_nproc(*v, gpu_count); });
+  }
+  if (auto v = text("nnodes"))
+    o.nnodes = checked([&] { return parse_int("nnodes", *v, 1, 1 << 20); });
+  if (auto v = text("node-rank")) {
+    o.node_rank = checked([&] { return parse_int("node-rank", *v, 0, 1 << 20); });
+  }
   if (auto v = text("master-addr")) {
-    if (v->empty()) throw ArgumentError("--master-addr: empty host name");
+    if (v->empty()) throw ArgumentError(source + ": empty host name");
     o.master_addr = *v;
   }
-  if (auto v = text("master-port")) o.master_port = parse_int("master-port", *v, 1, 65535);
-  if (auto v = text("max-restarts")) o.max_restarts = parse_int("max-restarts", *v, 0, 1 << 20);
+  if (auto v = text("master-port")) {
+    o.master_port = checked([&] { return parse_int("master-port", *v, 1, 65535); });
+  }
+  if (auto v = text("max-restarts")) {
+    o.max_restarts = checked([&] { return parse_int("max-restarts", *v, 0, 1 << 20); });
+  }
   if (auto v = text("log-dir")) o.log_dir = *v;
   if (auto v = text("local-ranks-filter")) o.local_ranks_filter = parse_ranks(*v);
   o.prefix = parsed.count("no-prefix") == 0;
@@ -261,6 +323,7 @@ int run(const LaunchOptions& options, std::ostream& out, std::ostream& err, std:
       << first_rank << ".." << first_rank + options.nproc_per_node - 1 << " of " << world
       << ", master " << options.master_addr << ":" << options.master_port << ", run id "
       << options.run_id << "\n";
+  for (const auto& line : options.from_environment) log << "trainer launch: " << line << "\n";
   log.flush();
 
   return supervise(options, env, out, err, log);

@@ -40,6 +40,8 @@ struct LaunchOptions {
   std::vector<int> local_ranks_filter;  // the local ranks whose output the console shows; empty:
                                         // every rank (log files keep every rank's)
   bool prefix = true;                   // console lines start with "[rank<N>]: "
+  std::vector<std::string> from_environment;  // the values a scheduler's variables gave
+                                              // ("--nnodes 2 from PET_NNODES"), logged by run()
 };
 
 // The command line of `trainer launch`, parsed.
@@ -53,7 +55,12 @@ struct LaunchCommand {
 //   [--master-port PORT] [--max-restarts K] [--standalone] [--log-dir DIR] [--grace-period S]
 //   [--local-ranks-filter R[,R...]] [--no-prefix] -- <worker arguments>
 // Underscore spellings (--nproc_per_node, ...) are accepted. --nproc-per-node as parse_nproc
-// reads it.
+// reads it. A flag left out takes the value a scheduler sets (not with --standalone): torchrun's
+// PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT,
+// PET_MAX_RESTARTS (what Kubeflow Trainer's TrainJob sets), else the node layout of a Volcano or
+// Kubeflow PyTorchJob pod (WORLD_SIZE pods, RANK this one, MASTER_ADDR, MASTER_PORT; recognised
+// when WORLD_SIZE, RANK and MASTER_ADDR are set and LOCAL_RANK is not); a bad value names the
+// variable.
 // --standalone: one node on 127.0.0.1, a free port and a random run id. Throws ArgumentError
 // with one line naming the flag.
 LaunchCommand parse_launch_args(const std::vector<std::string>& args,
