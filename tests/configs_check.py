@@ -16,8 +16,8 @@ Configs.ShippedConfigsResolve).
    configs/qwen3_lora_chat.yaml trains 3 LoRA steps from a tiny Qwen 3 folder (tokenizer.json
    with ChatML's tokens, Qwen 3's published tokenizer_config.json) on a JSONL chat file;
    configs/llama3_8b_qlora.yaml trains 3 QLoRA steps (an NF4 base) from a tiny Llama folder on
-   that chat file; configs/llama2_70b_lora_mlperf.yaml trains 3 LoRA steps on token files with
-   mask files in the layout its comment gives. Each writes a checkpoint; the loss is finite.
+   that chat file; configs/llama2_70b_lora_mlperf.yaml trains 3 LoRA steps on Parquet token rows
+   in the Hub's layout its comment gives. Each writes a checkpoint; the loss is finite.
 Exits 77 (skipped) when transformers or tokenizers is not installed.
 """
 import glob
@@ -31,6 +31,8 @@ import tempfile
 
 try:
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -174,13 +176,14 @@ def train_llama3_qlora(trainer, repo, work, folder, failures):
 
 def train_mlperf_layout(trainer, repo, work, folder, failures):
     data = os.path.join(work, "govreport_mlperf")
-    os.makedirs(data)
+    os.makedirs(os.path.join(data, "data"))
     g = np.random.default_rng(0)
-    for split in ("train", "val"):
-        ids = g.integers(0, 512, size=64 * 20)  # rows of 64 ids, the first half a prompt
-        labels = np.where(np.arange(ids.size) % 64 < 32, -100, ids)
-        ids.astype("<u2").tofile(os.path.join(data, f"{split}.bin"))
-        (labels != -100).astype("u1").tofile(os.path.join(data, f"{split}.mask"))
+    for split in ("train", "validation"):
+        ids = g.integers(0, 512, size=(20, 64))  # rows of 64 ids, the first half a prompt
+        labels = np.where(np.arange(64) < 32, -100, ids)
+        rows = pa.table({"input_ids": ids.tolist(), "labels": labels.tolist(),
+                         "attention_mask": np.ones_like(ids).tolist()})
+        pq.write_table(rows, os.path.join(data, "data", f"{split}-00000-of-00001.parquet"))
     run_dir = os.path.join(work, "run_mlperf")
     run([trainer, "--config", os.path.join(repo, "configs", "llama2_70b_lora_mlperf.yaml"),
          "--run-dir", run_dir, "--set", f"model.pretrained={folder}", "--set",

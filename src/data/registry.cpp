@@ -15,6 +15,7 @@ namespace trainer::data {
   X(mix)                            \
   X(chat)                           \
   X(preference)                     \
+  X(token_rows)                     \
   /* end of the list */
 
 using R = DatasetRegistry;

@@ -143,9 +143,11 @@ void pack(Layout& layout, int64_t seq_len) {
   }
 }
 
-// The samples of one split, with a line in the log on what they hold.
-std::shared_ptr<const Dataset> make_split(ChatConversations&& conversations, const char* split,
-                                          int64_t seq_len, bool packed, int64_t pad) {
+}  // namespace
+
+std::shared_ptr<const Dataset> conversation_split(ChatConversations&& conversations,
+                                                  const char* split, int64_t seq_len, bool packed,
+                                                  int64_t pad) {
   auto c = std::make_shared<const ChatConversations>(std::move(conversations));
   Layout layout = cut_to(*c, seq_len);
   packed ? pack(layout, seq_len) : one_each(layout);
@@ -164,7 +166,7 @@ std::shared_ptr<const Dataset> make_split(ChatConversations&& conversations, con
                   split, static_cast<long long>(seq_len), static_cast<long long>(layout.cut)));
   }
   log::info(strprintf(
-      "chat %s: %lld conversations%s, %lld tokens, %.1f%% trained; %lld %s of %lld tokens, "
+      "%s: %lld conversations%s, %lld tokens, %.1f%% trained; %lld %s of %lld tokens, "
       "%.1f%% of their positions used",
       split, static_cast<long long>(layout.members.size()),
       layout.cut == 0 ? ""
@@ -178,6 +180,8 @@ std::shared_ptr<const Dataset> make_split(ChatConversations&& conversations, con
       100.0 * static_cast<double>(tokens) / (static_cast<double>(samples) * seq_len)));
   return std::make_shared<ChatSamples>(std::move(c), std::move(layout), seq_len, packed, pad);
 }
+
+namespace {
 
 // data.seq_len, or the longest conversation's input positions (at most the model's context).
 int64_t pick_seq_len(const ChatOptions& o, const ChatData& data, const DataContext& ctx) {
@@ -213,8 +217,9 @@ Splits make_chat(const config::DataConfig& cfg, const DataContext& ctx) {
   splits.spec.num_classes = data.vocab_size;
   splits.spec.vocabulary_known = true;  // the tokenizer's
   splits.spec.packed = o.pack;
-  splits.train = make_split(std::move(data.train), "train", seq_len, o.pack, data.pad_id);
-  splits.val = make_split(std::move(data.val), "val", seq_len, o.pack, data.pad_id);
+  splits.train =
+      conversation_split(std::move(data.train), "chat train", seq_len, o.pack, data.pad_id);
+  splits.val = conversation_split(std::move(data.val), "chat val", seq_len, o.pack, data.pad_id);
   return splits;
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -129,5 +130,13 @@ struct ChatData {
 // row its file, row and column; a file that is not Parquet or an Arrow stream, truncated or
 // corrupt, names the file), DataError for unreadable files.
 ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx);
+
+// The samples of one split of `conversations` (a conversation, or a token row of
+// data/tokens/token_rows.cpp, each): one a sample, or packed (best fit decreasing), seq_len
+// tokens, padding `pad` masked; `split` ("chat train") names them in the log line on what they
+// hold. Throws DataConfigError naming data.seq_len when no conversation keeps a trained token.
+std::shared_ptr<const Dataset> conversation_split(ChatConversations&& conversations,
+                                                  const char* split, int64_t seq_len, bool packed,
+                                                  int64_t pad);
 
 }  // namespace trainer::data
