@@ -573,7 +573,7 @@ TEST_F(ConfigTest, RangeErrorsCollected) {
   EXPECT_HAS(all, path + ":5:3: model.kernel_size: must be odd and >= 1, got 4");
   EXPECT_HAS(all, "model.channels: must have exactly 2 entries, got 1");
   EXPECT_HAS(all, "model.dropout: must be in [0, 1), got 1");
-  EXPECT_HAS(all, "model.checkpointing: must be none, blocks or every:N");
+  EXPECT_HAS(all, "model.checkpointing: must be none, blocks, offload or every:N");
   EXPECT_HAS(all, "data.shape: every entry must be >= 1, got 0");
   EXPECT_HAS(all, path + ":12:3: optim.lr: must be >= 0, got -0.1");
   EXPECT_HAS(all, "optim.betas: every entry must be in [0, 1), got 1.5");
