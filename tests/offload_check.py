@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+from run_check import report
+
 LAYERS, BATCH, SEQ, WIDTH = 3, 4, 16, 32
 CONFIG = {
     "seed": 0,
@@ -55,10 +57,10 @@ def main():
         if len(losses["none"]) != 5 or not losses["none"] == losses["blocks"] == losses["offload"]:
             failures.append(f"the losses differ: {losses}")
         for mode, expected in (("offload", LAYERS * BATCH * SEQ * WIDTH * 4), ("blocks", 0)):
-            report = os.path.join(work, f"bench_{mode}.json")
+            bench_json = os.path.join(work, f"bench_{mode}.json")
             run([trainer, "bench", "--config", config, "--steps", "2", "--warmup", "1", "--json",
-                 report, "--set", f"model.checkpointing={mode}"])
-            with open(report) as f:
+                 bench_json, "--set", f"model.checkpointing={mode}"])
+            with open(bench_json) as f:
                 moved = json.load(f).get("activation_offload_bytes_per_step")
             print(f"{mode}: {moved} bytes offloaded a step (expected {expected})")
             if moved != expected:
@@ -68,10 +70,7 @@ def main():
         line = r.stderr.strip().splitlines()[-1]
         if "model.checkpointing" not in line or "offload" not in line:
             failures.append(f"offload:2: {r.stderr!r}")
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else "failed")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from run_check import one_intra_op_thread
+from run_check import one_intra_op_thread, report
 
 one_intra_op_thread()  # before torch is imported
 
@@ -132,10 +132,7 @@ def main():
                        os.path.join(work, "no_ids.parquet"))
         refused(trainer, config(work, base, "no_ids", files="no_ids.parquet"), work, "no_ids",
                 ["no_ids.parquet", "input_ids"], failures)
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else "failed")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

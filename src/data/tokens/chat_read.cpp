@@ -159,16 +159,6 @@ void append(ChatConversations& to, const Line& line, EncodedChat&& chat) {
   to.line.push_back(line.number);
 }
 
-// Whether `path` is read as rows (Parquet, an Arrow stream) rather than as JSONL.
-bool rows_file(const std::string& path) {
-  for (const std::string ext : {".parquet", ".arrow"}) {
-    if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // A row's JSON as a record: null values of objects (a struct's field or a column a record lacks,
 // as datasets writes them) are absent keys.
 void drop_nulls(nlohmann::ordered_json& value) {
@@ -340,7 +330,7 @@ ChatData read_chat_data(const config::DataConfig& cfg, const DataContext& ctx) {
       train_files(cfg.root, o.files, val, "conversations", {".jsonl", ".parquet", ".arrow"});
   const size_t first_val = data.train.files.size();
   data.train.files.insert(data.train.files.end(), val.begin(), val.end());
-  for (const auto& f : data.train.files) data.train.rows.push_back(rows_file(f) ? 1 : 0);
+  for (const auto& f : data.train.files) data.train.rows.push_back(is_rows_file(f) ? 1 : 0);
   data.val.files = data.train.files;
   data.val.rows = data.train.rows;
   const RecordMapping mapping = o.record_mapping();

@@ -135,4 +135,13 @@ std::string tokenizer_folder(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+bool is_rows_file(const std::string& path) {
+  for (const std::string ext : {".parquet", ".arrow"}) {
+    if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace trainer::data

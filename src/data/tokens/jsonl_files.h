@@ -32,6 +32,10 @@ std::vector<std::string> train_files(const std::string& root, const std::string&
                                      const std::vector<std::string>& val, const std::string& what,
                                      const std::vector<std::string>& extensions = {".jsonl"});
 
+// Whether `path` is read as rows (a .parquet or .arrow file: data/formats/arrow_rows.h) rather
+// than as JSON Lines.
+bool is_rows_file(const std::string& path);
+
 // The folder a tokenizer path names (itself, or a file's folder), for its tokenizer_config.json.
 std::string tokenizer_folder(const std::string& path);
 

@@ -59,15 +59,6 @@ struct TokenRowsOptions {
 
 constexpr int64_t kIgnoreLabel = -100;  // transformers' ignore index
 
-bool rows_file(const std::string& path) {
-  for (const std::string ext : {".parquet", ".arrow"}) {
-    if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // One row: its ids and, where given, labels and mask (empty when the file lacks the column).
 struct Row {
   std::vector<int64_t> ids, labels, mask;
@@ -216,7 +207,7 @@ Splits make_token_rows(const config::DataConfig& cfg, const DataContext& ctx) {
   files = train_files(cfg.root, o.files, val, "token rows", {".parquet", ".arrow", ".jsonl"});
   reader.first_val = files.size();
   files.insert(files.end(), val.begin(), val.end());
-  for (const auto& f : files) reader.train.rows.push_back(rows_file(f) ? 1 : 0);
+  for (const auto& f : files) reader.train.rows.push_back(is_rows_file(f) ? 1 : 0);
   reader.val.files = files;
   reader.val.rows = reader.train.rows;
   for (size_t f = 0; f < files.size(); ++f) {

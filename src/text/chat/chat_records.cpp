@@ -14,20 +14,7 @@ namespace {
 using Json = nlohmann::ordered_json;  // keys in the order given, as tojson prints them
 
 std::string type_name(const Json& j) {
-  switch (j.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::object:
-      return "an object";
-    case Json::value_t::array:
-      return "a list";
-    case Json::value_t::string:
-      return "a string";
-    case Json::value_t::boolean:
-      return "a boolean";
-    default:
-      return "a number";
-  }
+  return json_type_name(j);
 }
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
@@ -254,6 +241,23 @@ std::string chat_render_error_text(const ChatRecord& record, const ChatRenderErr
   std::string text = chat_message_path(record, e.message()) + "." + e.field() + ": " + e.what();
   if (e.field() == "role") text += "; render other roles with scripts/render_chat.py";
   return text;
+}
+
+std::string json_type_name(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return "null";
+    case nlohmann::ordered_json::value_t::object:
+      return "an object";
+    case nlohmann::ordered_json::value_t::array:
+      return "a list";
+    case nlohmann::ordered_json::value_t::string:
+      return "a string";
+    case nlohmann::ordered_json::value_t::boolean:
+      return "a boolean";
+    default:
+      return "a number";
+  }
 }
 
 }  // namespace trainer::data

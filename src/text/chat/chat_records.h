@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "text/chat/chat_template.h"
 
 namespace trainer::data {
@@ -46,6 +48,10 @@ bool json_array_file(std::string_view text);
 
 // The record of one JSONL line; `where` is "FILE:LINE". Throws ChatRecordError.
 ChatRecord parse_chat_record(std::string_view line, const std::string& where);
+
+// What a JSON value is, for messages: "null", "an object", "a list", "a string", "a boolean",
+// "a number".
+std::string json_type_name(const nlohmann::ordered_json& j);
 
 // The path of message `i` of `record` in its JSON: messages[i], prompt[i] or completion[i].
 std::string chat_message_path(const ChatRecord& record, size_t i);

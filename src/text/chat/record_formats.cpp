@@ -17,20 +17,7 @@ using Json = nlohmann::ordered_json;  // keys in their order: templates print to
 constexpr const char* kRoles[] = {"user", "assistant", "system", "tool", "tool_call"};
 
 std::string type_name(const Json& j) {
-  switch (j.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::object:
-      return "an object";
-    case Json::value_t::array:
-      return "a list";
-    case Json::value_t::string:
-      return "a string";
-    case Json::value_t::boolean:
-      return "a boolean";
-    default:
-      return "a number";
-  }
+  return json_type_name(j);
 }
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
