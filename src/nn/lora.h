@@ -103,8 +103,8 @@ class LinearImpl : public torch::nn::LinearImpl {
 
   // model.lora.base_quant: the weight, frozen, held as `kind` (nn/quant/quantized_weight.h)
   // from now on; `weight` keeps no elements and forward multiplies by the quantized weight.
-  // Throws std::invalid_argument (quant::quantize's) and std::logic_error when quantized already
-  // or under tensor parallelism's split.
+  // Throws std::invalid_argument (quant::quantize's, or a split part's shape: set_quantized's) and
+  // std::logic_error when quantized already.
   void quantize_weight(quant::QuantKind kind);
   // The weight given as `w` (its shape the layer's [out, in]), held as quantize_weight holds it.
   // Throws std::invalid_argument naming both shapes when they differ.

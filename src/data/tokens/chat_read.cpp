@@ -271,9 +271,9 @@ void RecordReader::take(const std::vector<Line>& lines, std::string_view jsonl) 
       continue;
     }
     const auto number = static_cast<uint64_t>(l.number + (data.train.rows[l.file] ? 1 : 0));
-    const uint64_t draw = mix_seed(mix_seed(seed, static_cast<uint64_t>(l.file)), number);
-    const bool val = drawn ? static_cast<double>(draw >> 11) * 0x1.0p-53 < val_fraction
-                           : static_cast<size_t>(l.file) >= first_val;
+    const bool val =
+        drawn ? drawn_for_validation(seed, static_cast<uint64_t>(l.file), number, val_fraction)
+              : static_cast<size_t>(l.file) >= first_val;
     append(val ? data.val : data.train, l, std::move(r.chat));
   }
 }

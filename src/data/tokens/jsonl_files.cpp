@@ -1,5 +1,7 @@
 #include "data/tokens/jsonl_files.h"
 
+#include "util/hash.h"
+
 #include <glob.h>
 
 #include <algorithm>
@@ -142,6 +144,11 @@ bool is_rows_file(const std::string& path) {
     }
   }
   return false;
+}
+
+bool drawn_for_validation(uint64_t seed, uint64_t file, uint64_t number, double fraction) {
+  const uint64_t draw = mix_seed(mix_seed(seed, file), number);
+  return static_cast<double>(draw >> 11) * 0x1.0p-53 < fraction;
 }
 
 }  // namespace trainer::data

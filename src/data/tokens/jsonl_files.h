@@ -4,6 +4,7 @@
 // each problem a DataConfigError naming its key.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@ std::vector<std::string> pattern_files(const std::string& root, const std::strin
 std::vector<std::string> train_files(const std::string& root, const std::string& files,
                                      const std::vector<std::string>& val, const std::string& what,
                                      const std::vector<std::string>& extensions = {".jsonl"});
+
+// Whether record `number` (a line's, 1-based; a row's counts as line row + 1) of file `file`
+// validates when no file is set aside for validation: chance `fraction`, drawn from (seed, file,
+// number), so a record's split follows from the run's seed alone.
+bool drawn_for_validation(uint64_t seed, uint64_t file, uint64_t number, double fraction);
 
 // Whether `path` is read as rows (a .parquet or .arrow file: data/formats/arrow_rows.h) rather
 // than as JSON Lines.

@@ -63,9 +63,9 @@ struct Reader {
       at = end + 1;
       ++number;
       if (blank_line(line)) continue;
-      const uint64_t draw = mix_seed(mix_seed(seed, f), static_cast<uint64_t>(number));
       const bool val =
-          drawn ? static_cast<double>(draw >> 11) * 0x1.0p-53 < o.val_fraction : val_file;
+          drawn ? drawn_for_validation(seed, f, static_cast<uint64_t>(number), o.val_fraction)
+                : val_file;
       add(line, file + ":" + std::to_string(number), key, val ? data.val : data.train);
     }
   }

@@ -126,9 +126,7 @@ struct RowReader {
     const auto trained = trained_flags(r, where, o, key(f));
     const bool drawn = first_val == train.files.size();
     const auto n = static_cast<uint64_t>(number + (train.rows[f] ? 1 : 0));
-    const uint64_t draw = mix_seed(mix_seed(seed, static_cast<uint64_t>(f)), n);
-    const bool is_val =
-        drawn ? static_cast<double>(draw >> 11) * 0x1.0p-53 < o.val_fraction : f >= first_val;
+    const bool is_val = drawn ? drawn_for_validation(seed, f, n, o.val_fraction) : f >= first_val;
     auto& to = is_val ? val : train;
     for (const int64_t id : r.ids) {
       to.ids.push_back(static_cast<int32_t>(id));
