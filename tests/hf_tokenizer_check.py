@@ -255,8 +255,14 @@ def check_nfc(bpe_tool, path, work, failures):
         failures.append(f"NFC of {[hex(ord(c)) for c in t][:12]}: ours differs from tokenizers'")
 
 
-def train(pattern, texts, added, ignore_merges=False, nfc=False, vocab_size=3000):
-    """A small byte-level BPE that tokenizers trains on `texts` for a pre-tokenizer pattern."""
+def train(pattern, texts, added, ignore_merges=False, nfc=False, vocab_size=3000,
+          vocabulary_of=None):
+    """A small byte-level BPE that tokenizers trains on `texts` for a pre-tokenizer pattern.
+    With `vocabulary_of` (a tokenizer this function trained on the same texts and added tokens,
+    whose pre-tokenizer cuts every text into the same pieces, and with the same normalizer), its
+    vocabulary and merges are taken instead of training again: BpeTrainer learns them from the
+    pieces alone (not from ignore_merges, nor from how the pre-tokenizer is written), so they are
+    the ones training would give (GPT-2's ByteLevel regex is qj.GPT2)."""
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     if pattern == "bytelevel":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -267,6 +273,13 @@ def train(pattern, texts, added, ignore_merges=False, nfc=False, vocab_size=3000
     if nfc:
         tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
+    if vocabulary_of is not None:
+        j, mine = json.loads(vocabulary_of.to_str()), json.loads(tok.to_str())
+        if j["normalizer"] != mine["normalizer"]:
+            raise ValueError("vocabulary_of: another normalizer gives other pieces")
+        j["pre_tokenizer"] = mine["pre_tokenizer"]
+        j["model"]["ignore_merges"] = ignore_merges
+        return Tokenizer.from_str(json.dumps(j))
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=["<|endoftext|>"])
@@ -290,9 +303,9 @@ def added_variety():
     return special, ordinary
 
 
-def check_info(bpe_tool, folder, failures):
-    """bos, eos and token lookups of a model folder against its tokenizer_config.json."""
-    tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+def check_info(bpe_tool, folder, tok, failures):
+    """bos, eos and token lookups of a model folder against its tokenizer_config.json (`tok`:
+    tokenizers' Tokenizer of the folder's tokenizer.json)."""
     config = json.load(open(os.path.join(folder, "tokenizer_config.json")))
     names = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "Hello", "ĠHello"]
     info = json.loads(tool([bpe_tool, "--info", folder] + names))
@@ -309,9 +322,9 @@ def check_info(bpe_tool, folder, failures):
         failures.append(f"tokenizer info {got}, expected {want}")
 
 
-def check_tokenize(trainer, folder, docs, work, failures):
-    """trainer tokenize with a model folder: uint32 ids of tokenizers, <|end_of_text|> between."""
-    tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+def check_tokenize(trainer, folder, tok, docs, work, failures):
+    """trainer tokenize with a model folder: uint32 ids of tokenizers (`tok`, of the folder's
+    tokenizer.json), <|end_of_text|> between."""
     files = []
     for i, d in enumerate(docs):
         files.append(os.path.join(work, f"doc{i}.txt"))
@@ -338,12 +351,12 @@ def check_tokenize(trainer, folder, docs, work, failures):
                             f"{np.array_equal(got[:len(want)], want[:len(got)])}")
 
 
-def check_generate(trainer, folder, work, failures):
+def check_generate(trainer, folder, vocab, work, failures):
     """trainer generate --tokenizer with a model folder: a prompt with special tokens in it is
-    encoded and the sampled tokens decoded; a model with fewer ids than the tokenizer is refused."""
+    encoded and the sampled tokens decoded; a model with fewer ids than the tokenizer (`vocab`,
+    tokenizers' get_vocab_size of the folder's tokenizer.json) is refused."""
     config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
                           "synthetic.yaml")
-    vocab = Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).get_vocab_size()
     before = len(failures)
     for size in (vocab, vocab - 1):
         run_dir = os.path.join(work, f"gen{size}")
@@ -399,20 +412,26 @@ def main():
             if name == "qwen3":
                 check_nfc(bpe_tool, path, work, failures)
             if name == "llama3":
-                check_info(bpe_tool, folder, failures)
-                check_tokenize(trainer, folder, real[:40] + stress[:40], work, failures)
-                check_generate(trainer, folder, work, failures)
+                check_info(bpe_tool, folder, tok, failures)
+                check_tokenize(trainer, folder, tok, real[:40] + stress[:40], work, failures)
+                check_generate(trainer, folder, tok.get_vocab_size(), work, failures)
         sample = real[:200]
         trained_text = []
         for t in real:
             trained_text.append(t)
             if sum(len(x) for x in trained_text) > TRAINED_MB * 1e6:
                 break
+        # The second of each pair cuts the texts into the pieces of the first: the vocabulary
+        # training gives it is the first's (see train), taken from it.
         variants = [("GPT-2 ByteLevel", "bytelevel", {}), ("GPT-2 Split", qj.GPT2, {}),
                     ("Llama 3", qj.LLAMA3, {"ignore_merges": True}),
                     ("Llama 3 (merges)", qj.LLAMA3, {}), ("Qwen 2 NFC", qj.QWEN2, {"nfc": True})]
+        vocabulary_of = {1: 0, 3: 2}
+        trained = []
         for i, (name, pattern, options) in enumerate(variants):
-            tok = train(pattern, sample, added_variety(), **options)
+            tok = train(pattern, sample, added_variety(), **options,
+                        vocabulary_of=trained[vocabulary_of[i]] if i in vocabulary_of else None)
+            trained.append(tok)
             path = os.path.join(work, f"trained{i}.json")
             tok.save(path)
             specials = [t.content for t in added_variety()[0] + added_variety()[1]]
@@ -429,7 +448,8 @@ def main():
 
 def base_json():
     """A minimal valid byte-level BPE tokenizer.json: the 256 byte tokens, one merge."""
-    alphabet = [qj.bytes_to_unicode()[b] for b in range(256)]
+    byte_chars = qj.bytes_to_unicode()
+    alphabet = [byte_chars[b] for b in range(256)]
     vocab = {c: i for i, c in enumerate(alphabet)}
     vocab["ab"] = 256
     return {"version": "1.0", "added_tokens": [

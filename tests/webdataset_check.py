@@ -154,9 +154,16 @@ def check_against_webdataset(tool, shards, val_shards, tmp, failures):
         failures.append(f"validation pixels differ from torchvision's by {diff:.3f}/255")
 
 
+def flat(batches):
+    return [n for b in batches for n in b["names"]]
+
+
 def check_order(tool, val_shards, failures):
+    """The shuffled order. Each rank's epoch-1 batches are read once (a process each) and serve
+    both as that order and as the uninterrupted run a loader started at batch 3 must continue."""
     tool = Tool(tool.path, tool.shards, val_shards=val_shards)
-    one = tool.names(epoch=1, batch=4)
+    whole = {(1, 0): tool.batches(epoch=1, batch=4)}
+    one = flat(whole[1, 0])
     if sorted(one) != sorted(tool.names(shuffle=0, batch=4)) or len(set(one)) != len(one):
         failures.append("a shuffled epoch does not hold every sample once")
     if one == tool.names(epoch=2, batch=4):
@@ -165,14 +172,15 @@ def check_order(tool, val_shards, failures):
         shards = {shard_of(n) for n in tool.names(epoch=1, batch=4, world=3, rank=r)}
         if len(shards) != 1:
             failures.append(f"rank {r} of 3 read shards {sorted(shards)}")
-    two = [tool.names(epoch=1, batch=4, world=2, rank=r) for r in range(2)]
+    for r in range(2):
+        whole[2, r] = tool.batches(epoch=1, batch=4, world=2, rank=r)
+    two = [flat(whole[2, r]) for r in range(2)]
     if [n for pair in zip(*two) for n in pair] != one:
         failures.append("2 ranks' samples interleaved differ from 1 rank's order")
     for world in (1, 2):
         for r in range(world):
-            whole = tool.batches(epoch=1, batch=4, world=world, rank=r)
             tail = tool.batches(epoch=1, batch=4, world=world, rank=r, first_batch=3)
-            if [b["names"] for b in tail] != [b["names"] for b in whole[3:]]:
+            if [b["names"] for b in tail] != [b["names"] for b in whole[world, r][3:]]:
                 failures.append(f"rank {r} of {world} started at batch 3 differs from its run")
     print(f"order: {len(one)} samples an epoch, ranks and resumed loaders agree")
 
