@@ -401,14 +401,14 @@ CASES=(
   "r50_shards|gpu_resnet50.yaml|0|60|150|shards"
   "gpt2_ckpt_async|gpu_gpt2.yaml|0|90|120|ckpt_async"
   "gpt2_bf16_tp1|gpu_gpt2.yaml|5|20|30|launch|dist.tp_size=1"
-  "llama1b_bf16|gpu_llama1b.yaml|3|10|60|trainer pytorch"
+  "llama1b_bf16|gpu_llama1b.yaml|3|10|60|trainer pytorch plan"
   "llama1b_bf16_compile|gpu_llama1b.yaml|3|10|150|compile"
-  "llama1b_lora_bf16|gpu_llama1b_lora.yaml|3|10|60|trainer pytorch"
+  "llama1b_lora_bf16|gpu_llama1b_lora.yaml|3|10|60|trainer pytorch plan"
   "llama1b_bf16_fused|gpu_llama1b.yaml|3|10|60|trainer|model.fused_kernels=auto"
-  "llama1b_ckpt|gpu_llama1b.yaml|3|10|60|trainer|model.checkpointing=blocks"
-  "llama1b_offload|gpu_llama1b.yaml|3|10|60|trainer|model.checkpointing=offload"
-  "llama1b_qlora_bf16|gpu_llama1b_qlora.yaml|3|10|60|trainer pytorch"
-  "llama8b_qlora_bf16|gpu_llama8b_qlora.yaml|2|6|120|trainer pytorch"
+  "llama1b_ckpt|gpu_llama1b.yaml|3|10|60|trainer plan|model.checkpointing=blocks"
+  "llama1b_offload|gpu_llama1b.yaml|3|10|60|trainer plan|model.checkpointing=offload"
+  "llama1b_qlora_bf16|gpu_llama1b_qlora.yaml|3|10|60|trainer pytorch plan"
+  "llama8b_qlora_bf16|gpu_llama8b_qlora.yaml|2|6|120|trainer pytorch plan"
 )
 
 # PyTorch's DataLoader workers are processes that hand batches over through /dev/shm (154 MB a
@@ -455,6 +455,14 @@ run_bench() {
              return 0 ;;
     shards) shards_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
             return 0 ;;
+    plan) local t0=$SECONDS rc=0  # the memory plan of the case's config (doctor's JSON "plan")
+          (cd "$ROOT" && timeout -k 10 "$limit" "$TRAINER" doctor --json --config "$config" \
+             --gpus 1 "${sets[@]}") > "$base.doctor.json" 2> "$base.log" || rc=$?
+          "$PY" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))["memory"]["plan"],
+                    open(sys.argv[2], "w"))' "$base.doctor.json" "$base.json" && rc=0 || rc=1
+          echo "$rc $((SECONDS - t0))" > "$base.status"
+          say "$name/$impl: done in $((SECONDS - t0))s (exit $rc)"
+          return 0 ;;
     ckpt_async) ckpt_async_run "$base" "$config" "$steps" "$limit" "${sets[@]}"
                 return 0 ;;
     launch_all) cmd=("$TRAINER" launch --standalone --nproc-per-node "$GPUS" -- bench) ;;
@@ -769,6 +777,19 @@ for row in (get(perf, "rows") or []):
 
 def pct(a, b):
     return "%+.1f%%" % (100.0 * (a / b - 1.0)) if isinstance(a, (int, float)) and b else "n/a"
+
+# The memory plan (doctor --config, per process) against the measured peak: the plan's parts but
+# the CUDA context, NCCL and fragmentation allowances are what the caching allocator's peak holds.
+ALLOWANCES = ("CUDA context", "NCCL buffers", "fragmentation")
+for case in order:
+    plan = get(runs.get((case, "plan")))
+    peak = get(runs.get((case, "trainer")), "peak_memory_mb")
+    if not isinstance(plan, dict) or "parts" not in plan:
+        continue
+    tensors = sum(v for k, v in plan["parts"].items() if k not in ALLOWANCES) / 2**20
+    print("memory plan %-20s planned %8.0f MB in tensors (%8.0f MB with the allowances), "
+          "measured peak %s MB: %s" % (case, tensors, plan["per_process_bytes"] / 2**20,
+                                      num(peak, ".0f"), pct(tensors, peak)))
 
 for case in ("r50_bf16_b32", "r50_bf16_b256", "gpt2_bf16"):
     fused, loop = runs.get((case, "trainer")), runs.get((case + "_loop", "trainer"))

@@ -31,8 +31,9 @@ special tokens written in the text) and 60 prompt/completion records (strings an
   templates (plain: bos, the contents, eos after each assistant one).
 - Another template: exit 2 naming data.chat_template and scripts/render_chat.py; render_chat.py
   writes token and mask files equal to the reference, and the tokens data set reads the mask.
-- Bad input: not JSON (a number beyond a double's range too), a file that is one JSON array
-  (Alpaca's pretty-printed alpaca_data.json: named as such), a role outside the templates, a
+- Bad input: not JSON (a number beyond a double's range too), a JSON array file (as Alpaca's
+  pretty-printed alpaca_data.json) with a bad element (its first line named) or without a comma
+  between elements (line and column named), a role outside the templates, a
   content that is not a string, a messages record under train_on completion, an empty
   conversation, no trained token: a line naming the file and line (exit 2, or a warning and the
   line dropped); a tokenizer_config.json chat_template that is not text: exit 2 naming the file.
@@ -446,6 +447,9 @@ def check_bad_input(chat_tool, work, small):
     write_jsonl(val, [json.loads(good)] * 3)
     small_json = os.path.realpath(os.path.join(d, "tokenizer.json"))
     number_template = folder(work, "tpl-number", small_json, {"chat_template": 5})
+    array_lines = json.dumps([json.loads(good), {"messages": [{"role": "user", "content": ["a"]}]}],
+                             indent=4).splitlines()
+    array_bad_line = [i for i, line in enumerate(array_lines) if line == "    {"][1] + 1
     cases = [  # (lines, settings, exit status, text the message holds)
         ([good, "", "{not json"], [], 2, "bad.jsonl:3:"),
         (['{"messages": [{"role": "user", "content": ["a"]}]}'], [], 2,
@@ -460,11 +464,11 @@ def check_bad_input(chat_tool, work, small):
         ([good], [f"val_files={work}"], 2, f"data.val_files: {work} is a folder"),
         ([good], [f"tokenizer={number_template}"], 2,
          "tokenizer_config.json: chat_template is 5, not a template's text"),
-        # Alpaca's alpaca_data.json (a pretty-printed JSON array), and chat records as one array.
-        (json.dumps([{"instruction": "Give three tips.", "input": "", "output": "1. Eat."}] * 2,
-                    indent=4).splitlines(), [], 2,
-         "bad.jsonl is a JSON array, not JSON Lines (one record per line)"),
-        (["[" + good + ", " + good + "]"], [], 2, "bad.jsonl is a JSON array, not JSON Lines"),
+        # A pretty-printed JSON array (as Alpaca's alpaca_data.json): a bad element names the
+        # line it starts on; an array without a comma between elements, the line and column.
+        (array_lines, [], 2, f"bad.jsonl:{array_bad_line}: messages[0].content must be a string"),
+        (["[", good, good, "]"], [], 2,
+         "bad.jsonl:3:1: expected ',' or ']' after the element that starts on line 2"),
     ] + tool_bad_cases(good, work)
     bad = os.path.join(work, "bad.jsonl")
     for lines, settings, status, message in cases:

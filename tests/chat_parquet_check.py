@@ -13,11 +13,11 @@ the Hugging Face Hub lays a data set out (Dataset.to_parquet of three shards,
 data/train-0000N-of-00003.parquet, and data/validation-00000-of-00001.parquet), as
 Dataset.save_to_disk does (two shards, data-0000N-of-00002.arrow with state.json), as a
 DatasetDict's save_to_disk (dataset_dict.json, train/ and test/), and as one Parquet file of a
-JSONL file's records. Each trains 20 steps of a tiny random Llama (the llama3-instruct template of
+JSONL file's records, and as pretty-printed JSON arrays (json.dump with indent 4, as Alpaca's
+alpaca_data.json). Each trains 20 steps of a tiny random Llama (the llama3-instruct template of
 tests/data/chat_templates/ with a byte-level BPE `tokenizers` trains here) and must give the
 train and validation losses of the same records in JSONL, bit for bit: with data.val_files (a
-glob), with data.val_fraction (row N of a Parquet file draws its split as line N + 1 of a JSONL
-file), packed, Alpaca rows (format auto and alpaca), ShareGPT rows and tool calls. A Parquet run stopped at step 8 and
+glob), with data.val_fraction (row N of a Parquet file and element N of a JSON array draw their split as line N + 1 of a JSONL file), packed, Alpaca rows (format auto and alpaca), ShareGPT rows and tool calls. A Parquet run stopped at step 8 and
 resumed gives the whole run's losses.
 
 Bad input, each exit 2 with one line on stderr naming the file (and the row and column where
@@ -129,6 +129,9 @@ def layouts(work, name, train, val):
     write_jsonl(os.path.join(d, "train.jsonl"), train)
     write_jsonl(os.path.join(d, "val.jsonl"), val)
     write_jsonl(os.path.join(d, "all.jsonl"), train + val)
+    for file, records in (("train.json", train), ("val.json", val), ("all.json", train + val)):
+        with open(os.path.join(d, file), "w") as f:  # a pretty-printed array, as alpaca_data.json
+            json.dump(records, f, indent=4)
     ds, vs = datasets.Dataset.from_list(train), datasets.Dataset.from_list(val)
     for i in range(3):
         ds.shard(3, i, contiguous=True).to_parquet(
@@ -145,6 +148,8 @@ def layouts(work, name, train, val):
         "DatasetDict save_to_disk": {"root": f"{d}/dict", "val_files": "test/data-*.arrow"},
         "jsonl, val_fraction": {"files": f"{d}/all.jsonl", "val_fraction": 0.2},
         "parquet, val_fraction": {"files": f"{d}/all.parquet", "val_fraction": 0.2},
+        "json arrays": {"files": f"{d}/train.json", "val_files": f"{d}/val.json"},
+        "json array, val_fraction": {"files": f"{d}/all.json", "val_fraction": 0.2},
     }
 
 
@@ -271,15 +276,17 @@ def main():
         tok = tokenizer_folder(work)
         chat = layouts(work, "chat", chats[:200], chats[200:])
         al = layouts(work, "alpaca", alpacas[:200], alpacas[200:])
-        same = {"jsonl": ["hub parquet shards", "save_to_disk", "DatasetDict save_to_disk"],
-                "jsonl, val_fraction": ["parquet, val_fraction"]}
+        same = {"jsonl": ["hub parquet shards", "save_to_disk", "DatasetDict save_to_disk",
+                          "json arrays"],
+                "jsonl, val_fraction": ["parquet, val_fraction", "json array, val_fraction"]}
         check_equal(trainer, work, tok, "messages", chat, same)
         check_equal(trainer, work, tok, "messages packed",
                     {k: chat[k] for k in ("jsonl", "hub parquet shards")},
                     {"jsonl": ["hub parquet shards"]}, {"pack": True})
         check_equal(trainer, work, tok, "alpaca",
-                    {k: al[k] for k in ("jsonl", "hub parquet shards", "save_to_disk")},
-                    {"jsonl": ["hub parquet shards", "save_to_disk"]})
+                    {k: al[k] for k in ("jsonl", "hub parquet shards", "save_to_disk",
+                                        "json arrays")},
+                    {"jsonl": ["hub parquet shards", "save_to_disk", "json arrays"]})
         sharegpt = [{"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(
             m["role"], m["role"]), "value": m["content"]} for m in c["messages"]]}
             for c in chats]

@@ -169,43 +169,73 @@ def trainer_records(run_dir):
 
 
 class Logged(TrainerCallback):
+    """The train records (those with rewards/chosen) and the evaluation records a trainer logs."""
+
     def __init__(self):
-        self.logs = []
+        self.logs, self.eval_logs = [], []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "rewards/chosen" in logs:
             self.logs.append(dict(logs))
+        elif logs and "eval_loss" in logs:
+            self.eval_logs.append(dict(logs))
 
 
-class LossDPOTrainer(DPOTrainer):
-    """DPOTrainer recording each step's unrounded loss (Trainer logs it rounded to 4 digits)."""
+def recording_losses(trainer_class):
+    """trainer_class recording each compute_loss's unrounded loss (Trainer logs it rounded to 4
+    digits) in step_losses."""
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        self.step_losses.append((loss[0] if return_outputs else loss).item())
-        return loss
+    class Recording(trainer_class):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            self.step_losses.append((loss[0] if return_outputs else loss).item())
+            return loss
+
+    return Recording
+
+
+def trl_train(trainer_class, config_class, base, adapters, train_rows, work, eval_rows=None,
+              **config):
+    """STEPS steps of TRL's trainer_class (DPOTrainer, CPOTrainer, ORPOTrainer) with PEFT from
+    `adapters` over `base` (None: every weight of `base` trained), AdamW, clipping at 1.0, a
+    constant rate, every pair in every batch; then evaluate() on `eval_rows` if given: (the
+    steps' losses, their records, the evaluation's record or None). `config`: the trainer's own
+    options (beta, loss_type, ...)."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token  # CPO and ORPO ask for one
+    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if adapters is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = PeftModel.from_pretrained(model, adapters, is_trainable=True)
+    args = config_class(
+        output_dir=os.path.join(work, "trl"), max_length=64, per_device_train_batch_size=PAIRS,
+        gradient_accumulation_steps=1, learning_rate=LR, lr_scheduler_type="constant",
+        warmup_steps=0, max_steps=STEPS, logging_steps=1, optim="adamw_torch", adam_beta1=0.9,
+        adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, report_to=[],
+        use_cpu=True, seed=0, save_strategy="no", dataloader_num_workers=0,
+        gradient_checkpointing=False, disable_tqdm=True, bf16=False, fp16=False,
+        prediction_loss_only=True, **config)
+    logged = Logged()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = recording_losses(trainer_class)(
+            model=model, args=args, train_dataset=Dataset.from_list(train_rows),
+            eval_dataset=None if eval_rows is None else Dataset.from_list(eval_rows),
+            processing_class=tokenizer, callbacks=[logged])
+    trainer.step_losses = []
+    trainer.train()
+    losses = trainer.step_losses[:]
+    if eval_rows is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.evaluate()
+    return losses, logged.logs, (logged.eval_logs[-1] if logged.eval_logs else None)
 
 
 def trl_run(base, adapters, train_rows, loss_type, work):
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
-    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = PeftModel.from_pretrained(model, adapters, is_trainable=True)
-    args = DPOConfig(
-        output_dir=os.path.join(work, "trl"), beta=BETA, loss_type=[loss_type], max_length=64,
-        per_device_train_batch_size=PAIRS, gradient_accumulation_steps=1, learning_rate=LR,
-        lr_scheduler_type="constant", warmup_steps=0, max_steps=STEPS, logging_steps=1,
-        optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
-        weight_decay=0.0, max_grad_norm=1.0, report_to=[], use_cpu=True, seed=0,
-        save_strategy="no", dataloader_num_workers=0, gradient_checkpointing=False,
-        disable_tqdm=True, bf16=False, fp16=False)
-    logged = Logged()
-    trainer = LossDPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
-                             processing_class=tokenizer, callbacks=[logged])
-    trainer.step_losses = []
-    trainer.train()
-    return trainer.step_losses, logged.logs
+    return trl_train(DPOTrainer, DPOConfig, base, adapters, train_rows, work, beta=BETA,
+                     loss_type=[loss_type])[:2]
 
 
 def trl_tokens(base, rows, max_length, work):
@@ -274,19 +304,27 @@ def check_tokens(tool, work, base, conversational, failures):
             print(f"{what}: {len(ours)} pairs equal TRL's")
 
 
-def relative(name, a, b, record):
+def relative(name, a, b, record, loss_scale=None):
     """|a - b| over the size of b, or of what b is computed from where b nears 0: a reward is
-    beta times a difference of summed log-probabilities (their float32 rounding), a mean logit is a
-    mean of logits of either sign."""
+    beta times a difference of summed log-probabilities (their float32 rounding), ORPO's log odds
+    a difference of averaged ones, a mean logit is a mean of logits of either sign (the size of
+    the step's larger mean logit, at least LOGIT_FLOOR), a loss `loss_scale` of the record where
+    given (the size of the terms it is a difference of)."""
     scale = abs(b)
+    logps = max(abs(record["logps/chosen"]), abs(record["logps/rejected"]))
     if name.startswith("rewards/"):
-        scale = max(scale, BETA * max(abs(record["logps/chosen"]), abs(record["logps/rejected"])))
+        scale = max(scale, BETA * logps)
+    elif name == "log_odds_chosen":
+        scale = max(scale, logps)
     elif name.startswith("logits/"):
-        scale = max(scale, LOGIT_FLOOR)
+        scale = max(scale, LOGIT_FLOOR, abs(record["logits/chosen"]),
+                    abs(record["logits/rejected"]))
+    elif name == "loss" and loss_scale:
+        scale = max(scale, loss_scale(record))
     return abs(a - b) / max(scale, 1e-12)
 
 
-def compare(what, ours, losses, logs, failures, metrics=METRICS):
+def compare(what, ours, losses, logs, failures, metrics=METRICS, loss_scale=None):
     if len(ours) != STEPS or len(losses) != STEPS or len(logs) != STEPS:
         failures.append(f"{what}: steps logged: trainer {len(ours)}, TRL {len(losses)} losses, "
                         f"{len(logs)} metric records")
@@ -298,7 +336,7 @@ def compare(what, ours, losses, logs, failures, metrics=METRICS):
             if a is None:
                 failures.append(f"{what}: step {step}: the trainer logged no {name}")
                 return
-            difference = relative(name, a, b, theirs)
+            difference = relative(name, a, b, theirs, loss_scale)
             if difference > worst[0]:
                 worst = (difference, f"step {step} {name}: trainer {a!r}, TRL {b!r}")
     print(f"{what}: loss {ours[0]['loss']:.6f} -> {ours[-1]['loss']:.6f}; worst relative "
@@ -366,39 +404,9 @@ def simpo_records(base, count, seed, length=25):
     return out
 
 
-class LossCPOTrainer(CPOTrainer):
-    """CPOTrainer recording each step's unrounded loss."""
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        self.step_losses.append((loss[0] if return_outputs else loss).item())
-        return loss
-
-
 def trl_cpo_run(base, adapters, train_rows, work):
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
-    tokenizer.pad_token = tokenizer.eos_token  # the collator asks for one (the rows need none)
-    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = PeftModel.from_pretrained(model, adapters, is_trainable=True)
-    args = CPOConfig(
-        output_dir=os.path.join(work, "trl-cpo"), loss_type="simpo", cpo_alpha=0.0, beta=BETA,
-        simpo_gamma=0.5, max_length=64, per_device_train_batch_size=PAIRS,
-        gradient_accumulation_steps=1, learning_rate=LR, lr_scheduler_type="constant",
-        warmup_steps=0, max_steps=STEPS, logging_steps=1, optim="adamw_torch", adam_beta1=0.9,
-        adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, report_to=[],
-        use_cpu=True, seed=0, save_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
-        bf16=False, fp16=False)
-    logged = Logged()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = LossCPOTrainer(model=model, args=args,
-                                 train_dataset=Dataset.from_list(train_rows),
-                                 processing_class=tokenizer, callbacks=[logged])
-    trainer.step_losses = []
-    trainer.train()
-    return trainer.step_losses, logged.logs
+    return trl_train(CPOTrainer, CPOConfig, base, adapters, train_rows, work, loss_type="simpo",
+                     cpo_alpha=0.0, beta=BETA, simpo_gamma=0.5)[:2]
 
 
 def check_simpo(binary, work, base, failures):

@@ -13,7 +13,9 @@ standard format with an implicit prompt).
   does (the means over the global batch, the token-weighted ones as sums over sums).
 - resume: a run stopped after step 5 (train.stop_at_step) and resumed with --resume auto logs
   exactly (bit for bit) the records of the uninterrupted run (which saves the same checkpoints),
-  with run.log_every 3 (the window of steps 4-6 spans the stop), in one process and under ddp.
+  with run.log_every 3 (the window of steps 4-6 spans the stop), in one process and under ddp,
+  and in one process for a full fine-tune (no model.lora): the resumed run's reference is the
+  frozen copy of the starting weights again, not the checkpoint's.
 
 Exits 77 (skipped) when trl, peft, transformers or tokenizers is not installed (dpo_check.py's
 imports).
@@ -37,10 +39,12 @@ TIMING = {"samples_per_sec", "tokens_per_sec", "tflops", "mfu", "peak_tflops", "
           "rss_peak_mb"}
 
 
-def config(work, name, base, train, val, batch, log_every, procs):
+def config(work, name, base, train, val, batch, log_every, procs, lora=True):
     path = dc.trainer_config(work, name, base, train, val, "sigmoid", STEPS, dc.LR)
     with open(path) as f:
         c = json.load(f)
+    if not lora:  # a full fine-tune: the reference a frozen copy of the starting weights
+        del c["model"]["lora"]
     c["data"]["batch_size"] = batch
     # A checkpoint after step STOP in the uninterrupted runs too: saving averages the loss window
     # over the ranks, which the resumed run starts from.
@@ -52,10 +56,10 @@ def config(work, name, base, train, val, batch, log_every, procs):
     return path
 
 
-def train(binary, work, name, data, batch, procs=1, log_every=1, *extra):
+def train(binary, work, name, data, batch, procs=1, log_every=1, *extra, lora=True):
     run_dir = os.path.join(work, name)
     launch = [binary, "launch", "--standalone", "--nproc-per-node", str(procs), "--"]
-    cfg = config(work, name, *data, batch, log_every, procs)
+    cfg = config(work, name, *data, batch, log_every, procs, lora)
     dc.run([*(launch if procs > 1 else [binary]), "--config", cfg, "--run-dir", run_dir,
             *extra], f"{name} {' '.join(extra)}")
     return run_dir
@@ -88,13 +92,14 @@ def check_ddp(binary, work, data, failures):
         failures.append(f"ddp: {worst[1]} (relative {worst[0]:.2e} > {dc.TOL})")
 
 
-def check_resume(binary, work, data, procs, failures):
-    what = f"resume, {procs} process{'es' if procs > 1 else ''}"
-    batch = dc.PAIRS // procs
-    whole = by_step(train(binary, work, f"whole-{procs}", data, batch, procs, LOG_EVERY))
-    run_dir = train(binary, work, f"stopped-{procs}", data, batch, procs, LOG_EVERY, "--set",
-                    f"train.stop_at_step={STOP}")
-    train(binary, work, f"stopped-{procs}", data, batch, procs, LOG_EVERY, "--resume", "auto")
+def check_resume(binary, work, data, procs, failures, lora=True):
+    what = f"resume, {procs} process{'es' if procs > 1 else ''}" + ("" if lora else ", full")
+    batch, tag = dc.PAIRS // procs, f"{procs}{'' if lora else '-full'}"
+    whole = by_step(train(binary, work, f"whole-{tag}", data, batch, procs, LOG_EVERY, lora=lora))
+    run_dir = train(binary, work, f"stopped-{tag}", data, batch, procs, LOG_EVERY, "--set",
+                    f"train.stop_at_step={STOP}", lora=lora)
+    train(binary, work, f"stopped-{tag}", data, batch, procs, LOG_EVERY, "--resume", "auto",
+          lora=lora)
     resumed = by_step(run_dir)
     strip = [[{k: v for k, v in r.items() if k not in TIMING} for r in rs]
              for rs in (whole, resumed)]
@@ -127,6 +132,7 @@ def main():
         check_ddp(args.trainer, work, data, failures)
         for procs in (1, 2):
             check_resume(args.trainer, work, data, procs, failures)
+        check_resume(args.trainer, work, data, 1, failures, lora=False)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -541,18 +541,8 @@ def bad_configs(trainer, model, work):
     print("mistral without a sliding window: loads")
 
 
-def big_folder(work, layers=5):
-    """A random bf16 Llama folder of >= 1.5 GB (0.35 GB a layer) in layers + 1 shards, written
-    tensor by tensor with torch (fast, no transformers init; the layers repeat one random layer's
-    values): (folder, its tensors' bytes)."""
-    hidden, inter, heads, kv, vocab = 4096, 11008, 32, 8, 256
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                      num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv, max_position_embeddings=CTX,
-                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
-    folder = os.path.join(work, "big")
-    os.makedirs(folder)
-    cfg.save_pretrained(folder)
+def llama_shapes(hidden, inter, layers, heads, kv, vocab):
+    """The state-dict names and shapes of LlamaForCausalLM with these sizes, untied."""
     hd = hidden // heads
     shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
               "lm_head.weight": (vocab, hidden)}
@@ -567,6 +557,22 @@ def big_folder(work, layers=5):
                        p + "mlp.gate_proj.weight": (inter, hidden),
                        p + "mlp.up_proj.weight": (inter, hidden),
                        p + "mlp.down_proj.weight": (hidden, inter)})
+    return shapes
+
+
+def big_folder(work, layers=5):
+    """A random bf16 Llama folder of >= 1.5 GB (0.35 GB a layer) in layers + 1 shards, written
+    tensor by tensor with torch (fast, no transformers init; the layers repeat one random layer's
+    values): (folder, its tensors' bytes)."""
+    hidden, inter, heads, kv, vocab = 4096, 11008, 32, 8, 256
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, max_position_embeddings=CTX,
+                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+    folder = os.path.join(work, "big")
+    os.makedirs(folder)
+    cfg.save_pretrained(folder)
+    shapes = llama_shapes(hidden, inter, layers, heads, kv, vocab)
     weight_map, total, gen = {}, 0, torch.Generator().manual_seed(0)
     groups = [["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]] + \
         [[k for k in shapes if k.startswith(f"model.layers.{i}.")] for i in range(layers)]

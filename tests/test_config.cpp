@@ -599,6 +599,16 @@ TEST_F(ConfigTest, MoreRangeRules) {
   EXPECT_EQ(issues_for({"train.stop_at_top1=0.916"}), "");
   EXPECT_HAS(issues_for({"train.stop_at_top1=91.6"}),
              "train.stop_at_top1: must be a fraction in [0, 1] (0 = off), got 91.6");
+  EXPECT_EQ(issues_for({"train.stop_at.metric=val/loss", "train.stop_at.below=0.925"}), "");
+  EXPECT_HAS(issues_for({"train.stop_at.metric=val/los", "train.stop_at.below=1"}),
+             "train.stop_at.metric: must be one of val/loss, val/ppl");
+  EXPECT_HAS(issues_for({"train.stop_at.below=1"}), "train.stop_at.metric: is not set");
+  EXPECT_HAS(issues_for({"train.stop_at.metric=val/loss"}), "train.stop_at.below: is not set");
+  EXPECT_HAS(issues_for({"train.stop_at.metric=val/top1", "train.stop_at.above=0.5",
+                         "train.stop_at.below=1"}),
+             "train.stop_at.above: cannot be set with train.stop_at.below");
+  EXPECT_HAS(issues_for({"train.stop_at.metric=val_ema/loss", "train.stop_at.below=1"}),
+             "train.stop_at.metric: is 'val_ema/loss', a metric of train.ema's average");
 }
 
 TEST_F(ConfigTest, DataPipelineRules) {

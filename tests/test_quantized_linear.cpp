@@ -95,6 +95,20 @@ TEST(QuantizedLinear, HeldBytesCountTheSharedTablesOnce) {
   EXPECT_THROW(quant_kind("fp4"), std::invalid_argument);
 }
 
+// A planned model counts its quantized layers from their shapes: the count equals the bytes a
+// real quantization holds, for shapes whose blocks and nested blocks do not divide evenly.
+TEST(QuantizedLinear, PlannedBytesEqualTheQuantizedWeightsOwn) {
+  for (const auto kind : {QuantKind::nf4, QuantKind::int8}) {
+    for (const auto& shape :
+         std::vector<std::vector<int64_t>>{{128, 128}, {3, 77}, {300, 1000}, {1, 63}, {129, 257}}) {
+      const auto q = quantize(weight(shape[0], shape[1], 6), kind);
+      EXPECT_EQ(planned_bytes(shape, kind) + shared_table_bytes(kind), held_bytes({q.get()}))
+          << shape[0] << "x" << shape[1] << (kind == QuantKind::nf4 ? " nf4" : " int8");
+    }
+  }
+  EXPECT_EQ(planned_bytes({64, 64}, QuantKind::none), 0);
+}
+
 TEST(QuantizedLinear, ALoraLayerOverAQuantizedBaseTrainsItsAdapters) {
   nn::Linear layer(torch::nn::LinearOptions(128, 64));
   const auto w = layer->weight.detach().clone();

@@ -2,7 +2,9 @@
 // percentiles, the time per phase, peak memory and the FLOP rate, as a table and as JSON.
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -32,6 +34,16 @@ nlohmann::json phases_json(const engine::BenchResult& r) {
     phases[engine::phase_name(static_cast<engine::Phase>(p))] = r.phase_ms[static_cast<size_t>(p)];
   }
   return phases;
+}
+
+// The process's resident memory now (VmRSS), in MiB; 0 where /proc does not say.
+double resident_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
+  }
+  return 0.0;
 }
 
 nlohmann::json result_json(const engine::BenchResult& r, const engine::BenchOptions& o,
@@ -178,6 +190,9 @@ cxxopts::Options bench_options() {
        "DIR/rank_<N>.trace.json (Chrome trace) and print the operators by self time",
        cxxopts::value<std::string>(), "DIR")
       ("profile-shapes", "with --profile: record the operators' input shapes")
+      ("to-target", "instead of timed steps, train as `trainer train` does (into run.dir) until "
+       "the first evaluation that reaches train.stop_at's (or train.stop_at_top1's) target, and "
+       "report the time to it from the first step and from start-up (MLPerf's run time)")
       ("kernels", "instead of training steps, time the fused CUDA kernels (normalisation, "
        "activation, rotary) against ATen's operators: GB/s against the device's copy rate "
        "(a GPU; --device picks it, --json writes the rows)")
@@ -212,6 +227,46 @@ engine::BenchOptions timing_options(const cxxopts::ParseResult& args) {
   return opts;
 }
 
+// bench --to-target: a training run to the config's target, its time to the target reported.
+// Exit 0 when the target was reached, 1 when the run ended without reaching it.
+int bench_to_target(const config::LoadedConfig& loaded, const distributed::DistEnv& job,
+                    const std::string& config_path, const cxxopts::ParseResult& args) {
+  const auto& train = loaded.cfg.train;
+  if (!train.stop_at.enabled() && !(train.stop_at_top1 > 0.0)) {
+    throw UsageError(
+        "--to-target: the config sets no target; set train.stop_at (e.g. --set "
+        "train.stop_at.metric=val/loss --set train.stop_at.below=0.925) or train.stop_at_top1");
+  }
+  engine::Trainer trainer(loaded, job);
+  if (job.rank == 0) std::filesystem::create_directories(loaded.cfg.run.dir);
+  const engine::FitResult r = trainer.fit();
+  if (job.rank != 0) return r.reached_target ? 0 : 1;
+  const auto seconds = [&](double s) { return r.reached_target ? nlohmann::json(s) : nullptr; };
+  const nlohmann::json result = {
+      {"impl", "trainer"},
+      {"config", config_path},
+      {"run_dir", loaded.cfg.run.dir},
+      {"reached_target", r.reached_target},
+      {"steps", r.steps},
+      {"seconds_to_target", seconds(r.target_seconds)},
+      {"seconds_to_target_from_start", seconds(r.target_seconds_from_start)},
+      {"val_loss", r.last_eval.loss}};
+  if (r.reached_target) {
+    std::cout << strprintf("trainer bench --to-target: the target reached after step %" PRId64
+                           ": %.3f s from the first step, %.3f s from start-up\n",
+                           r.steps, r.target_seconds, r.target_seconds_from_start);
+  } else {
+    std::cout << strprintf("trainer bench --to-target: the target not reached in %" PRId64
+                           " steps (the last val/loss %.4f)\n",
+                           r.steps, r.last_eval.loss);
+  }
+  std::cout << std::flush;
+  if (args.count("json")) {
+    write_text_atomically(args["json"].as<std::string>(), result.dump(2) + "\n");
+  }
+  return r.reached_target ? 0 : 1;
+}
+
 }  // namespace
 
 int bench_command(int argc, char** argv) {
@@ -236,7 +291,9 @@ int bench_command(int argc, char** argv) {
     if (!why.empty()) throw UsageError("--json " + why);
   }
   const auto loaded = load_config(config_path, set_and_device(args), engine::config_environment());
+  if (args.count("to-target")) return bench_to_target(loaded, job, config_path, args);
 
+  const double resident_before = resident_mb();  // the process before it builds the run
   engine::Trainer trainer(loaded, job);
   const auto result = engine::run_bench(trainer, opts);
   if (job.rank != 0) return 0;
@@ -246,8 +303,9 @@ int bench_command(int argc, char** argv) {
               << result.profile_table << std::flush;
   }
   if (args.count("json")) {
-    write_text_atomically(args["json"].as<std::string>(),
-                          result_json(result, opts, trainer, config_path).dump(2) + "\n");
+    auto json = result_json(result, opts, trainer, config_path);
+    json["resident_before_build_mb"] = resident_before;
+    write_text_atomically(args["json"].as<std::string>(), json.dump(2) + "\n");
   }
   return 0;
 }

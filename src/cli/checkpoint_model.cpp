@@ -166,12 +166,18 @@ struct UseConfigs {
 
 // A whole model's checkpoint: the model its config gives, built without model.pretrained's
 // folder (the weights are the checkpoint's); the folder only gives what it alone holds, chat
-// data's default tokenizer (data.tokenizer).
+// data's default tokenizer (data.tokenizer). Preference tuning (train.objective: dpo) keeps the
+// folder: a full fine-tune's reference is a frozen copy of its weights, taken before the
+// checkpoint's replace them, and its pairs' default tokenizer is the folder's.
 UseConfigs whole_model_configs(const Resolved& r, const std::vector<std::string>& overrides) {
   UseConfigs u{with_saved_model_keys(r.config, overrides, r.state->meta["config"], r.checkpoint),
                {}};
   u.built = u.named;
   auto& cfg = u.built.cfg;
+  if (cfg.train.objective == "dpo") {
+    config::check(u.built, engine::config_environment());
+    return u;
+  }
   const std::string folder = cfg.model.pretrained;
   cfg.model.pretrained.clear();
   if (cfg.data.name == "chat" && cfg.data.own<data::ChatOptions>().tokenizer.empty()) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/doctor_memory.h"
 #include "cli/options.h"
 #include "config/loader.h"
 #include "distributed/env.h"
@@ -68,244 +69,6 @@ nlohmann::json facts_json(const doctor::Facts& f) {
           {"cpu_cores", f.cpu_cores},
           {"memory_mb", f.memory_mb},
           {"container", f.container}};
-}
-
-// Bytes in the largest binary unit that keeps the figure at 1 or more: "512 B", "3.2 MiB",
-// "139.8 GiB" (a small model's memory does not round to "0.0 GiB").
-std::string bytes_text(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  auto value = static_cast<double>(bytes);
-  size_t unit = 0;
-  while (unit + 1 < std::size(units) && (value >= 1024.0 || value <= -1024.0)) {
-    value /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0) return strprintf("%" PRId64 " B", bytes);
-  return strprintf("%.1f %s", value, units[unit]);
-}
-
-// Why bfloat16 autocast needs more than float32 at `batch`, when it does ("" otherwise). Autocast
-// runs the loss (a softmax over the model's outputs) in float32: the outputs are held in bfloat16
-// and again in float32, which for a large vocabulary outweighs what bfloat16 saves on the other
-// activations; and it holds a bfloat16 copy of each weight while a step runs, a fixed cost that
-// smaller activations pay back only from some batch on.
-std::string bf16_note(const engine::MemoryEstimate& fp32, const engine::MemoryEstimate& bf16,
-                      int64_t batch) {
-  if (bf16.total(batch) <= fp32.total(batch)) return "";
-  const int64_t per_sample = bf16.step_bytes_per_sample,
-                fp32_per_sample = fp32.step_bytes_per_sample;
-  if (per_sample >= fp32_per_sample) {
-    return " (more than float32: " + bytes_text(per_sample) + " a sample against " +
-           bytes_text(fp32_per_sample) +
-           ", as autocast computes the loss in float32, holding the model's outputs in bfloat16 "
-           "and again in float32; with a large vocabulary they outweigh what bfloat16 saves on "
-           "the other activations)";
-  }
-  const int64_t fixed = bf16.total(0) - fp32.total(0);
-  const int64_t saved = fp32_per_sample - per_sample;
-  const int64_t from = (fixed + saved - 1) / saved;  // the first batch where bfloat16 needs less
-  return strprintf(
-      " (more than float32 at this batch: autocast holds bfloat16 copies of the "
-      "weights while a step runs, %s more before any sample; it saves %s a sample, "
-      "so it needs less from batch %" PRId64 " on)",
-      bytes_text(fixed).c_str(), bytes_text(saved).c_str(), from);
-}
-
-// Where a step's memory must fit: the smallest GPU, or the machine's memory when there is none.
-struct Capacity {
-  int64_t mb = 0;
-  std::string where;  // e.g. "GPU 0's 139.8 GiB"
-  bool gpu = false;
-};
-
-// --gpu-memory's text ("80GB", "141GiB", "81920MiB"; util/format.h's parse_size) in MiB;
-// UsageError naming the flag otherwise.
-int64_t gpu_memory_mb(const std::string& text) {
-  const double mb = parse_size(text) / 1048576.0;
-  if (!(mb >= 1) || mb > 1e9) {
-    throw UsageError("--gpu-memory: expected a size such as 80GB, 141GiB or 24576MiB, got '" +
-                     text + "'");
-  }
-  return static_cast<int64_t>(mb);
-}
-
-Capacity smallest_device(const doctor::Facts& facts) {
-  Capacity c{facts.memory_mb, "the machine's " + bytes_text(facts.memory_mb << 20) + " of memory",
-             false};
-  for (const auto& g : facts.gpus) {
-    if (!c.gpu || g.total_mb < c.mb)
-      c = {g.total_mb, "GPU " + std::to_string(g.index) + "'s " + bytes_text(g.total_mb << 20),
-           true};
-  }
-  return c;
-}
-
-// The processes of the job the doctor checks for: the launcher's world size (torchrun, SLURM,
-// Open MPI variables), else one per GPU.
-int64_t job_world_size(const doctor::Facts& facts) {
-  const distributed::DistEnv job = distributed::read_process_env();
-  if (job.launched()) return job.world_size;
-  return std::max<int64_t>(static_cast<int64_t>(facts.gpus.size()), 1);
-}
-
-// What would make a step that needs too much fit in `usable` bytes, each with its estimate, in
-// order: gradient accumulation, bfloat16, activation checkpointing, fsdp, more GPUs.
-std::vector<std::string> memory_remedies(engine::Trainer& trainer,
-                                         const engine::MemoryEstimate& planned,
-                                         const engine::MemoryEstimate& bf16, bool use_bf16,
-                                         int64_t usable) {
-  const auto& cfg = trainer.config();
-  const int64_t batch = cfg.data.batch_size;
-  std::vector<std::string> remedies;
-  for (int64_t split = 2; split <= batch; split *= 2) {
-    if (planned.total(batch / split) <= usable) {
-      remedies.push_back(strprintf(
-          "data.batch_size %" PRId64 " with train.grad_accum_steps %" PRId64 ": %s", batch / split,
-          cfg.train.grad_accum_steps * split, bytes_text(planned.total(batch / split)).c_str()));
-      break;
-    }
-  }
-  if (!use_bf16)
-    remedies.push_back("amp.enabled with amp.dtype bfloat16: " + bytes_text(bf16.total(batch)));
-  if (cfg.model.checkpointing == "none") {
-    try {
-      const auto e = trainer.estimate_memory(use_bf16, /*checkpointing=*/"blocks");
-      remedies.push_back(
-          "model.checkpointing blocks (recomputes each block in backward: one more forward per "
-          "step): " +
-          bytes_text(e.total(batch)));
-    } catch (const models::ModelError&) {
-      // A model without blocks.
-    }
-  }
-  for (int64_t gpus = 2; gpus <= 64; gpus *= 2) {
-    if (cfg.dist.strategy != "fsdp" && planned.fsdp_total(batch, gpus) <= usable) {
-      remedies.push_back(strprintf(
-          "dist.strategy fsdp on %" PRId64
-          " GPUs (parameters, gradients and optimizer state sharded; trainer --nproc-per-node "
-          "auto): %s per GPU",
-          gpus, bytes_text(planned.fsdp_total(batch, gpus)).c_str()));
-      break;
-    }
-  }
-  for (int64_t gpus = 2; gpus <= 64; gpus *= 2) {
-    if (planned.total(batch / gpus) <= usable) {
-      remedies.push_back(strprintf("%" PRId64 " GPUs at data.batch_size %" PRId64 " each: %s", gpus,
-                                   batch / gpus, bytes_text(planned.total(batch / gpus)).c_str()));
-      break;
-    }
-  }
-  return remedies;
-}
-
-// doctor --json's "memory" object.
-nlohmann::json memory_json(const config::Config& cfg, const engine::MemoryEstimate& fp32,
-                           const engine::MemoryEstimate& bf16,
-                           const engine::MemoryEstimate& planned, const Capacity& capacity,
-                           int64_t world, int64_t tp, bool fsdp, bool fits) {
-  const int64_t batch = cfg.data.batch_size;
-  return {{"model", cfg.model.name},
-          {"strategy", fsdp ? "fsdp" : "ddp"},
-          {"world_size", world},
-          {"fsdp_bytes", planned.fsdp_total(batch, world)},
-          {"tp_size", tp},
-          {"tp_bytes", planned.tp_total(batch, tp, world, fsdp)},
-          {"batch_per_process", batch},
-          {"float32_bytes", fp32.total(batch)},
-          {"bfloat16_bytes", bf16.total(batch)},
-          {"params_bytes", fp32.params_bytes},
-          {"optimizer_bytes", fp32.optimizer_bytes},
-          {"float32_bytes_per_sample", fp32.step_bytes_per_sample},
-          {"bfloat16_bytes_per_sample", bf16.step_bytes_per_sample},
-          {"capacity_mb", capacity.mb},
-          {"checkpointing", cfg.model.checkpointing},
-          {"fits", fits}};
-}
-
-// The memory per process with tensor parallelism (tp > 1) or fsdp (when chosen, or when the step
-// does not fit whole), as the memory finding's message adds it; "" otherwise.
-std::string parallel_note(const engine::MemoryEstimate& planned, int64_t batch, int64_t world,
-                          int64_t tp, bool fsdp, bool fits) {
-  if (tp > 1) {
-    return strprintf("; with dist.tp_size %" PRId64 " over %" PRId64 " processes (%" PRId64
-                     " data-parallel%s) %s per process",
-                     tp, world, std::max<int64_t>(world / tp, 1), fsdp ? ", fsdp" : "",
-                     bytes_text(planned.tp_total(batch, tp, world, fsdp)).c_str());
-  }
-  if (!fsdp && fits) return "";
-  return strprintf("; with dist.strategy fsdp on %" PRId64 " process%s %s per process", world,
-                   world == 1 ? "" : "es", bytes_text(planned.fsdp_total(batch, world)).c_str());
-}
-
-// The memory a config's training step needs per process, against the device's capacity; the
-// run is planned (its model on the meta device, engine::Build::plan) and its step counted on meta
-// tensors (engine/measure/memory.h): nothing of the model's size is allocated.
-// Where the job is planned for: --gpus and --gpu-memory, else the launcher's world size and the
-// GPUs found.
-struct Target {
-  int64_t gpus = 0;    // 0: the job's world size (job_world_size)
-  int64_t gpu_mb = 0;  // 0: the smallest device found
-};
-
-doctor::Finding memory_finding(const std::string& config_path, std::vector<std::string> sets,
-                               const doctor::Facts& facts, const Target& target,
-                               int64_t measure_batch, nlohmann::json& out) {
-  sets.push_back("device=cpu");
-  sets.push_back("data.workers=0");
-  auto loaded = load_config(config_path, sets, {});
-  // Measured whole in one process; fsdp's and tensor parallelism's figures follow from the
-  // measurement.
-  const bool fsdp = loaded.cfg.dist.strategy == "fsdp";
-  const int64_t tp = loaded.cfg.dist.tp_size;
-  loaded.cfg.dist.strategy = "ddp";
-  loaded.cfg.dist.tp_size = 1;
-  engine::Trainer trainer(loaded, {}, engine::Build::plan);  // no parameter allocated
-  const auto& cfg = loaded.cfg;
-  const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
-  const auto bf16 = trainer.estimate_memory(/*bf16=*/true);
-  const int64_t batch = cfg.data.batch_size;
-  const bool use_bf16 = cfg.amp.enabled && cfg.amp.dtype == "bfloat16";
-  const auto& planned = use_bf16 ? bf16 : fp32;
-  const Capacity capacity =
-      target.gpu_mb > 0
-          ? Capacity{target.gpu_mb,
-                     "each GPU's " + bytes_text(target.gpu_mb << 20) + " (--gpu-memory)", true}
-          : smallest_device(facts);
-  // A tenth stays free for the CUDA context, library workspaces and fragmentation.
-  const int64_t usable = (capacity.mb << 20) / 10 * 9;
-  const int64_t world = target.gpus > 0 ? target.gpus : job_world_size(facts);
-  const int64_t needed = tp > 1 ? planned.tp_total(batch, tp, world, fsdp)
-                         : fsdp ? planned.fsdp_total(batch, world)
-                                : planned.total(batch);
-  const bool fits = needed <= usable;
-  out = memory_json(cfg, fp32, bf16, planned, capacity, world, tp, fsdp, fits);
-  const std::string checkpointing =
-      cfg.model.checkpointing == "none"
-          ? ""
-          : " with activation checkpointing " + cfg.model.checkpointing;
-  std::string message = strprintf(
-      "%s%s at batch %" PRId64
-      " per process: %s in float32 (parameters %s, optimizer %s, step %s), %s "
-      "with bfloat16 autocast%s; %s",
-      cfg.model.name.c_str(), checkpointing.c_str(), batch, bytes_text(fp32.total(batch)).c_str(),
-      bytes_text(fp32.params_bytes).c_str(), bytes_text(fp32.optimizer_bytes).c_str(),
-      bytes_text(fp32.total(batch) - fp32.params_bytes - fp32.optimizer_bytes).c_str(),
-      bytes_text(bf16.total(batch)).c_str(), bf16_note(fp32, bf16, batch).c_str(),
-      capacity.where.c_str());
-  message += parallel_note(planned, batch, world, tp, fsdp, fits);
-  if (measure_batch > 0) {
-    // One real step at that batch, to check the extrapolation against.
-    const int64_t fixed = fp32.params_bytes + fp32.optimizer_bytes;
-    out["measured"] = {{"batch", measure_batch},
-                       {"float32_bytes", fixed + trainer.measure_step_memory(false, measure_batch)},
-                       {"bfloat16_bytes", fixed + trainer.measure_step_memory(true, measure_batch)},
-                       {"float32_estimate_bytes", fp32.total(measure_batch)},
-                       {"bfloat16_estimate_bytes", bf16.total(measure_batch)}};
-  }
-  if (fits) return {doctor::Level::ok, "memory", message + " (fits)", ""};
-  const auto remedies = memory_remedies(trainer, planned, bf16, use_bf16, usable);
-  return {capacity.gpu ? doctor::Level::fail : doctor::Level::warn, "memory",
-          message + " (does not fit)", join(remedies, "; ")};
 }
 
 cxxopts::Options doctor_options() {
@@ -400,10 +163,11 @@ int doctor_command(int argc, char** argv) {
   auto findings = doctor::check(facts);
   nlohmann::json memory;
   if (args.count("config")) {
-    Target target;
+    MemoryTarget target;
     if (args.count("gpus")) target.gpus = args["gpus"].as<int64_t>();
     if (args.count("gpu-memory"))
       target.gpu_mb = gpu_memory_mb(args["gpu-memory"].as<std::string>());
+    target.gpu_job = wants_cuda || target.gpu_mb > 0;
     findings.push_back(memory_finding(args["config"].as<std::string>(), sets, facts, target,
                                       args["measure-batch"].as<int64_t>(), memory));
   }

@@ -25,7 +25,9 @@ nlohmann::json result_json(const engine::EvalResult& e, const std::string& check
                       {"split", split},
                       {"samples", e.samples},
                       {"loss", e.loss}};
-  if (e.sequence) {
+  if (!e.objective.empty()) {  // train.objective's metrics (dpo: TRL's names)
+    for (const auto& [name, value] : e.objective) j[name] = value;
+  } else if (e.sequence) {
     j["ppl"] = e.ppl;
   } else {
     j["top1"] = e.top1;
@@ -67,6 +69,15 @@ int eval_command(int argc, char** argv) {
   if (job.rank != 0) return 0;
   if (args.count("json")) {
     std::cout << result_json(e, checkpoint, step, split, m.weights).dump() << "\n";
+  } else if (!e.objective.empty()) {
+    std::string metrics;
+    for (const auto& [name, value] : e.objective) {
+      metrics += strprintf(", %s %.6g", name.c_str(), value);
+    }
+    std::cout << strprintf("eval %s (step %" PRId64 ", %s, %s weights): loss %.4f%s (%" PRId64
+                           " pairs)\n",
+                           checkpoint.c_str(), step, split.c_str(), m.weights.c_str(), e.loss,
+                           metrics.c_str(), e.samples);
   } else if (e.sequence) {
     std::cout << strprintf("eval %s (step %" PRId64 ", %s, %s weights): loss %.4f, ppl %.3f (%" PRId64
                            " tokens)\n",

@@ -15,7 +15,9 @@
 // Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
 #include <c10/util/Exception.h>
 
+#include <malloc.h>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -60,6 +62,14 @@ int main(int argc, char** argv) {
   // A write past `ulimit -f` fails with EFBIG, a save failure with its message, instead of the
   // signal ending the process.
   std::signal(SIGXFSZ, SIG_IGN);
+#ifdef __GLIBC__
+  // Tensors of 1 MiB and more are mapped on their own and go back to the system when freed.
+  // glibc otherwise raises its mapping threshold to the largest block freed (up to 32 MiB), after
+  // which freed tensors stay in the heap and a CPU run's resident memory grows well past what it
+  // holds (docs/benchmarks.md, "The memory plan against measured peaks"). MALLOC_MMAP_THRESHOLD_
+  // in the environment wins.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
   try {
     // Every command logs on stderr from its start (spdlog's default logger writes to stdout,
     // which carries data: doctor --json, export, generate's text); a command's --log-level

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include "util/format.h"
@@ -131,6 +132,11 @@ void TrainConfig::validate(Checks& c) const {
     c.add("stop_at_top1",
           "must be a fraction in [0, 1] (0 = off), got " + format_number(stop_at_top1));
   }
+  if (stop_at.metric.rfind("val_ema/", 0) == 0 && !ema.enabled()) {
+    c.add("stop_at.metric", "is '" + stop_at.metric +
+                                "', a metric of train.ema's average, but train.ema.decay is 0; "
+                                "set train.ema.decay or use val/...");
+  }
   c.at_least("grad_accum_steps", grad_accum_steps, 1);
   c.at_least("clip_grad_norm", clip_grad_norm, 0.0);
   c.at_least("max_bad_steps", max_bad_steps, 0);
@@ -141,6 +147,33 @@ void TrainConfig::validate(Checks& c) const {
           "acts on the steps that train.max_bad_steps's check finds inf/NaN, which 0 turns off; "
           "set train.max_bad_steps >= 1");
   }
+}
+
+void StopAtConfig::validate(Checks& c) const {
+  const bool has_below = !std::isnan(below), has_above = !std::isnan(above);
+  if (metric.empty()) {
+    if (has_below || has_above) {
+      c.add("metric", "is not set, but train.stop_at." +
+                          std::string(has_below ? "below" : "above") +
+                          " is; name the metric, e.g. stop_at: {metric: val/loss, below: 0.925}");
+    }
+    return;
+  }
+  std::vector<std::string> known;
+  for (const char* split : {"val/", "val_ema/"}) {
+    for (const char* name : {"loss", "ppl", "top1", "top5"}) {
+      known.push_back(split + std::string(name));
+    }
+  }
+  c.one_of("metric", metric, known);
+  if (has_below == has_above) {
+    c.add(has_below ? "above" : "below",
+          has_below ? "cannot be set with train.stop_at.below; keep one target"
+                    : "is not set: give the target as train.stop_at.below (a loss) or .above "
+                      "(an accuracy)");
+  }
+  if (std::isinf(below)) c.add("below", "must be a finite number, got " + format_number(below));
+  if (std::isinf(above)) c.add("above", "must be a finite number, got " + format_number(above));
 }
 
 void EmaConfig::validate(Checks& c) const {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -248,6 +249,27 @@ struct ZScoreConfig {
   }
 };
 
+// train.stop_at: end the run after the first evaluation whose metric reaches a target (MLPerf's
+// time to a validation loss), with a checkpoint. One of `below` and `above` is set.
+struct StopAtConfig {
+  std::string metric;  // an evaluation's metric as the metrics log names it: val/loss, val/ppl,
+                       // val/top1, val/top5 (val_ema/... with train.ema); "" = off
+  double below = std::numeric_limits<double>::quiet_NaN();  // reached at metric <= below
+  double above = std::numeric_limits<double>::quiet_NaN();  // reached at metric >= above
+
+  bool enabled() const { return !metric.empty(); }
+
+  // Range checks of this section's own keys (config.cpp).
+  void validate(Checks& checks) const;
+
+  template <class V>
+  void visit(V& v) {
+    v("metric", metric);
+    v("below", below);
+    v("above", above);
+  }
+};
+
 struct TrainConfig {
   int64_t epochs = 1;            // passes over the training set
   int64_t max_steps = 0;         // >0: stop after this many optimizer steps (overrides epochs)
@@ -255,6 +277,7 @@ struct TrainConfig {
                                  // preempted; the schedule still spans the whole run
   double stop_at_top1 = 0.0;     // >0: end the run after the first evaluation whose top-1
                                  // reaches this fraction (time-to-accuracy), with a checkpoint
+  StopAtConfig stop_at;          // the same for any evaluation metric and target
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
   double clip_grad_norm = 0.0;   // clip gradients to this global L2 norm; 0 = off
   double label_smoothing = 0.0;  // label smoothing of the classification loss
@@ -282,6 +305,7 @@ struct TrainConfig {
     v("max_steps", max_steps);
     v("stop_at_step", stop_at_step);
     v("stop_at_top1", stop_at_top1);
+    v("stop_at", stop_at);
     v("grad_accum_steps", grad_accum_steps);
     v("clip_grad_norm", clip_grad_norm);
     v("label_smoothing", label_smoothing);

@@ -178,13 +178,6 @@ void check_objective(const Config& c, Checks& checks) {
                "train.objective: dpo or another data set (train.objective is " +
                    c.train.objective + ")");
   }
-  const bool reference_free = c.dpo.loss_type == "simpo" || c.dpo.loss_type == "orpo";
-  if (dpo && c.model.lora.rank <= 0 && !reference_free) {
-    checks.add("train.objective",
-               "dpo takes its reference from the base with the adapters off and needs "
-               "model.lora (a frozen copy of a fully trained model is not supported yet); set "
-               "model.lora.rank");
-  }
   if (dpo && c.train.cuda_graph) {
     checks.add("train.cuda_graph",
                "does not capture the preference step (rows of a batch's own "
@@ -220,11 +213,6 @@ void DpoConfig::validate(Checks& c) const {
     c.add("label_smoothing", "must be in [0, 0.5), got " + format_number(label_smoothing));
   }
   if (!(cpo_alpha >= 0.0)) c.add("cpo_alpha", "must be >= 0, got " + format_number(cpo_alpha));
-  if (loss_type == "orpo") {
-    c.add("loss_type",
-          "orpo scores the prompt too (its NLL), which the preference step does not "
-          "compute yet; use sigmoid, ipo, hinge, robust or simpo");
-  }
 }
 
 std::vector<Issue> validate(const LoadedConfig& loaded, const Environment& env) {

@@ -9,6 +9,7 @@
 #include "losses/loss.h"
 #include "losses/xent_rows.h"
 #include "nn/aligned_linear.h"
+#include "nn/autocast.h"
 
 namespace trainer::losses {
 namespace {
@@ -119,8 +120,8 @@ OutputLoss output_loss(const config::TrainConfig& cfg) {
 torch::ScalarType product_type(const torch::Tensor& hidden, const torch::Tensor& weight) {
   const auto device = hidden.device().type();
   const auto common = torch::promote_types(hidden.scalar_type(), weight.scalar_type());
-  if (common != torch::kDouble && at::autocast::is_autocast_enabled(device)) {
-    return at::autocast::get_autocast_dtype(device);
+  if (common != torch::kDouble && nn::autocast_enabled(device)) {
+    return nn::autocast_dtype(device);
   }
   return common;
 }

@@ -33,9 +33,15 @@ struct Segment : torch::CustomClassHolder {
 std::atomic<int64_t> offloaded{0};
 
 // `x` copied into host memory: pinned when it is on a CUDA device, the copy not blocking the
-// host (backward's copy back is ordered after it on the same stream).
+// host (backward's copy back is ordered after it on the same stream). A meta tensor (a planned
+// model's step, counted by engine/measure/memory.h) stays a meta tensor of its shape over one
+// element: the device no longer holds its bytes, which are counted as moved.
 torch::Tensor to_host(const torch::Tensor& x) {
   if (!x.defined()) return x;
+  if (x.is_meta()) {
+    offloaded += static_cast<int64_t>(x.nbytes());
+    return torch::empty({1}, x.options()).as_strided(x.sizes(), std::vector<int64_t>(x.dim(), 0));
+  }
   auto host = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(x.is_cuda()));
   host.copy_(x, /*non_blocking=*/x.is_cuda());
   offloaded += static_cast<int64_t>(x.nbytes());

@@ -6,6 +6,8 @@
 
 #include <vector>
 
+#include "nn/autocast.h"
+
 namespace trainer::nn {
 namespace {
 
@@ -27,8 +29,8 @@ class AlignedLinear : public torch::autograd::Function<AlignedLinear> {
                                const torch::Tensor& weight) {
     const int64_t v = weight.size(0), c = weight.size(1), vp = aligned_columns(v);
     const auto device = x.device().type();
-    const bool autocast = at::autocast::is_autocast_enabled(device);
-    const auto dtype = autocast ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
+    const bool autocast = autocast_enabled(device);
+    const auto dtype = autocast ? autocast_dtype(device) : x.scalar_type();
     const auto xc = x.reshape({-1, c}).to(dtype);  // [N, C]
     // The weight with zero rows up to Vp, in the compute dtype (autocast's cast, into a larger
     // buffer): every size of the product a multiple of 64, and the padding columns of its

@@ -25,6 +25,15 @@ void AutocastState::apply() const {
   at::autocast::set_autocast_cache_enabled(cache_enabled);
 }
 
+bool autocast_enabled(c10::DeviceType device_type) {
+  return (device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA) &&
+         at::autocast::is_autocast_enabled(device_type);
+}
+
+c10::ScalarType autocast_dtype(c10::DeviceType device_type) {
+  return at::autocast::get_autocast_dtype(device_type);
+}
+
 AutocastGuard::AutocastGuard(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled)
     : saved_(AutocastState::current()) {
   if (device_type != at::kCPU && device_type != at::kCUDA) {

@@ -19,6 +19,12 @@ struct AutocastState {
   void apply() const;
 };
 
+// Whether autocast is on for tensors of `device_type`, and its dtype there: off for a device type
+// autocast does not know (the meta device of a planned model's step, engine/measure/memory.h,
+// which emulates autocast itself), where LibTorch's at::autocast::is_autocast_enabled throws.
+bool autocast_enabled(c10::DeviceType device_type);
+c10::ScalarType autocast_dtype(c10::DeviceType device_type);
+
 // While alive: autocast on `device_type` (kCPU or kCUDA) in `dtype` when `enabled`, off there
 // when not (like torch.autocast(enabled=False) inside an autocast region). On destruction the
 // previous settings return, and the cast cache is cleared when this was the outermost region.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 
+#include "nn/autocast.h"
 #include "nn/deferred_init.h"
 #include "nn/parameters.h"
 
@@ -119,8 +120,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) const {
 // out while training.
 torch::Tensor LinearImpl::adapter_input(const torch::Tensor& x) const {
   const auto& a = lora_A->weight;
-  const bool cast =
-      x.scalar_type() != a.scalar_type() && !at::autocast::is_autocast_enabled(x.device().type());
+  const bool cast = x.scalar_type() != a.scalar_type() && !autocast_enabled(x.device().type());
   const auto in = cast ? x.to(a.scalar_type()) : x;
   return lora_.dropout > 0.0 && is_training() ? torch::dropout(in, lora_.dropout, true) : in;
 }

@@ -5,6 +5,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 
 namespace trainer {
@@ -73,6 +74,18 @@ double parse_size(const std::string& text) {
   const double value = std::strtod(number.c_str(), &stop);
   if (stop != number.c_str() + number.size() || !std::isfinite(value)) return -1;
   return value * it->second;
+}
+
+std::string bytes_text(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  auto value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (unit + 1 < std::size(units) && (value >= 1024.0 || value <= -1024.0)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return strprintf("%" PRId64 " B", bytes);
+  return strprintf("%.1f %s", value, units[unit]);
 }
 
 }  // namespace trainer

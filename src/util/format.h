@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cinttypes>
+#include <cstdint>
 #include <string>
 
 namespace trainer {
@@ -19,5 +20,9 @@ std::string format_number(double v);
 // negative number when `text` is not one. Units, in any case: none or B (bytes), KB MB GB TB
 // (powers of 1000), KiB MiB GiB TiB (powers of 1024).
 double parse_size(const std::string& text);
+
+// Bytes in the largest binary unit that keeps the figure at 1 or more: "512 B", "3.2 MiB",
+// "139.8 GiB" (a small model's memory does not round to "0.0 GiB").
+std::string bytes_text(int64_t bytes);
 
 }  // namespace trainer

@@ -1,6 +1,7 @@
-// Chat data (data.name: chat): conversations in JSONL files, or rows of Parquet and Arrow stream
-// files (data/formats/arrow_rows.h; a row is read as the JSON object of its columns, a null
-// value as an absent key, and is then a record as a JSONL line is), as text/chat/chat_records.h
+// Chat data (data.name: chat): conversations in JSONL files, JSON array files (each element as a
+// JSONL line: data/tokens/json_array.h), or rows of Parquet and Arrow stream files
+// (data/formats/arrow_rows.h; a row is read as the JSON object of its columns, a null value as
+// an absent key, and is then a record as a JSONL line is), as text/chat/chat_records.h
 // reads them (records in the Alpaca and ShareGPT formats rewritten into them,
 // text/chat/record_formats.h), rendered
 // with the model's chat template (text/chat/chat_template.h: the published Llama 3.x and ChatML
@@ -99,7 +100,8 @@ struct ChatConversations {
   std::vector<uint8_t> trained;        // per token: 1 where it is a trained target
   std::vector<int64_t> offsets = {0};  // conversation c: tokens [offsets[c], offsets[c + 1])
   std::vector<int32_t> file;           // per conversation: its file, an index into `files`
-  std::vector<int64_t> line;           // per conversation: its line (1-based), or row (from 0)
+  std::vector<int64_t> line;  // per conversation: its line (1-based; an array element's first
+                              // line), or row (from 0)
   std::vector<std::string> files;
   std::vector<uint8_t> rows;  // per file: 1 where its records are rows (Parquet, Arrow)
 

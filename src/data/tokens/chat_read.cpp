@@ -17,6 +17,7 @@
 
 #include "data/formats/arrow_rows.h"
 #include "data/tokens/chat.h"
+#include "data/tokens/json_array.h"
 #include "data/tokens/jsonl_files.h"
 #include "data/tokens/shards.h"
 #include "text/chat/chat_encode.h"
@@ -32,11 +33,12 @@
 namespace trainer::data {
 namespace {
 
-// One record of a file: a JSONL line, or a row's JSON.
+// One record of a file: a JSONL line, an element of a JSON array file, or a row's JSON.
 struct Line {
   int32_t file = 0;
-  int64_t number = 0;  // a line's, 1-based; a row's, from 0
+  int64_t number = 0;  // a line's, 1-based (an array element's first line); a row's, from 0
   std::string_view text;
+  int64_t draw = 0;  // > 0: the number that draws its split (an array element's index + 1)
 };
 
 // What became of a line.
@@ -197,7 +199,7 @@ struct RecordReader {
   void read_file_records(size_t f);
   void read_jsonl(size_t f);
   void read_rows(size_t f);
-  void take(const std::vector<Line>& lines, std::string_view jsonl);
+  void take(const std::vector<Line>& lines);
 };
 
 void RecordReader::read_file_records(size_t f) {
@@ -211,7 +213,16 @@ void RecordReader::read_file_records(size_t f) {
 void RecordReader::read_jsonl(size_t f) {
   const auto bytes = read_file(data.train.files[f]);
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  take(split_into_lines(static_cast<int32_t>(f), text), text);
+  if (!starts_json_array(text)) return take(split_into_lines(static_cast<int32_t>(f), text));
+  std::vector<Line> lines;
+  try {
+    for (const auto& e : json_array_elements(text, data.train.files[f])) {
+      lines.push_back({static_cast<int32_t>(f), e.line, e.text, e.index + 1});
+    }
+  } catch (const JsonArrayError& e) {
+    throw DataConfigError(key(f), e.what());
+  }
+  take(lines);
 }
 
 // The rows of file `f` by batches of kRowsPerBatch, each row as the JSON text of its columns.
@@ -234,30 +245,22 @@ void RecordReader::read_rows(size_t f) {
       for (size_t i = 0; i < texts.size(); ++i) {
         lines.push_back({static_cast<int32_t>(f), first + static_cast<int64_t>(i), texts[i]});
       }
-      take(lines, {});
+      take(lines);
     }
   } catch (const ArrowRowsError& e) {
     throw DataConfigError(key(f), e.what());
   }
 }
 
-// The lines' records encoded, the first that cannot be used refused (a JSONL file `jsonl` that is
-// one JSON array named as such), the others into the splits: a line of a validation file
-// validates; without validation files, a line validates with chance `val_fraction`, drawn from
-// (seed, file, line number; row N as line N + 1).
-void RecordReader::take(const std::vector<Line>& lines, std::string_view jsonl) {
+// The lines' records encoded, the first that cannot be used refused, the others into the splits: a
+// line of a validation file validates; without validation files, a line validates with chance
+// `val_fraction`, drawn from (seed, file, line number; row N as line N + 1, array element i as line
+// i + 1).
+void RecordReader::take(const std::vector<Line>& lines) {
   auto results = encode_lines(lines, data.train, mapping, encoder);
   for (size_t i = 0; i < lines.size(); ++i) {
     if (results[i].fatal.empty()) continue;
-    const auto f = static_cast<size_t>(lines[i].file);
-    if (!data.train.rows[f] && json_array_file(jsonl)) {
-      const auto& name = data.train.files[f];
-      throw DataConfigError(key(f), name +
-                                        " is a JSON array, not JSON Lines (one record per line); "
-                                        "write each record on a line of its own (jq -c '.[]' " +
-                                        name + ")");
-    }
-    throw DataConfigError(key(f), results[i].fatal);
+    throw DataConfigError(key(static_cast<size_t>(lines[i].file)), results[i].fatal);
   }
   const bool drawn = first_val == data.train.files.size();
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -270,7 +273,8 @@ void RecordReader::take(const std::vector<Line>& lines, std::string_view jsonl) 
       }
       continue;
     }
-    const auto number = static_cast<uint64_t>(l.number + (data.train.rows[l.file] ? 1 : 0));
+    const auto number =
+        static_cast<uint64_t>(l.draw > 0 ? l.draw : l.number + (data.train.rows[l.file] ? 1 : 0));
     const bool val =
         drawn ? drawn_for_validation(seed, static_cast<uint64_t>(l.file), number, val_fraction)
               : static_cast<size_t>(l.file) >= first_val;

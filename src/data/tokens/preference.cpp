@@ -10,6 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "data/formats/arrow_rows.h"
+#include "data/tokens/json_array.h"
 #include "data/tokens/jsonl_files.h"
 #include "data/tokens/shards.h"
 #include "text/chat/chat_encode.h"
@@ -44,16 +48,28 @@ struct Reader {
   uint64_t seed;
   PreferenceData& data;
 
-  // Every line of file `f` (`key` its config key) into a split: a validation file's into val,
-  // else drawn from (seed, file, line) with chance data.val_fraction when `drawn`.
+  // Every record of file `f` (`key` its config key) into a split: a validation file's into val,
+  // else drawn from (seed, file, number) with chance data.val_fraction when `drawn`: a JSONL
+  // line's number, array element i's i + 1, row N's N + 1.
   void read(const std::string& file, size_t f, const std::string& key, bool val_file, bool drawn) {
+    auto split = [&](int64_t number) -> PreferencePairs& {
+      const bool val =
+          drawn ? drawn_for_validation(seed, f, static_cast<uint64_t>(number), o.val_fraction)
+                : val_file;
+      return val ? data.val : data.train;
+    };
+    if (is_rows_file(file)) return read_rows(file, key, split);
     const auto bytes = read_file(file);
     const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    if (json_array_file(text)) {
-      throw DataConfigError(key, file +
-                                     " is a JSON array, not JSON Lines; write each record on "
-                                     "a line of its own (jq -c '.[]' " +
-                                     file + ")");
+    if (starts_json_array(text)) {
+      try {
+        for (const auto& e : json_array_elements(text, file)) {
+          add(e.text, file + ":" + std::to_string(e.line), key, split(e.index + 1));
+        }
+      } catch (const JsonArrayError& e) {
+        throw DataConfigError(key, e.what());
+      }
+      return;
     }
     int64_t number = 0;
     for (size_t at = 0; at < text.size();) {
@@ -63,11 +79,45 @@ struct Reader {
       at = end + 1;
       ++number;
       if (blank_line(line)) continue;
-      const bool val =
-          drawn ? drawn_for_validation(seed, f, static_cast<uint64_t>(number), o.val_fraction)
-                : val_file;
-      add(line, file + ":" + std::to_string(number), key, val ? data.val : data.train);
+      add(line, file + ":" + std::to_string(number), key, split(number));
     }
+  }
+
+  // The rows of a Parquet or Arrow stream file, each the record of TRL's columns (a null prompt:
+  // none), read by batches of rows.
+  template <class Split>
+  void read_rows(const std::string& file, const std::string& key, Split& split) {
+    try {
+      std::vector<std::string> columns;
+      if (ArrowRows(file).has_column("prompt")) columns.push_back("prompt");
+      columns.insert(columns.end(), {"chosen", "rejected"});
+      ArrowRows rows(file, columns);
+      for (const auto& column : columns) require_text_or_messages(rows, column);
+      nlohmann::ordered_json row;
+      while (true) {
+        const int64_t number = rows.position();
+        if (!rows.next(row)) break;
+        add(row.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace),
+            rows.where(number), key, split(number + 1));
+      }
+    } catch (const ArrowRowsError& e) {
+      throw DataConfigError(key, e.what());
+    }
+  }
+
+  // TRL's columns hold text (strings) or conversations (lists of {role, content} structs).
+  static void require_text_or_messages(const ArrowRows& rows, const std::string& column) {
+    for (const auto kind : {ColumnKind::string, ColumnKind::struct_list}) {
+      try {
+        rows.require(column, kind);
+        return;
+      } catch (const ArrowRowsError&) {
+      }
+    }
+    throw ArrowRowsError(rows.where(0) + ", column \"" + column +
+                         "\": " + rows.column_type(column) +
+                         " (every row), expected strings or lists of {role, content} structs "
+                         "(TRL's preference columns)");
   }
 
   void add(std::string_view line, const std::string& where, const std::string& key,
@@ -119,7 +169,8 @@ PreferenceData read_preference_data(const config::DataConfig& cfg, const DataCon
       format ? chat_specials(tokenizer, *format, o.chat_date) : ChatSpecials{};
   const auto val = o.val_files.empty() ? std::vector<std::string>()
                                        : pattern_files(cfg.root, o.val_files, "data.val_files");
-  const auto train = train_files(cfg.root, o.files, val, "preference pairs");
+  const auto train =
+      train_files(cfg.root, o.files, val, "preference pairs", {".jsonl", ".parquet", ".arrow"});
   Reader reader{o, tokenizer, format, specials, static_cast<uint64_t>(ctx.seed), data};
   const char* train_key = o.files.empty() ? "data.root" : "data.files";
   for (size_t f = 0; f < train.size(); ++f) reader.read(train[f], f, train_key, false, val.empty());

@@ -5,6 +5,10 @@
 //   {"prompt": "...", "chosen": "...", "rejected": "..."}                           (standard)
 //   {"prompt": [messages...], "chosen": [messages...], "rejected": [messages...]} (conversational)
 //
+// or the same as one JSON array of records (data/tokens/json_array.h), or as the rows of Parquet
+// and Arrow stream files (data/formats/arrow_rows.h) with TRL's columns: prompt (optional), chosen
+// and rejected, strings or lists of {role, content} structs; a row is the record of its columns.
+//
 // "prompt" may be left out: the implicit prompt is then the longest common prefix of chosen and
 // rejected (characters, or whole messages), as trl.extract_prompt takes it. Tokenized as TRL
 // 1.16's DPOTrainer does (_prepare_dataset): text with the tokenizer's bos (as encode with special
@@ -36,9 +40,10 @@ namespace trainer::data {
 
 // The `data.` keys of preference.
 struct PreferenceDataOptions {
-  std::string files;          // the training JSONL files: a brace pattern relative to data.root;
-                              // empty: data.root itself (a JSONL file or a folder of them)
-  std::string val_files;      // the validation JSONL files; empty: a seeded data.val_fraction
+  std::string files;          // the training files (JSONL, JSON array, Parquet, Arrow): a brace
+                              // pattern relative to data.root; empty: data.root itself (a file
+                              // or a folder of .jsonl, .parquet and .arrow files)
+  std::string val_files;      // the validation files; empty: a seeded data.val_fraction
   double val_fraction = 0.1;  // without val_files: each pair's chance to validate
   int64_t max_length = 1024;  // tokens per row (prompt + completion), TRL's max_length
   std::string tokenizer;      // a tokenizer.json or a folder; empty: model.pretrained's folder
@@ -64,7 +69,7 @@ struct PreferenceDataOptions {
 struct PreferencePairs {
   std::vector<int32_t> ids;
   std::vector<int64_t> offsets = {0};
-  std::vector<std::string> where;  // per pair: FILE:LINE
+  std::vector<std::string> where;  // per pair: FILE:LINE, or FILE: row N
 
   int64_t size() const { return static_cast<int64_t>(where.size()); }
   // Part `part` (0 prompt, 1 chosen, 2 rejected) of pair k.
@@ -81,7 +86,8 @@ struct PreferenceData {
 };
 
 // The pairs of the data section `cfg` (name preference), read and tokenized. Throws
-// DataConfigError naming FILE:LINE and the key for a record that cannot be used (not JSON, no
+// DataConfigError naming FILE:LINE (FILE: row N) and the key for a record that cannot be used (a
+// column of another type, a malformed JSON array: FILE:LINE:COLUMN, not JSON, no
 // chosen or rejected, an empty completion, formats mixed, a message that is not {role, content},
 // roles out of order: a completion that is not the assistant's answer, conversations without a
 // prompt that differ before the answers), DataError for unreadable files.

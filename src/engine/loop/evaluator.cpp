@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/setup/objective.h"
 #include "nn/autocast.h"
 #include "util/device.h"
 
@@ -59,14 +60,47 @@ torch::Tensor batch_logits(Components& parts, const data::Batch& batch) {
   return parts.whole_outputs(logits);
 }
 
+// train.objective's evaluation (dpo): its loss and metrics of each batch of this rank's shard, as
+// TRL's evaluate() logs them (the metrics' means over the batches, the loss weighted by their
+// items), combined over the ranks at the end. The model is in eval mode.
+EvalResult evaluate_objective(Components& parts, data::Loader& loader, int64_t batches,
+                              int64_t& bad_samples, const EvalProgress& progress) {
+  const auto& device = parts.device;
+  loader.start_epoch(0);  // this rank's shard
+  for (int64_t read = 0; read < batches; ++read) {
+    auto batch = loader.next();
+    if (!batch) break;
+    bad_samples += batch->bad_samples;
+    const auto inputs = batch->inputs.to(device, /*non_blocking=*/true);
+    const auto targets = batch->targets.to(device, /*non_blocking=*/true);
+    {
+      nn::AutocastGuard autocast(device.type(), parts.precision.dtype, parts.precision.autocast);
+      parts.objective->eval_loss(*parts.model, inputs, targets);
+    }
+    if (progress) progress(read + 1, batches);
+  }
+  const auto window = parts.objective->take_eval_window(parts.data_group());
+  EvalResult r;
+  r.loss = window.loss;
+  r.samples = window.items;
+  r.objective = window.metrics;
+  return r;
+}
+
 }  // namespace
 
 EvalResult evaluate(Components& parts, data::Loader& loader, int64_t& bad_samples,
                     int64_t max_batches, const EvalProgress& progress) {
   torch::NoGradGuard no_grad;
-  if (parts.fsdp) parts.fsdp->gather_root();
   const int64_t all = loader.batches_per_epoch();
   const int64_t batches = max_batches > 0 ? std::min(max_batches, all) : all;  // this rank's
+  if (parts.objective) {  // alone or under ddp (validate.cpp)
+    parts.model->eval();
+    auto r = evaluate_objective(parts, loader, batches, bad_samples, progress);
+    parts.model->train();
+    return r;
+  }
+  if (parts.fsdp) parts.fsdp->gather_root();
   const int64_t extra = missing_forwards(parts, batches);
   auto& model = *parts.model;
   model.eval();

@@ -3,12 +3,15 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "distributed/failure_text.h"
 #include "engine/loop/batches.h"
 #include "engine/loop/graphed_step.h"
+#include "engine/loop/stop_target.h"
 #include "engine/loop/trainer_state.h"
 #include "engine/measure/flops.h"
 #include "engine/measure/op_count.h"
@@ -93,7 +96,7 @@ class Run {
   MetricsLog& log() { return log_; }
 
   // Trains one step and logs, evaluates and checkpoints as configured; false when the run ends
-  // here (a stop, train.stop_at_step or train.stop_at_top1).
+  // here (a stop, train.stop_at_step, or a target of train.stop_at or train.stop_at_top1).
   bool step(const std::vector<data::Batch>& micro_batches) {
     log_.count(micro_batches);
     const Settled settled = train(micro_batches);
@@ -177,6 +180,7 @@ class Run {
   // a group, any failure with the collective timeout as a possible cause.
   Settled train(const std::vector<data::Batch>& micro_batches) {
     const bool stop_requested = stop_ && stop_->load();
+    if (!first_step_start_) first_step_start_ = std::chrono::steady_clock::now();
     try {
       log_.begin_step();
       counts_.begin_step();
@@ -322,18 +326,36 @@ class Run {
         engine::evaluate(s_.parts, s_.state.bad_samples, limit, log_.eval_progress("val"));
     s_.state.last_eval_step = s_.state.step;
     log_.eval(last_eval_, epoch);
+    EvalResult ema;
     if (s_.average) {  // train.ema's average, with the model's buffers
       WeightAverage::Swapped swapped(*s_.average);
       int64_t seen = 0;  // its unreadable samples are the evaluation's above, counted there
-      log_.eval(engine::evaluate(s_.parts, seen, limit, log_.eval_progress("val_ema")), epoch,
-                "val_ema");
+      ema = engine::evaluate(s_.parts, seen, limit, log_.eval_progress("val_ema"));
+      log_.eval(ema, epoch, "val_ema");
     }
-    const double target = cfg_.train.stop_at_top1;
-    if (!last_eval_.sequence && target > 0.0 && last_eval_.top1 >= target) {
+    check_targets(s_.average ? &ema : nullptr);
+  }
+
+  // Ends the run when this evaluation reached a target of train.stop_at or train.stop_at_top1,
+  // logging the time to it from the first step and from the process's start (MLPerf's run time).
+  void check_targets(const EvalResult* ema) {
+    for (const auto& target : targets_) {
+      const auto value = eval_metric(target.metric, last_eval_, ema);
+      if (!value || !target.reached_by(*value)) continue;
       result_.reached_target = true;
-      log::info(
-          strprintf("top-1 %.2f%% reached train.stop_at_top1 %.2f%% after %.1f s; ending the run",
-                    100.0 * last_eval_.top1, 100.0 * target, log_.seconds()));
+      const double from_start = seconds_since_process_start();
+      result_.target_seconds =
+          first_step_start_
+              ? std::chrono::duration<double>(std::chrono::steady_clock::now() - *first_step_start_)
+                    .count()
+              : 0.0;
+      result_.target_seconds_from_start = from_start;
+      log::info(strprintf("%s %.6g reached %s (%s) at step %" PRId64
+                          ": %.3f s from the first step, %.3f s from start-up; ending the run",
+                          target.metric.c_str(), *value, target.key.c_str(),
+                          target.describe().c_str(), s_.state.step, result_.target_seconds,
+                          from_start));
+      return;
     }
   }
 
@@ -353,6 +375,8 @@ class Run {
   ProfileWindow profile_;       // profile.start_step's window under the profiler
   MemoryHistory memory_;        // profile.memory_snapshot's allocator history
   int64_t undone_through_ = 0;  // the last step a rollback undid
+  std::vector<StopTarget> targets_ = stop_targets(cfg_.train);  // train.stop_at, stop_at_top1
+  std::optional<std::chrono::steady_clock::time_point> first_step_start_;  // this process's
 };
 
 }  // namespace
@@ -380,7 +404,9 @@ static void measure_utilisation(Trainer& trainer, Trainer::State& s, MetricsLog&
 }
 
 Trainer::Trainer(const config::LoadedConfig& loaded, const distributed::DistEnv& job, Build build)
-    : s_(std::make_unique<State>(loaded, job, build)) {}
+    : s_(std::make_unique<State>(loaded, job, build)) {
+  check_stop_target(loaded, s_->parts.splits.spec.sequence);
+}
 
 Trainer::~Trainer() = default;
 

@@ -39,9 +39,11 @@ struct FitResult {
   int64_t steps = 0;            // optimizer steps taken, counted from the start of the run
   int64_t first_step = 0;       // the step this process started from (a resumed run's step)
   bool stopped = false;         // ended early (stop flag or train.stop_at_step), after a checkpoint
-  bool reached_target = false;  // ended when an evaluation reached train.stop_at_top1
-  EvalResult last_eval;         // the last evaluation (samples == 0 when none ran)
-  double seconds = 0.0;         // wall time of the loop (this process's steps from first_step)
+  bool reached_target = false;  // ended when an evaluation reached train.stop_at(_top1)'s target
+  double target_seconds = 0.0;  // reached_target: wall time from this process's first step
+  double target_seconds_from_start = 0.0;  // and from the process's start
+  EvalResult last_eval;                    // the last evaluation (samples == 0 when none ran)
+  double seconds = 0.0;  // wall time of the loop (this process's steps from first_step)
   // Host reads (synchronisations with the device) per step made inside the steps, and in all
   // outside them (logging, evaluation, checkpoints); ATen operators per step, counted over a
   // few steps after the first (0 when the run had too few).
@@ -119,8 +121,10 @@ class Trainer {
 
   // Measures the memory of a training step (engine/use/probes.h) on the CPU, in float32 or under
   // bfloat16 autocast; the model must be on the CPU. A `checkpointing` setting other than ""
-  // measures the model built with that model.checkpointing instead.
-  MemoryEstimate estimate_memory(bool bf16, const std::string& checkpointing = "");
+  // measures the model built with that model.checkpointing instead; a `base_quant` other than ""
+  // counts the base as model.lora.base_quant would hold it (a planned model's).
+  MemoryEstimate estimate_memory(bool bf16, const std::string& checkpointing = "",
+                                 const std::string& base_quant = "");
 
   // The measured CPU peak of one forward/backward at `batch` samples (float32 or bfloat16
   // autocast), without parameters and optimizer state: what estimate_memory extrapolates.

@@ -32,7 +32,7 @@ struct Trainer::State {
 
   // train.objective's step (null for supervised) in the parts.
   static Components with_objective(Components parts, const config::Config& cfg) {
-    parts.objective = make_objective(cfg, parts.group.get());
+    parts.objective = make_objective(cfg, parts.group.get(), parts.model.get());
     return parts;
   }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace trainer::engine {
 
@@ -19,35 +21,17 @@ struct MemoryEstimate {
   int64_t measured_batch_small = 0, measured_batch_large = 0;  // the two measured batches
   int64_t root_bytes = 0;           // parameters outside the model's blocks (fsdp's root unit)
   int64_t largest_block_bytes = 0;  // the parameters of the model's largest block
+  // params_bytes by the dtype they are held in ("float32", "bfloat16", "nf4", "int8"): a
+  // quantized base (model.lora.base_quant) counted as its quantized bytes.
+  std::vector<std::pair<std::string, int64_t>> params_by_dtype;
+  int64_t gradient_bytes = 0;     // the trainable parameters' gradients (part of the step)
+  int64_t dequantized_bytes = 0;  // the largest quantized weight dequantized for its product
 
-  // Peak bytes of one training step at `batch` samples per process.
+  // Peak bytes of one training step at `batch` samples per process, in one process
+  // (memory_plan.h's plan_memory gives any layout's, part by part).
   int64_t total(int64_t batch) const {
-    return params_bytes + optimizer_bytes + step_fixed_bytes + step_bytes_per_sample * batch;
-  }
-
-  // The same with dist.strategy fsdp over `world` processes: their shares of the parameters,
-  // gradients (the fixed part of a step holds one set) and optimizer state, the gathered root
-  // and two blocks (one computing, the next prefetched) with their gradients, and the
-  // activations.
-  int64_t fsdp_total(int64_t batch, int64_t world) const {
-    const int64_t activations = std::max<int64_t>(step_fixed_bytes - params_bytes, 0);
-    const int64_t gathered = 2 * (root_bytes + 2 * largest_block_bytes);
-    return (2 * params_bytes + optimizer_bytes) / std::max<int64_t>(world, 1) + gathered +
-           activations + step_bytes_per_sample * batch;
-  }
-
-  // The same with dist.tp_size `tp` over `world` processes (world / tp data-parallel ranks): the
-  // parameters and optimizer state split over the tensor-parallel group (the few whole tensors,
-  // layer norms and position embeddings, counted as split) and with fsdp sharded over the
-  // data-parallel ranks too, the gathered units split as well; the step (gradients and
-  // activations) as Megatron-LM counts a transformer layer's activations (Korthikanti et al.,
-  // 2022): of 34 bytes per token and unit of width, 24 split over the group and 10 whole.
-  int64_t tp_total(int64_t batch, int64_t tp, int64_t world, bool fsdp) const {
-    const int64_t t = std::max<int64_t>(tp, 1), dp = std::max<int64_t>(world / t, 1);
-    const int64_t state = (params_bytes + optimizer_bytes) / t / (fsdp ? dp : 1);
-    const int64_t gathered = fsdp ? 2 * (root_bytes + 2 * largest_block_bytes) / t : 0;
-    const int64_t step = step_fixed_bytes + step_bytes_per_sample * batch;
-    return state + gathered + step * (10 * t + 24) / (34 * t);
+    return params_bytes + optimizer_bytes + step_fixed_bytes + step_bytes_per_sample * batch +
+           dequantized_bytes;
   }
 };
 

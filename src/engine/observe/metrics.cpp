@@ -358,7 +358,13 @@ void MetricsLog::eval(const EvalResult& e, int64_t epoch, const std::string& spl
       {"split", split}, {"step", state_.step}, {"epoch", epoch}, {"loss", e.loss}};
   std::string line = strprintf("%s step %" PRId64 " epoch %" PRId64 ": loss %.4f",
                                split == "val" ? "eval" : "eval (ema)", state_.step, epoch, e.loss);
-  if (e.sequence) {
+  if (!e.objective.empty()) {  // train.objective's metrics (dpo: TRL's names, over the split)
+    for (const auto& [name, value] : e.objective) {
+      record[name] = value;
+      if (name == "rewards/accuracies") line += strprintf(" %s %.4f", name.c_str(), value);
+    }
+    line += strprintf(" (%" PRId64 " pairs)", e.samples);
+  } else if (e.sequence) {
     record["ppl"] = e.ppl;
     line += strprintf(" ppl %.3f (%" PRId64 " tokens)", e.ppl, e.samples);
   } else {

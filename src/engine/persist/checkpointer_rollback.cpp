@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/persist/checkpointer.h"
+#include "engine/setup/objective.h"
 
 namespace trainer::engine {
 
@@ -44,9 +45,13 @@ int64_t Checkpointer::rollback() {
   state_.rollbacks = now.rollbacks + 1;
   state_.rolled_back_steps = now.rolled_back_steps + undone;
   state_.bad_steps_in_row = 0;
+  // The metrics windows start afresh, the checkpoint's (restored above) as well: the steps in them
+  // were undone, and the next record covers the steps from here on, its loss and its
+  // train.objective metrics alike.
   state_.window_steps = state_.window_samples = 0;
   state_.window_loss.zero_();
   if (state_.window_grad_norm.defined()) state_.window_grad_norm.zero_();
+  if (parts_.objective) parts_.objective->take_window();
   lost_steps_ += undone;
   return then.step;
 }

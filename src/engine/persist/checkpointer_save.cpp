@@ -57,6 +57,10 @@ bool Checkpointer::write(const EvalResult& eval) {
     // A language model's predictions are tokens: loss and perplexity, no top-k accuracy.
     metrics = {{"loss", eval.loss}, {"ppl", eval.ppl}};
     if (!eval.sequence) metrics.insert({{"top1", eval.top1}, {"top5", eval.top5}});
+    if (!eval.objective.empty()) {  // train.objective's loss and metrics (dpo: TRL's names)
+      metrics = {{"loss", eval.loss}};
+      metrics.insert(eval.objective.begin(), eval.objective.end());
+    }
   }
   // The metrics window's losses averaged over the ranks, so that a resumed run logs what an
   // uninterrupted one does.

@@ -7,6 +7,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace trainer::engine {
 
@@ -53,6 +56,9 @@ struct EvalResult {
   double ppl = 0.0;       // perplexity, exp(loss)
   int64_t samples = 0;    // predictions made
   bool sequence = false;  // a language model: predictions are tokens, ppl is the headline
+  // train.objective's metrics over the split (dpo: TRL's names, rewards/chosen, ...; loss is then
+  // the objective's and samples its items, the pairs); empty for supervised training.
+  std::vector<std::pair<std::string, double>> objective;
 };
 
 // Told by an evaluation after each batch how many of this rank's batches are done, of how many.

@@ -3,11 +3,15 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 
 #include "engine/measure/flops.h"
+#include "engine/measure/run_peak.h"
 #include "nn/autocast.h"
 #include "nn/deferred_init.h"
+#include "nn/lora.h"
 #include "nn/parameters.h"
+#include "nn/quant/quantized_weight.h"
 
 namespace trainer::engine {
 
@@ -147,6 +151,41 @@ std::pair<int64_t, int64_t> step_peaks(Components& parts, const config::ModelCon
   return {step_peak(parts, *built, bf16, small), step_peak(parts, *built, bf16, large)};
 }
 
+// The parameters `model` holds by dtype into e.params_by_dtype and e.params_bytes: with
+// model.lora.base_quant, its quantizable layers' weights as their quantized bytes (counted from
+// their shapes on a planned model, whose weights are not quantized; measured on a built one) and
+// e.dequantized_bytes, the largest of them dequantized into the step's dtype.
+void count_held(MemoryEstimate& e, models::NetImpl& net, const config::ModelConfig& model,
+                bool bf16) {
+  std::map<std::string, int64_t> by_dtype;
+  for (const auto& p : models::unique_parameters(net)) {
+    by_dtype[dtype_name(p.scalar_type())] += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  const auto kind = model.lora.enabled() ? nn::quant::quant_kind(model.lora.base_quant)
+                                         : nn::quant::QuantKind::none;
+  if (kind != nn::quant::QuantKind::none) {
+    const int64_t held = nn::quantized_bytes(net);  // a built model's quantized weights
+    int64_t planned = held > 0 ? held : nn::quant::shared_table_bytes(kind), largest = 0;
+    for (const auto& [name, layer] : nn::quantizable_layers(net)) {
+      const auto& w = layer->weight;
+      if (layer->quantized() || !w.defined()) continue;
+      const int64_t numel = w.numel();
+      by_dtype[dtype_name(w.scalar_type())] -= numel * static_cast<int64_t>(w.element_size());
+      planned += nn::quant::planned_bytes(w.sizes().vec(), kind);
+      largest = std::max(largest, numel * (bf16 ? 2 : static_cast<int64_t>(w.element_size())));
+    }
+    by_dtype[model.lora.base_quant] += planned;
+    if (held == 0) e.dequantized_bytes = largest;
+  }
+  e.params_bytes = 0;
+  e.params_by_dtype.clear();
+  for (const auto& [dtype, bytes] : by_dtype) {
+    if (bytes <= 0) continue;
+    e.params_by_dtype.emplace_back(dtype, bytes);
+    e.params_bytes += bytes;
+  }
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(Components& parts, const config::ModelConfig& model, bool bf16,
@@ -162,12 +201,8 @@ MemoryEstimate estimate_memory(Components& parts, const config::ModelConfig& mod
     trainable += p.numel() * static_cast<int64_t>(p.element_size());
   }
   e.params_bytes = trainable;
-  if (!parts.fsdp) {  // the frozen ones too (model.lora's base)
-    e.params_bytes = 0;
-    for (const auto& p : models::unique_parameters(*parts.model)) {
-      e.params_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    }
-  }
+  e.gradient_bytes = trainable;
+  if (!parts.fsdp) count_held(e, *parts.model, model, bf16);  // the frozen ones too
   e.optimizer_bytes = parts.optimizer->state_copies() * trainable;
   int64_t in_blocks = 0;
   for (const auto& block : parts.model->blocks()) {

@@ -167,8 +167,11 @@ int64_t Trainer::measure_step_memory(bool bf16, int64_t batch) {
   return step_peak(s_->parts, *s_->parts.model, bf16, batch);
 }
 
-MemoryEstimate Trainer::estimate_memory(bool bf16, const std::string& checkpointing) {
-  return engine::estimate_memory(s_->parts, s_->loaded.cfg.model, bf16, checkpointing);
+MemoryEstimate Trainer::estimate_memory(bool bf16, const std::string& checkpointing,
+                                        const std::string& base_quant) {
+  auto model = s_->loaded.cfg.model;
+  if (!base_quant.empty()) model.lora.base_quant = base_quant;
+  return engine::estimate_memory(s_->parts, model, bf16, checkpointing);
 }
 
 }  // namespace trainer::engine

@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "nn/autocast.h"
 #include "nn/quant/int8.h"
 #include "nn/quant/nf4.h"
 
@@ -91,9 +92,7 @@ struct QuantizedMatmul : public torch::autograd::Function<QuantizedMatmul> {
                                const torch::Tensor* bias_of, const QuantizedWeight* w) {
     const torch::Tensor& bias = *bias_of;
     const auto device = x.device().type();
-    const auto compute = at::autocast::is_autocast_enabled(device)
-                             ? at::autocast::get_autocast_dtype(device)
-                             : x.scalar_type();
+    const auto compute = autocast_enabled(device) ? autocast_dtype(device) : x.scalar_type();
     ctx->saved_data["weight"] = reinterpret_cast<int64_t>(w);
     ctx->saved_data["compute"] = static_cast<int64_t>(compute);
     return torch::linear(x.to(compute), w->for_forward(compute),
@@ -153,6 +152,21 @@ int64_t held_bytes(const std::vector<const QuantizedWeight*>& weights) {
     }
   }
   return bytes;
+}
+
+int64_t planned_bytes(const std::vector<int64_t>& shape, QuantKind kind) {
+  int64_t numel = 1;
+  for (const int64_t d : shape) numel *= d;
+  if (kind == QuantKind::nf4) {
+    const int64_t blocks = (numel + 63) / 64, nested = (blocks + 255) / 256;
+    return (numel + 1) / 2 + blocks + 4 * nested + 4;
+  }
+  if (kind == QuantKind::int8) return numel + 4 * (shape.empty() ? 1 : shape.front());
+  return 0;
+}
+
+int64_t shared_table_bytes(QuantKind kind) {
+  return kind == QuantKind::nf4 ? 4 * (16 + 256) : 0;
 }
 
 }  // namespace trainer::nn::quant

@@ -68,4 +68,12 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const QuantizedWeight& w,
 // Bytes held by the tensors of `weights`, each storage counted once.
 int64_t held_bytes(const std::vector<const QuantizedWeight*>& weights);
 
+// The bytes quantize() of a weight of `shape` as `kind` holds, counted from the layout without
+// quantizing (a planned model's memory): nf4, the packed codes (two a byte), an absmax code a
+// block of 64, a float32 absmax a block of 256 of those and the float32 offset; int8, a byte an
+// element and a float32 scale a row. The tables every weight on a device shares (nf4's 16 codes
+// and the 256 codes of its absmax) are shared_table_bytes(kind), once per device.
+int64_t planned_bytes(const std::vector<int64_t>& shape, QuantKind kind);
+int64_t shared_table_bytes(QuantKind kind);
+
 }  // namespace trainer::nn::quant
