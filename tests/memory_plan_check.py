@@ -7,7 +7,8 @@ For six layouts of one Llama-shaped model from a Hugging Face folder (full fine-
 `model.checkpointing: blocks`, LoRA over a bf16 base, QLoRA over an NF4 base, fsdp on 2
 processes, tensor parallelism 2), `trainer doctor --config X --json --gpus N` predicts the
 peak memory of one process of the job (memory.plan.per_process_bytes), and the job is run:
-`trainer bench` trains real steps (its first and the optimizer's first step among them), and its
+`trainer bench --warmup 1 --steps 1` trains two real steps (the second with the optimizer's
+state, the gradients and the activations all held), and its
 largest process's peak RSS, less the process's resident memory before it built the run (bench's
 `resident_before_build_mb`), is the measured growth. Each prediction must be within 15% of its
 measurement (tp 2: 20%, below). The trainer maps tensors of 1 MiB and more on their own
@@ -39,7 +40,7 @@ except ImportError as e:
 from hf_llama_check import llama_shapes, peak_rss_of  # noqa: E402
 
 LIMIT = 0.15
-# tp 2's plan is 15.1% below its measurement: the vocabulary-parallel loss's buffers are not a part
+# tp 2's plan is 15.2% below its measurement: the vocabulary-parallel loss's buffers are not a part
 # of the plan yet (issue 55 asks 15%; this bound keeps the figure from drifting further).
 LIMITS = {"tp 2": 0.20}
 HIDDEN, INTER, LAYERS, HEADS, KV, VOCAB = 1024, 2816, 4, 16, 4, 16384
@@ -107,7 +108,7 @@ def measured(trainer, config, processes, sets, work):
     largest process's peak RSS."""
     launch = LAUNCH2 if processes == 2 else []
     out = os.path.join(work, "bench.json")
-    code, err, peak = peak_rss_of([trainer, *launch, "bench", "--config", config, "--steps", "2",
+    code, err, peak = peak_rss_of([trainer, *launch, "bench", "--config", config, "--steps", "1",
                                    "--warmup", "1", "--json", out, *sets_args(sets)])
     if code != 0:
         sys.exit(f"bench {' '.join(sets)} failed: {err}")

@@ -170,9 +170,9 @@ struct UseConfigs {
 // folder: a full fine-tune's reference is a frozen copy of its weights, taken before the
 // checkpoint's replace them, and its pairs' default tokenizer is the folder's.
 UseConfigs whole_model_configs(const Resolved& r, const std::vector<std::string>& overrides) {
-  UseConfigs u{with_saved_model_keys(r.config, overrides, r.state->meta["config"], r.checkpoint),
-               {}};
-  u.built = u.named;
+  const auto named =
+      with_saved_model_keys(r.config, overrides, r.state->meta["config"], r.checkpoint);
+  UseConfigs u{named, named};
   auto& cfg = u.built.cfg;
   if (cfg.train.objective == "dpo") {
     config::check(u.built, engine::config_environment());
@@ -221,9 +221,8 @@ UseConfigs use_configs(const Resolved& r, const std::vector<std::string>& overri
     require_lora_base(config::load(r.config, overrides, engine::config_defaults()), base,
                       r.checkpoint);
   }
-  UseConfigs u{load_config(r.config, overrides, engine::config_environment()), {}};
-  u.built = u.named;
-  return u;
+  const auto named = load_config(r.config, overrides, engine::config_environment());
+  return {named, named};
 }
 
 // The model of --config alone: its model.pretrained weights (loaded as training starts from them),

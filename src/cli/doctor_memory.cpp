@@ -79,8 +79,15 @@ struct Planned {
   engine::JobLayout job;
   int64_t usable = 0;  // bytes a process may take
 
+  // DPO without LoRA: the reference is a frozen copy of the starting weights (with LoRA, the base
+  // with the adapters off: no copy).
+  bool reference_copy() const { return cfg.train.objective == "dpo" && !cfg.model.lora.enabled(); }
+  engine::MemoryEstimate with_reference(engine::MemoryEstimate e) const {
+    if (reference_copy()) e.reference_bytes = e.params_bytes;
+    return e;
+  }
   int64_t per_process(const engine::MemoryEstimate& e, const engine::JobLayout& layout) const {
-    return engine::plan_memory(e, layout).total();
+    return engine::plan_memory(with_reference(e), layout).total();
   }
 };
 
@@ -248,10 +255,11 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
   loaded.cfg.dist.tp_size = 1;
   engine::Trainer trainer(loaded, {}, engine::Build::plan);  // no parameter allocated
   const auto& cfg = loaded.cfg;
-  const auto fp32 = trainer.estimate_memory(/*bf16=*/false);
-  const auto bf16 = trainer.estimate_memory(/*bf16=*/true);
   const int64_t batch = cfg.data.batch_size;
   const bool use_bf16 = cfg.amp.enabled && cfg.amp.dtype == "bfloat16";
+  Planned p{trainer, cfg, use_bf16, {}, 0};
+  const auto fp32 = p.with_reference(trainer.estimate_memory(/*bf16=*/false));
+  const auto bf16 = p.with_reference(trainer.estimate_memory(/*bf16=*/true));
   const auto& e = use_bf16 ? bf16 : fp32;
   const Capacity capacity =
       target.gpu_mb > 0
@@ -259,7 +267,6 @@ doctor::Finding memory_finding(const std::string& config_path, std::vector<std::
                      "each GPU's " + bytes_text(target.gpu_mb << 20) + " (--gpu-memory)", true}
           : smallest_device(facts);
   const bool gpu = target.gpu_job || capacity.gpu;
-  Planned p{trainer, cfg, use_bf16, {}, 0};
   p.job = {batch, target.gpus > 0 ? target.gpus : job_world_size(facts), tp, fsdp, gpu};
   // On a GPU the plan counts the context, NCCL and fragmentation; the machine's memory keeps a
   // tenth for the rest of the system.

@@ -26,12 +26,13 @@ struct MemoryEstimate {
   std::vector<std::pair<std::string, int64_t>> params_by_dtype;
   int64_t gradient_bytes = 0;     // the trainable parameters' gradients (part of the step)
   int64_t dequantized_bytes = 0;  // the largest quantized weight dequantized for its product
+  int64_t reference_bytes = 0;    // a frozen copy of the parameters (a full fine-tune's DPO)
 
   // Peak bytes of one training step at `batch` samples per process, in one process
   // (memory_plan.h's plan_memory gives any layout's, part by part).
   int64_t total(int64_t batch) const {
     return params_bytes + optimizer_bytes + step_fixed_bytes + step_bytes_per_sample * batch +
-           dequantized_bytes;
+           dequantized_bytes + reference_bytes;
   }
 };
 

@@ -25,6 +25,7 @@ MemoryPlan plan_memory(const MemoryEstimate& e, const JobLayout& job) {
     counted += bytes;
   }
   if (counted == 0) plan.parts.push_back({"parameters", e.params_bytes / shard});
+  add("reference copy", e.reference_bytes / shard);
   add("gradients", e.gradient_bytes / shard);
   add("optimizer state", e.optimizer_bytes / shard);
   const int64_t step = e.step_fixed_bytes + e.step_bytes_per_sample * job.batch;

@@ -40,17 +40,16 @@ constexpr int64_t kCudaContextBytes = int64_t{512} << 20;
 constexpr int64_t kNcclCommunicatorBytes = int64_t{512} << 20;
 
 // A process's peak for `job`, from `e` (measured in one process, the whole model):
-//   parameters, each dtype as held (a quantized base as its quantized bytes), gradients and
-//   optimizer state: split over the tensor-parallel group (its few whole tensors counted as
-//   split) and with fsdp sharded over the data-parallel ranks;
-//   activations: the step's peak beyond the gradients, at job.batch; with tensor parallelism as
-//   Megatron-LM counts a transformer layer's (Korthikanti et al., 2022): of 34 bytes per token
-//   and unit of width, 24 split over the group and 10 whole;
-//   temporaries: the largest quantized layer's weight dequantized for its product; under fsdp
-//   the gathered root and two blocks (one computing, the next prefetched) with their gradients;
-//   on a GPU the CUDA context and each NCCL communicator (the job's, and with tensor parallelism
-//   the tensor-parallel and data-parallel groups'), and a twentieth of the rest for the caching
-//   allocator's fragmentation.
+//   parameters, each dtype as held (a quantized base as its quantized bytes), a frozen reference
+//   copy of them (a full fine-tune's DPO), gradients and optimizer state: split over the
+//   tensor-parallel group (its few whole tensors counted as split) and with fsdp sharded over the
+//   data-parallel ranks; activations: the step's peak beyond the gradients, at job.batch; with
+//   tensor parallelism as Megatron-LM counts a transformer layer's (Korthikanti et al., 2022): of
+//   34 bytes per token and unit of width, 24 split over the group and 10 whole; temporaries: the
+//   largest quantized layer's weight dequantized for its product; under fsdp the gathered root and
+//   two blocks (one computing, the next prefetched) with their gradients; on a GPU the CUDA context
+//   and each NCCL communicator (the job's, and with tensor parallelism the tensor-parallel and
+//   data-parallel groups'), and a twentieth of the rest for the caching allocator's fragmentation.
 MemoryPlan plan_memory(const MemoryEstimate& e, const JobLayout& job);
 
 // "12.3 GiB (parameters (bfloat16) 4.0 GiB, gradients 1.0 GiB, ...)": the plan on one line.
