@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
                      : torch::randn({batch, 3, 224, 224});
   const auto y = gpt ? torch::randint(/*high=*/50257, {batch, block_size})
                      : torch::randint(/*high=*/1000, {batch});
-  const auto loss_fn = trainer::losses::loss_registry().get("cross_entropy")({});
+  const trainer::config::TrainConfig train;  // the defaults: plain cross-entropy
+  const auto loss_fn = trainer::losses::loss_registry().get("cross_entropy")(train);
   float last_loss = 0.0f;
   auto step = [&] {
     auto loss = loss_fn(model->forward(x), y);

@@ -36,6 +36,7 @@ prompt reaches max_length: dropped as DPOTrainer drops them, each named in a war
 Exits 77 (skipped) when trl, peft, transformers or tokenizers is not installed.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ import sys
 import tempfile
 import warnings
 
-from run_check import one_intra_op_thread
+from run_check import one_intra_op_thread, report
 
 one_intra_op_thread()  # before torch is imported
 
@@ -491,16 +492,27 @@ def check_dropped(binary, work, base, failures):
               f"each named, counted in the log")
 
 
+@contextlib.contextmanager
+def work_dir(keep, prefix):
+    """The checks' folder: `keep` (made when missing, left afterwards), else a temporary one
+    removed afterwards."""
+    work = keep or tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(work, exist_ok=True)
+    try:
+        yield work
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("trainer")
     parser.add_argument("--tool", required=True, help="tests/preference_tool")
     parser.add_argument("--keep")
     args = parser.parse_args()
-    work = args.keep or tempfile.mkdtemp(prefix="dpo_check_")
-    os.makedirs(work, exist_ok=True)
     failures = []
-    try:
+    with work_dir(args.keep, "dpo_check_") as work:
         base = os.path.join(work, "base")
         save_base(base)
         for conversational, loss_type in ((False, "sigmoid"), (True, "sigmoid"), (False, "ipo")):
@@ -512,13 +524,7 @@ def main():
             check_tokens(args.tool, work, base, conversational, failures)
         check_bad_input(args.trainer, work, base, failures)
         check_dropped(args.trainer, work, base, failures)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else "failed")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,9 @@ imports).
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 
-from run_check import one_intra_op_thread
+from run_check import one_intra_op_thread, report
 
 one_intra_op_thread()  # before torch is imported
 
@@ -119,10 +117,8 @@ def main():
     parser.add_argument("trainer")
     parser.add_argument("--keep")
     args = parser.parse_args()
-    work = args.keep or tempfile.mkdtemp(prefix="dpo_dist_check_")
-    os.makedirs(work, exist_ok=True)
     failures = []
-    try:
+    with dc.work_dir(args.keep, "dpo_dist_check_") as work:
         base = os.path.join(work, "base")
         dc.save_base(base)
         train_file, val_file = os.path.join(work, "train.jsonl"), os.path.join(work, "val.jsonl")
@@ -133,13 +129,7 @@ def main():
         for procs in (1, 2):
             check_resume(args.trainer, work, data, procs, failures)
         check_resume(args.trainer, work, data, 1, failures, lora=False)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else "failed")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,9 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 
-from run_check import one_intra_op_thread
+from run_check import one_intra_op_thread, report
 
 one_intra_op_thread()  # before torch is imported
 
@@ -40,10 +38,8 @@ def main():
     parser.add_argument("tool")
     parser.add_argument("--keep")
     args = parser.parse_args()
-    work = args.keep or tempfile.mkdtemp(prefix="dpo_rollback_check_")
-    os.makedirs(work, exist_ok=True)
     failures = []
-    try:
+    with dc.work_dir(args.keep, "dpo_rollback_check_") as work:
         base = os.path.join(work, "base")
         dc.save_base(base)
         train, val = os.path.join(work, "train.jsonl"), os.path.join(work, "val.jsonl")
@@ -85,13 +81,7 @@ def main():
               f"worst |loss - (1 - rewards/margins)| {worst[0]:.2e} ({worst[1]})")
         if worst[0] > dc.TOL:
             failures.append(f"loss and metrics over different steps: {worst[1]}")
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else "failed")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -32,11 +32,9 @@ imports).
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 
-from run_check import one_intra_op_thread
+from run_check import one_intra_op_thread, report
 
 one_intra_op_thread()  # before torch is imported
 
@@ -164,10 +162,8 @@ def main():
     parser.add_argument("trainer")
     parser.add_argument("--keep")
     args = parser.parse_args()
-    work = args.keep or tempfile.mkdtemp(prefix="dpo_types_check_")
-    os.makedirs(work, exist_ok=True)
     failures = []
-    try:
+    with dc.work_dir(args.keep, "dpo_types_check_") as work:
         base = os.path.join(work, "base")
         dc.save_base(base)
         text = (dc.records(dc.PAIRS, 1, False), dc.records(EVAL_PAIRS, 2, False))
@@ -191,13 +187,7 @@ def main():
                    {"loss_type": "sigmoid", "beta": dc.BETA},
                    (DPOTrainer, DPOConfig, {"beta": dc.BETA, "loss_type": ["sigmoid"]}),
                    dc.METRICS, failures, lora=False)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else "failed")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,8 @@
 // trainer doctor: what is installed, what LibTorch sees, and what to fix.
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <cinttypes>
 #include <iostream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -12,13 +10,9 @@
 #include "cli/doctor_memory.h"
 #include "cli/options.h"
 #include "config/loader.h"
-#include "distributed/env.h"
 #include "doctor/probe.h"
-#include "engine/loop/trainer.h"
 #include "engine/setup/components.h"
-#include "models/model.h"
 #include "util/format.h"
-#include "util/strings.h"
 
 namespace trainer::cli {
 namespace {

@@ -3,7 +3,6 @@
 // at two small batch sizes and extrapolated linearly in the batch.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
