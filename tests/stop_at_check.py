@@ -13,7 +13,10 @@ with the same losses up to it, no train or val record after it, its last checkpo
 and the log line of the target giving the time from the first step and from start-up: positive,
 the first not above the second, the second not above the process's wall time measured here.
 A run with val/ppl (the same losses through exp) stops at the same step; one with
-{metric: val/loss, above: ...} at the first evaluation whose loss is at least that.
+{metric: val/loss, above: ...} at the first evaluation whose loss is at least that. Under
+`trainer launch` with 2 processes (the evaluation averaged over both), a target chosen from that
+job's own losses in the same way ends both processes after the same evaluation: the job exits 0
+(a rank that went on training would wait forever on its partner's gradients) with the checks above.
 
 `trainer bench --to-target` on the same config and target reports, as JSON, the target reached
 at that step and the two times (ordered as above); without a target in the config it exits 2.
@@ -66,8 +69,9 @@ def config(work):
     return path
 
 
-def train(trainer, cfg, run_dir, *sets):
-    args = [trainer, "--config", cfg, "--run-dir", run_dir]
+def train(trainer, cfg, run_dir, *sets, processes=1):
+    launch = ["launch", "--standalone", "--nproc-per-node", str(processes), "--"]
+    args = [trainer, *(launch if processes > 1 else []), "--config", cfg, "--run-dir", run_dir]
     for s in sets:
         args += ["--set", s]
     start = time.monotonic()
@@ -176,6 +180,24 @@ def check_bench(trainer, cfg, work, target, stop_step):
         failures.append(f"bench --to-target without a target: exit {r.returncode}: {r.stderr}")
 
 
+def check_two_processes(trainer, cfg, work):
+    base = os.path.join(work, "base2")
+    r, _ = train(trainer, cfg, base, processes=2)
+    if r.returncode != 0:
+        failures.append(f"2 processes without a target: exit {r.returncode}: {r.stderr[-2000:]}")
+        return
+    losses = val_losses(base)
+    target, stop_step = choose_target(losses)
+    if target is None:
+        failures.append(f"2 processes: no evaluation after the second lowers the loss: {losses}")
+        return
+    print(f"2 processes: losses {losses}; target {target:.6f}: expected stop after {stop_step}")
+    run = os.path.join(work, "loss2")
+    r, wall = train(trainer, cfg, run, "train.stop_at.metric=val/loss",
+                    f"train.stop_at.below={target!r}", processes=2)
+    check_stopped("2 processes, val/loss below", r, wall, run, losses, stop_step, "val/loss")
+
+
 def main():
     trainer = os.path.abspath(sys.argv[1])
     with tempfile.TemporaryDirectory() as work:
@@ -213,6 +235,7 @@ def main():
         check_stopped("val/loss above", r, wall, run, losses, above_step, "val/loss")
 
         check_bench(trainer, cfg, work, target, stop_step)
+        check_two_processes(trainer, cfg, work)
 
         key = "train.stop_at.metric"
         check_refused("unknown metric", trainer, cfg, work,

@@ -193,6 +193,7 @@ int doctor_perf(const std::string& config_path, const std::vector<std::string>& 
     report["job"] = {{"input_samples_per_sec", j->input_samples_per_sec},
                      {"step_samples_per_sec", j->step_samples_per_sec},
                      {"grad_sync_fraction", j->grad_sync_fraction},
+                     {"step_ms_p50", j->step_ms_p50},
                      {"steps", j->steps}};
   }
   if (!talk) return 0;

@@ -26,6 +26,9 @@ struct MemoryEstimate {
   int64_t gradient_bytes = 0;     // the trainable parameters' gradients (part of the step)
   int64_t dequantized_bytes = 0;  // the largest quantized weight dequantized for its product
   int64_t reference_bytes = 0;    // a frozen copy of the parameters (a full fine-tune's DPO)
+  // The model's outputs per sample: a classifier's logits, a language model's tokens x vocabulary
+  // (a vocabulary-parallel loss holds several float32 copies of its share).
+  int64_t logits_per_sample = 0;
 
   // Peak bytes of one training step at `batch` samples per process, in one process
   // (memory_plan.h's plan_memory gives any layout's, part by part).

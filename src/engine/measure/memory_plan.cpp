@@ -31,6 +31,10 @@ MemoryPlan plan_memory(const MemoryEstimate& e, const JobLayout& job) {
   const int64_t step = e.step_fixed_bytes + e.step_bytes_per_sample * job.batch;
   const int64_t activations = std::max<int64_t>(step - e.gradient_bytes, 0);
   add("activations", activations * (10 * t + 24) / (34 * t));
+  if (t > 1) {
+    add("vocabulary-parallel loss",
+        kVocabularyParallelLossBytes * e.logits_per_sample / t * job.batch);
+  }
   add("dequantized layer", e.dequantized_bytes / t);
   if (job.fsdp) add("gathered fsdp units", 2 * (e.root_bytes + 2 * e.largest_block_bytes) / t);
   if (job.gpu) {

@@ -39,13 +39,19 @@ constexpr int64_t kCudaContextBytes = int64_t{512} << 20;
 // and receive buffer, for ring and tree algorithms over up to 32 channels): an allowance.
 constexpr int64_t kNcclCommunicatorBytes = int64_t{512} << 20;
 
+// What the vocabulary-parallel cross-entropy (distributed/tensor_parallel.h) holds per logit of
+// its rank's share [N, V / tp] at the end of its forward: the logits in float32, less their
+// maximum, their exponentials and the softmax it keeps for the backward, 4 bytes each.
+constexpr int64_t kVocabularyParallelLossBytes = 16;
+
 // A process's peak for `job`, from `e` (measured in one process, the whole model):
 //   parameters, each dtype as held (a quantized base as its quantized bytes), a frozen reference
 //   copy of them (a full fine-tune's DPO), gradients and optimizer state: split over the
 //   tensor-parallel group (its few whole tensors counted as split) and with fsdp sharded over the
 //   data-parallel ranks; activations: the step's peak beyond the gradients, at job.batch; with
 //   tensor parallelism as Megatron-LM counts a transformer layer's (Korthikanti et al., 2022): of
-//   34 bytes per token and unit of width, 24 split over the group and 10 whole; temporaries: the
+//   34 bytes per token and unit of width, 24 split over the group and 10 whole, and the
+//   vocabulary-parallel loss's buffers of a language model (e.logits_per_sample); temporaries: the
 //   largest quantized layer's weight dequantized for its product; under fsdp the gathered root and
 //   two blocks (one computing, the next prefetched) with their gradients; on a GPU the CUDA context
 //   and each NCCL communicator (the job's, and with tensor parallelism the tensor-parallel and

@@ -236,6 +236,7 @@ JobPerf measure_job(Trainer& trainer, const PerfOptions& options) {
   }
   out.steps = bench.steps;
   out.step_samples_per_sec = r.samples_per_sec / std::max(1, trainer.data_parallel_size());
+  out.step_ms_p50 = r.step_ms.p50;
   const double step = r.step_ms.mean;
   out.grad_sync_fraction = step > 0 ? r.phase_ms[static_cast<size_t>(Phase::grad_sync)] / step : 0;
   options.progress("input pipeline");

@@ -80,6 +80,7 @@ struct JobPerf {
   double input_samples_per_sec = 0;  // the loader alone, this process
   double step_samples_per_sec = 0;   // training steps on a fixed batch, this process
   double grad_sync_fraction = 0;     // of the step, waiting for gradient all-reduces
+  double step_ms_p50 = 0;            // the median of those steps' times, as bench's p50
   int64_t steps = 0;                 // the timed steps of step_samples_per_sec
 };
 

@@ -59,8 +59,8 @@ namespace {
 // the outputs go to the loss in float32, as autocast computes it; what autocast holds beyond
 // that is added: a bfloat16 copy of each trainable weight (its cache) and float32 gradients where
 // the emulation makes bfloat16 ones, 4 bytes a trainable element.
-int64_t planned_step_peak(Components& parts, models::NetImpl& net, bool bf16,
-                          const data::Batch& b) {
+int64_t planned_step_peak(Components& parts, models::NetImpl& net, bool bf16, const data::Batch& b,
+                          int64_t& outputs_numel) {
   // Meta tensor `p` as one of `dtype` in place (every handle of it), no storage either way.
   const auto retype = [](torch::Tensor& p, c10::ScalarType dtype) {
     p.unsafeGetTensorImpl()->shallow_copy_from(
@@ -84,6 +84,7 @@ int64_t planned_step_peak(Components& parts, models::NetImpl& net, bool bf16,
   try {
     peak = measure_meta_peak([&] {
       auto outputs = net.forward(inputs);
+      outputs_numel = outputs.numel();
       if (bf16 && outputs.is_floating_point()) outputs = outputs.to(torch::kFloat);
       parts.loss(outputs, targets).backward();
     });
@@ -97,7 +98,8 @@ int64_t planned_step_peak(Components& parts, models::NetImpl& net, bool bf16,
 
 }  // namespace
 
-int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t batch) {
+int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t batch,
+                  int64_t* outputs) {
   const auto params = net.parameters(/*recurse=*/true);
   const bool planned = !params.empty() && params.front().is_meta();
   if (!planned && !parts.device.is_cpu()) {
@@ -105,15 +107,20 @@ int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t ba
   }
   const data::Batch b = first_samples(parts, batch);
   net.zero_grad(/*set_to_none=*/true);
-  const int64_t peak = planned ? planned_step_peak(parts, net, bf16, b) : measure_cpu_peak([&] {
-    torch::Tensor loss;
-    {
-      nn::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, /*enabled=*/bf16);
-      loss = parts.loss(net.forward(b.inputs), b.targets);
-    }
-    loss.backward();
-  });
+  int64_t numel = 0;
+  const int64_t peak =
+      planned ? planned_step_peak(parts, net, bf16, b, numel) : measure_cpu_peak([&] {
+        torch::Tensor loss;
+        {
+          nn::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, /*enabled=*/bf16);
+          const auto out = net.forward(b.inputs);
+          numel = out.numel();
+          loss = parts.loss(out, b.targets);
+        }
+        loss.backward();
+      });
   net.zero_grad(/*set_to_none=*/true);
+  if (outputs) *outputs = numel;
   return peak;
 }
 
@@ -136,19 +143,20 @@ models::Net twin_of(const Components& parts, const config::ModelConfig& model,
 constexpr int64_t kBuiltTwinLimit = int64_t{1} << 30;
 
 // The step's peak at batches `small` and `large` of `net`, or where `net` is planned and its step
-// cannot run on meta tensors, of a built twin (models up to kBuiltTwinLimit bytes).
+// cannot run on meta tensors, of a built twin (models up to kBuiltTwinLimit bytes); `outputs`:
+// the elements of the model's outputs at `small`.
 std::pair<int64_t, int64_t> step_peaks(Components& parts, const config::ModelConfig& model,
                                        const models::Net& net, const std::string& checkpointing,
                                        bool bf16, int64_t params_bytes, int64_t small,
-                                       int64_t large) {
+                                       int64_t large, int64_t& outputs) {
   try {
-    return {step_peak(parts, *net, bf16, small), step_peak(parts, *net, bf16, large)};
+    return {step_peak(parts, *net, bf16, small, &outputs), step_peak(parts, *net, bf16, large)};
   } catch (const c10::Error& e) {
     const auto params = net->parameters(/*recurse=*/true);
     if (params.empty() || !params.front().is_meta() || params_bytes > kBuiltTwinLimit) throw;
   }
   const auto built = twin_of(parts, model, checkpointing, /*planned=*/false);
-  return {step_peak(parts, *built, bf16, small), step_peak(parts, *built, bf16, large)};
+  return {step_peak(parts, *built, bf16, small, &outputs), step_peak(parts, *built, bf16, large)};
 }
 
 // The parameters `model` holds by dtype into e.params_by_dtype and e.params_bytes: with
@@ -217,9 +225,11 @@ MemoryEstimate estimate_memory(Components& parts, const config::ModelConfig& mod
   // Batch norm needs more than one sample per channel in training mode.
   e.measured_batch_small = 2;
   e.measured_batch_large = 4;
+  int64_t outputs = 0;
   const auto [small, large] =
       step_peaks(parts, model, net, other ? checkpointing : model.checkpointing, bf16,
-                 e.params_bytes, e.measured_batch_small, e.measured_batch_large);
+                 e.params_bytes, e.measured_batch_small, e.measured_batch_large, outputs);
+  e.logits_per_sample = outputs / e.measured_batch_small;
   e.step_bytes_per_sample =
       std::max<int64_t>((large - small) / (e.measured_batch_large - e.measured_batch_small), 0);
   e.step_fixed_bytes =

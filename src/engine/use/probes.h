@@ -30,7 +30,9 @@ int64_t train_step_flops(Components& parts, int64_t batch);
 
 // The measured CPU peak of one forward/backward of `net` at `batch` training samples (float32 or
 // bfloat16 autocast), without parameters and optimizer state. The model must be on the CPU.
-int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t batch);
+// `outputs`, when given, is set to the number of elements of the model's outputs (its logits).
+int64_t step_peak(Components& parts, models::NetImpl& net, bool bf16, int64_t batch,
+                  int64_t* outputs = nullptr);
 
 // The memory of a training step (engine/measure/memory.h), measured on the CPU in float32 or under
 // bfloat16 autocast; the model must be on the CPU. Leaves the model and optimizer as they were.
