@@ -18,6 +18,7 @@
 #include "models/decoder.h"
 #include "nn/fused/fused_gpt_ops.h"
 #include "nn/fused/fused_ops.h"
+#include "nn/init_replay.h"
 
 namespace trainer::models {
 namespace {
@@ -296,6 +297,7 @@ class GptTransformerImpl : public torch::nn::Module {
     for (int64_t i = 0; i < cfg.n_layer; ++i) {
       blocks.push_back(GptBlock(cfg));
       h->push_back(blocks.back());
+      if (nn::replaying()) nn::release_matrices(*blocks.back());
     }
     ln_f = register_module("ln_f", GptLayerNorm(cfg.n_embd, cfg.bias, cfg.fused()));
   }
@@ -368,13 +370,15 @@ class GptImpl : public DecoderModelImpl<GptBlock, GptLayerNorm, NoPosition> {
   }
 
   // GPT-2 init: Linear and Embedding weights N(0, 0.02), biases 0, LayerNorm 1/0, and the residual
-  // projections c_proj.weight N(0, 0.02/sqrt(2*n_layer)).
+  // projections c_proj.weight N(0, 0.02/sqrt(2*n_layer)); while nn::replaying(), the matrices'
+  // draws are recorded.
   void init_weights(int64_t n_layer) {
     torch::NoGradGuard no_grad;
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
     for (auto& p : named_parameters()) {
       if (p.value().dim() == 2) {
-        p.value().normal_(/*mean=*/0.0, ends_with(p.key(), "c_proj.weight") ? proj_std : 0.02);
+        nn::normal_or_record(p.value(), /*mean=*/0.0,
+                             ends_with(p.key(), "c_proj.weight") ? proj_std : 0.02);
       } else if (ends_with(p.key(), ".bias")) {
         p.value().zero_();
       }

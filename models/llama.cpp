@@ -27,6 +27,7 @@
 #include "models/decoder.h"
 #include "models/llama_layers.h"
 #include "nn/deferred_init.h"
+#include "nn/init_replay.h"
 #include "nn/parameters.h"
 
 namespace trainer::models {
@@ -63,6 +64,8 @@ class LlamaStackImpl : public torch::nn::Module {
         nn::move_to_meta(*blocks.back());
       } else if (deferred) {
         for (auto& p : blocks.back()->parameters()) p.set_data(torch::empty_like(p));
+      } else if (nn::replaying()) {
+        nn::release_matrices(*blocks.back());
       }
     }
     norm = register_module("norm", LlamaRmsNorm(o.n_embd, o.rms_norm_eps, o.fused()));
@@ -155,14 +158,14 @@ class LlamaImpl : public DecoderModelImpl<LlamaBlock, LlamaRmsNorm, Rope> {
   }
 
   // transformers' init (LlamaPreTrainedModel._init_weights): Linear and Embedding weights
-  // N(0, 0.02), biases 0, RMSNorm weights 1.
-  // Skipped under nn::deferred_init(): the files about to fill the parameters draw nothing.
+  // N(0, 0.02), biases 0, RMSNorm weights 1. Skipped under nn::deferred_init(): the files about to
+  // fill the parameters draw nothing; while nn::replaying(), the matrices' draws are recorded.
   void init_weights() {
     if (nn::deferred_init()) return;
     torch::NoGradGuard no_grad;
     for (auto& p : named_parameters()) {
       if (p.value().dim() == 2) {
-        p.value().normal_(/*mean=*/0.0, /*std=*/0.02);
+        nn::normal_or_record(p.value(), /*mean=*/0.0, /*std=*/0.02);
       } else if (p.key().size() >= 5 && p.key().compare(p.key().size() - 5, 5, ".bias") == 0) {
         p.value().zero_();
       }

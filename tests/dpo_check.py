@@ -6,7 +6,9 @@
 
 The base: a tiny random LlamaForCausalLM that transformers builds here, saved by save_pretrained
 with a byte-level BPE tokenizer `tokenizers` trains on a few words (bos added by its
-post-processor, as Llama 3's) and the Llama 3 Instruct template (tests/data/chat_templates).
+post-processor, as Llama 3's) and the Llama 3 Instruct template (tests/data/chat_templates); and
+a tiny random Qwen3ForCausalLM with Qwen 3's template (no bos), for the conversational format with
+the sigmoid loss and its tokens.
 The data: 8 training pairs and 4 validation pairs of preference records, in TRL's standard format
 with an implicit prompt (text; TRL's extract_prompt and add_eos apply) and in its conversational
 format with an explicit prompt (messages; the chat template).
@@ -55,7 +57,8 @@ try:
     from datasets import Dataset
     from peft import LoraConfig, PeftModel
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+    from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,
+                              PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                               TrainerCallback)
     from trl import DPOConfig, DPOTrainer
     from trl.experimental.cpo import CPOConfig, CPOTrainer
@@ -72,38 +75,49 @@ METRICS = ["rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/acc
            "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "entropy",
            "mean_token_accuracy"]
 SIMPO_METRICS = METRICS[:8] + ["nll_loss"]  # CPOTrainer's
-TEMPLATE = os.path.join(HERE, "data", "chat_templates", "llama3-instruct.json")
-SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-            "<|eot_id|>"]
+TEMPLATES = {"llama": os.path.join(HERE, "data", "chat_templates", "llama3-instruct.json"),
+             "qwen3": os.path.join(HERE, "data", "chat_templates", "qwen3.json")}
+SPECIALS = {"llama": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                      "<|end_header_id|>", "<|eot_id|>"],
+            "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
 WORDS = ["apple", "bread", "cloud", "dance", "eagle", "flame", "grape", "honey", "island",
          "jelly", "kite", "lemon", "mango", "night", "ocean", "piano"]
 
 
-def save_base(folder):
-    """The tokenizer, the template and a random untied Llama in `folder`."""
+def save_base(folder, family="llama"):
+    """The tokenizer, the template and a random untied model in `folder`: Llama 3's (a bos token
+    its post-processor adds) or Qwen 3's (no bos; per-head q/k norms, an explicit head width)."""
     os.makedirs(folder, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     texts = ([" " + w for w in WORDS] + ["user", "assistant", "Answer:", "Say"]) * 4
     tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIALS,
+        vocab_size=300, special_tokens=SPECIALS[family],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bos = tok.token_to_id("<|begin_of_text|>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
-        special_tokens=[("<|begin_of_text|>", bos)])
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    with open(TEMPLATE, encoding="utf-8") as f:
+    with open(TEMPLATES[family], encoding="utf-8") as f:
         config = json.load(f)
+    eos = tok.token_to_id(config["eos_token"])
+    torch.manual_seed(0)
+    if family == "llama":
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
+            special_tokens=[("<|begin_of_text|>", bos)])
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=bos,
+            eos_token_id=eos))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+            max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1e6,
+            tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos))
+    tok.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({**config, "tokenizer_class": "PreTrainedTokenizerFast"}, f)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=bos,
-        eos_token_id=tok.token_to_id("<|eot_id|>")))
     randomize(model)
     model.save_pretrained(folder, safe_serialization=True)
 
@@ -204,7 +218,7 @@ def trl_train(trainer_class, config_class, base, adapters, train_rows, work, eva
     options (beta, loss_type, ...)."""
     tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token  # CPO and ORPO ask for one
-    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     if adapters is not None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -243,7 +257,7 @@ def trl_tokens(base, rows, max_length, work):
     """Each pair DPOTrainer keeps, as its collator batches it alone: (input_ids, labels) of the
     two rows [chosen, rejected], without the padding."""
     tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
-    model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     args = DPOConfig(output_dir=os.path.join(work, "trl-tokens"), max_length=max_length,
                      report_to=[], use_cpu=True, save_strategy="no")
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
@@ -275,11 +289,11 @@ def our_tokens(tool, base, train, val, max_length, work):
     return pairs
 
 
-def check_tokens(tool, work, base, conversational, failures):
+def check_tokens(tool, work, base, conversational, failures, tag=""):
     """The pairs' token ids and completion labels equal DPOTrainer's, at a max_length that keeps
     every row whole, one that cuts every completion after its first two tokens, and one that
     drops the pairs of the longest prompts."""
-    name = "messages" if conversational else "text"
+    name = tag + ("messages" if conversational else "text")
     rows = records(PAIRS, 5, conversational)
     train, val = os.path.join(work, f"tok-{name}.jsonl"), os.path.join(work, f"tok-{name}-v.jsonl")
     write_jsonl(train, rows)
@@ -346,8 +360,8 @@ def compare(what, ours, losses, logs, failures, metrics=METRICS, loss_scale=None
         failures.append(f"{what}: {worst[1]} (relative {worst[0]:.2e} > {TOL})")
 
 
-def check_format(binary, work, base, conversational, loss_type, failures):
-    name = ("messages" if conversational else "text") + "-" + loss_type
+def check_format(binary, work, base, conversational, loss_type, failures, tag=""):
+    name = tag + ("messages" if conversational else "text") + "-" + loss_type
     train_rows = records(PAIRS, 1, conversational)
     train, val = os.path.join(work, f"{name}-train.jsonl"), os.path.join(work, f"{name}-val.jsonl")
     write_jsonl(train, train_rows)
@@ -518,10 +532,14 @@ def main():
         for conversational, loss_type in ((False, "sigmoid"), (True, "sigmoid"), (False, "ipo")):
             check_format(args.trainer, work, base, conversational, loss_type, failures)
         check_simpo(args.trainer, work, base, failures)
+        qwen3 = os.path.join(work, "qwen3")  # Qwen 3's template and model, messages
+        save_base(qwen3, "qwen3")
+        check_format(args.trainer, work, qwen3, True, "sigmoid", failures, tag="qwen3-")
         # After the runs: a DPOTrainer built over a plain model (no PEFT) changes later runs'
         # numbers in this process.
         for conversational in (False, True):
             check_tokens(args.tool, work, base, conversational, failures)
+        check_tokens(args.tool, work, qwen3, True, failures, tag="qwen3-")
         check_bad_input(args.trainer, work, base, failures)
         check_dropped(args.trainer, work, base, failures)
     return report(failures)

@@ -2,7 +2,7 @@
 """Hugging Face Llama / Qwen folders in and out of the trainer (CTest
 Interop.HfLlamaFoldersInAndOut).
 
-  hf_llama_check.py TRAINER [--memory-only | --no-memory | --parts]
+  hf_llama_check.py TRAINER [--memory-only | --no-memory | --parts | --parts-memory]
 
 1. Tiny random models that transformers builds here, each saved by save_pretrained sharded over
    at least 3 files, with tokenizer files beside: Llama 3.1-style (GQA 4:1, llama3 rope scaling,
@@ -31,11 +31,13 @@ Interop.HfLlamaFoldersInAndOut).
    (made here, deleted after) is at most 1.3x the model's bytes as the trainer holds them
    (float32).
 5. (--parts) Under `launch --nproc-per-node 2`, with dist.strategy fsdp and with dist.tp_size 2,
-   each rank reads only what it keeps from the folder: 3 AdamW steps' losses equal, bit for bit,
-   those of the same run that loads the whole model first (model.pretrained_skip_head: true), for
-   a bf16 untied folder and a float32 tied one.
+   and on 4 processes with both (fsdp over 2 data-parallel ranks of tp 2), each rank reads only
+   what it keeps from the folder: 3 AdamW steps' losses equal, bit for bit, those of the same run
+   that loads the whole model first (model.pretrained_skip_head: true), for a bf16 untied folder
+   and a float32 tied one.
 6. (--parts) Loading the >= 1.5 GB bf16 folder that way (--dry-run=load), the largest rank's peak RSS
-   is at most 0.6x the float32 model + 10% (0.66x), under fsdp and under tp 2.
+   is at most 0.6x the float32 model + 10% (0.66x), under fsdp and under tp 2; --parts-memory
+   measures this alone, and under both on 4 processes too (a quarter of the model each).
 7.-9. (tests/hf_config_fields.py) config.json in transformers 5's layout (rope_parameters) loads
    with transformers' loss and exports in that layout; rope settings that disagree are refused;
    every field of transformers' config class of each model_type is read, refused or shown not to
@@ -627,6 +629,11 @@ def peak_rss_loading(trainer, work):
 
 STREAMED = "each process reading the part it keeps"  # the trainer's log line when it streams
 LAUNCH2 = ["launch", "--standalone", "--nproc-per-node", "2", "--"]
+LAUNCH4 = ["launch", "--standalone", "--nproc-per-node", "4", "--"]
+# layout, launcher, settings
+PART_LAYOUTS = (("fsdp", LAUNCH2, ["dist.strategy=fsdp"]),
+                ("tp 2", LAUNCH2, ["dist.tp_size=2"]),
+                ("fsdp x tp 2", LAUNCH4, ["dist.strategy=fsdp", "dist.tp_size=2"]))
 
 
 def train_losses(run_dir):
@@ -636,8 +643,8 @@ def train_losses(run_dir):
 
 
 def streams_exactly(trainer, models, work):
-    """5. Under launch --nproc-per-node 2, with fsdp and with tp 2, each rank reads only what it
-    keeps from the folder: 3 AdamW steps give, bit for bit, the losses of the same run that loads
+    """5. Under launch --nproc-per-node 2, with fsdp and with tp 2, and on 4 processes with both,
+    each rank reads only what it keeps from the folder: 3 AdamW steps give, bit for bit, the losses of the same run that loads
     the whole model first and then shards or splits it (model.pretrained_skip_head: true takes
     that path; the folder holds every tensor, so nothing is re-initialised). A bf16 untied folder
     and a float32 tied one."""
@@ -647,11 +654,11 @@ def streams_exactly(trainer, models, work):
         folder = os.path.join(work, name + "_parts")
         save_folder(copy.deepcopy(model), folder, dtype=dtype)
         cfg = run_config(work, name + "_parts", folder)
-        for mode, sets in (("fsdp", ["dist.strategy=fsdp"]), ("tp", ["dist.tp_size=2"])):
+        for mode, launch, sets in PART_LAYOUTS:
             losses = {}
             for path, extra in (("streamed", []), ("whole", ["model.pretrained_skip_head=true"])):
-                run_dir = os.path.join(work, f"{name}_{mode}_{path}")
-                args = [trainer, *LAUNCH2, "--config", cfg, "--run-dir", run_dir]
+                run_dir = os.path.join(work, f"{name}_{mode}_{path}".replace(" ", "_"))
+                args = [trainer, *launch, "--config", cfg, "--run-dir", run_dir]
                 for s in common + sets + extra:
                     args += ["--set", s]
                 r = subprocess.run(args, capture_output=True, text=True)
@@ -664,12 +671,13 @@ def streams_exactly(trainer, models, work):
             if len(losses["streamed"]) != 3 or losses["streamed"] != losses["whole"]:
                 sys.exit(f"{name} {mode}: streamed losses {losses['streamed']} != the whole "
                          f"model's {losses['whole']}")
-            print(f"{name} {mode} over 2 processes, parts read from the folder: losses "
+            print(f"{name} {mode}, parts read from the folder: losses "
                   f"{losses['streamed']} equal the whole-model load's bit for bit")
 
 
-def peak_rss_loading_parts(trainer, work):
-    """6. launch --nproc-per-node 2, with fsdp and with tp 2, loading a random bf16 folder of
+def peak_rss_loading_parts(trainer, work, layouts=PART_LAYOUTS[:2]):
+    """6. launch --nproc-per-node 2, with fsdp and with tp 2 (and 4 processes with both: a quarter
+    each), loading a random bf16 folder of
     >= 1.5 GB (--dry-run=load: built, loaded and sharded or split, then exits): the peak RSS of every
     rank is at most 0.6x the whole model as training holds it (float32, 2x the bf16 folder's
     bytes) + 10%, i.e. 0.66x. Each rank keeps half of it in float32, 0.5x, beside the ~0.5 GB
@@ -678,8 +686,8 @@ def peak_rss_loading_parts(trainer, work):
     model_bytes = total * 2  # float32 parameters, the dtype the ranks keep
     config = run_config(work, "big_parts", folder)
     failed = []
-    for mode, sets in (("fsdp", ["dist.strategy=fsdp"]), ("tp 2", ["dist.tp_size=2"])):
-        args = [trainer, *LAUNCH2, "--config", config, "--dry-run=load", "--set", "data.num_classes=256"]
+    for mode, launch, sets in layouts:
+        args = [trainer, *launch, "--config", config, "--dry-run=load", "--set", "data.num_classes=256"]
         for s in sets:
             args += ["--set", s]
         code, err, peak = peak_rss_of(args)
@@ -704,6 +712,10 @@ def main():
         if mode == "--parts":  # 5 and 6 alone (CTest Interop.HfFolderStreamsIntoRankParts)
             streams_exactly(trainer, cases(), work)
             peak_rss_loading_parts(trainer, work)
+            print("OK")
+            return
+        if mode == "--parts-memory":  # 6 in every layout (docs/benchmarks.md's figures)
+            peak_rss_loading_parts(trainer, work, PART_LAYOUTS)
             print("OK")
             return
         if mode != "--memory-only":

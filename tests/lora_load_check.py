@@ -11,15 +11,16 @@ Lora.AdaptersAsDrawnAreTheSameInEveryLayout, Lora.BaseLoadsInItsOwnDtype); none 
 1. The same adapters in every layout: a LoRA run's 3 AdamW steps give, bit for bit, the losses of
    the same run that builds the whole model first (model.pretrained_skip_head: true takes that
    path; the folder holds every tensor, so nothing is re-initialised), in one process and under
-   `trainer launch --nproc-per-node 2` with dist.strategy fsdp and with dist.tp_size 2 (each rank
-   reading only what it keeps from the folder). The adapters are drawn from the run's seed alone,
+   `trainer launch --nproc-per-node 2` with dist.strategy fsdp and with dist.tp_size 2, and on 4
+   processes with both (each rank reading only what it keeps from the folder). The adapters are drawn from the run's seed alone,
    so how the base was built does not change them.
 2. Memory: a random bf16 Llama folder (2.84 GB, or 1.78 GB with --memory) with model.lora and
    base_dtype bfloat16, loaded (--dry-run=load: built, loaded, sharded or split, adapters attached,
    then exits). The growth of the peak RSS over a process that holds no model (the same config's
    --dry-run=plan: a planned model has no parameter storage) is at most 1.15x the folder's bytes in
    one process (the base in bfloat16, read from the files straight into it), and (--memory-all) at
-   most 0.6x under fsdp and under tp 2 over 2 processes (each rank's half of the bf16 base); with
+   most 0.6x under fsdp and under tp 2 over 2 processes (each rank's half of the bf16 base) and
+   under both on 4 (a quarter); with
    --memory-all or --memory-qlora, at most 0.4x in one process with model.lora.base_quant: nf4 (the
    linear layers quantized as each is read: 0.516 bytes a parameter).
 """
@@ -32,13 +33,14 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_llama_check import (LAUNCH2, STREAMED, big_folder, cases, peak_rss_of,  # noqa: E402
+from hf_llama_check import (LAUNCH2, LAUNCH4, STREAMED, big_folder, cases, peak_rss_of,  # noqa: E402
                             run_config, save_folder, train_losses)
 
 LORA = ["model.lora.rank=4", "model.lora.base_dtype=bfloat16"]
 # label, launcher, settings, the most growth allowed as a multiple of the folder's bytes
 LAYOUTS = (("one process", [], [], 1.15), ("fsdp", LAUNCH2, ["dist.strategy=fsdp"], 0.6),
-           ("tp 2", LAUNCH2, ["dist.tp_size=2"], 0.6))
+           ("tp 2", LAUNCH2, ["dist.tp_size=2"], 0.6),
+           ("fsdp x tp 2", LAUNCH4, ["dist.strategy=fsdp", "dist.tp_size=2"], 0.6))
 # QLoRA: the linear layers held in NF4 (0.516 bytes a parameter against bf16's 2), quantized as
 # each is read: the base never exists unquantized (0.26x the folder, plus the quantization
 # temporaries of one layer).

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The memory plan against the memory a run takes
-(CTests Doctor.MemoryPlanMatchesTheMeasuredPeak.FullAndLora, .BlocksAndQlora and .FsdpAndTp).
+(CTests Doctor.MemoryPlanMatchesTheMeasuredPeak.Full, .Blocks, .Lora, .Qlora, .Fsdp, .Tp).
 
   memory_plan_check.py TRAINER [--layouts KEY,KEY...] [--print]
 
@@ -8,8 +8,8 @@ For six layouts of one Llama-shaped model from a Hugging Face folder (full fine-
 `model.checkpointing: blocks`, LoRA over a bf16 base, QLoRA over an NF4 base, fsdp on 2
 processes, tensor parallelism 2), `trainer doctor --config X --json --gpus N` predicts the
 peak memory of one process of the job (memory.plan.per_process_bytes), and the job is run:
-`trainer bench --warmup 1 --steps 1` trains two real steps (the second with the optimizer's
-state, the gradients and the activations all held), and its
+`trainer bench --warmup 1 --steps 1 --count-steps 0` trains two real steps (the second with the
+optimizer's state, the gradients and the activations all held) and no more, and its
 largest process's peak RSS, less the process's resident memory before it built the run (bench's
 `resident_before_build_mb`), is the measured growth. Each prediction must be within 15% of its
 measurement. The trainer maps tensors of 1 MiB and more on their own
@@ -18,7 +18,7 @@ threshold the freed activations stay in the heap and the growth is 16-37% above 
 
 The plan adds no CUDA context or NCCL buffers here (the configs run on the CPU); its parts are
 printed for each layout. --layouts runs only the layouts of those keys (full, blocks, lora, qlora,
-fsdp, tp; default all): CTest runs them as three tests, two layouts each, side by side.
+fsdp, tp; default all): CTest runs each layout as a test of its own.
 --print prints the figures and skips the limit.
 Exits 77 (skipped) when transformers is not installed.
 """
@@ -109,7 +109,8 @@ def measured(trainer, config, processes, sets, work):
     launch = LAUNCH2 if processes == 2 else []
     out = os.path.join(work, "bench.json")
     code, err, peak = peak_rss_of([trainer, *launch, "bench", "--config", config, "--steps", "1",
-                                   "--warmup", "1", "--json", out, *sets_args(sets)])
+                                   "--warmup", "1", "--count-steps", "0", "--json", out,
+                                   *sets_args(sets)])
     if code != 0:
         sys.exit(f"bench {' '.join(sets)} failed: {err}")
     with open(out) as f:

@@ -88,11 +88,25 @@ TEST_F(Bench, AFixedBatchIsReported) {
   EXPECT_NE(last_out_.find("one fixed batch"), std::string::npos) << last_out_;
 }
 
+// --count-steps: the operators of that many steps after the timed ones (3 by default); 0 counts
+// none, so that a memory measurement runs the timed steps alone.
+TEST_F(Bench, CountStepsChoosesTheStepsWhoseOperatorsAreCounted) {
+  auto j = bench(kMlp, "--steps 2 --warmup 1");
+  EXPECT_GT(j["ops_per_step"]["total"].get<double>(), 0.0) << j["ops_per_step"];
+  j = bench(kMlp, "--steps 2 --warmup 1 --count-steps 0");
+  EXPECT_TRUE(j["ops_per_step"].empty()) << j["ops_per_step"];
+  EXPECT_EQ(j["host_syncs_per_step"].get<double>(), 0.0);
+  EXPECT_EQ(last_out_.find("ATen operators per step"), std::string::npos) << last_out_;
+}
+
 TEST_F(Bench, UsageErrorsExitTwoWithOneLine) {
   const auto path = write("c.yaml", kMlp);
   auto r = run("bench --config '" + path.string() + "' --steps 0");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--steps must be at least 1, got 0"), std::string::npos) << r.err;
+  r = run("bench --config '" + path.string() + "' --count-steps -1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--count-steps must not be negative, got -1"), std::string::npos) << r.err;
   r = run("bench --steps 5");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--config FILE is required"), std::string::npos) << r.err;

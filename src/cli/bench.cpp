@@ -182,6 +182,8 @@ cxxopts::Options bench_options() {
        "D")
       ("steps", "timed steps", cxxopts::value<int64_t>()->default_value("50"), "N")
       ("warmup", "untimed steps before them", cxxopts::value<int64_t>()->default_value("10"), "N")
+      ("count-steps", "untimed steps after them whose ATen operators and host reads are counted "
+       "(0: none)", cxxopts::value<int64_t>()->default_value("3"), "N")
       ("fixed-batch", "train every step on the first batch, kept on the device: the step's "
        "speed without the data loader")
       ("json", "also write the figures as one JSON object to FILE", cxxopts::value<std::string>(),
@@ -208,9 +210,13 @@ engine::BenchOptions timing_options(const cxxopts::ParseResult& args) {
   engine::BenchOptions opts;
   opts.steps = args["steps"].as<int64_t>();
   opts.warmup = args["warmup"].as<int64_t>();
+  opts.counted = args["count-steps"].as<int64_t>();
   opts.fixed_batch = args.count("fixed-batch") > 0;
   if (opts.steps < 1)
     throw UsageError("--steps must be at least 1, got " + std::to_string(opts.steps));
+  if (opts.counted < 0) {
+    throw UsageError("--count-steps must not be negative, got " + std::to_string(opts.counted));
+  }
   if (opts.warmup < 0) {
     throw UsageError("--warmup must not be negative, got " + std::to_string(opts.warmup));
   }

@@ -183,10 +183,19 @@ void check_objective(const Config& c, Checks& checks) {
                "does not capture the preference step (rows of a batch's own "
                "length); set train.cuda_graph: false");
   }
-  if (dpo && (c.dist.tp_size > 1 || c.dist.strategy == "fsdp")) {
-    checks.add("train.objective",
-               "dpo runs alone or under ddp; set dist.tp_size: 1 and "
-               "dist.strategy: ddp");
+  if (dpo && c.dist.tp_size > 1) {
+    checks.add("dist.tp_size",
+               "dpo's log-probabilities take the whole vocabulary, which tensor parallelism "
+               "splits; set dist.tp_size: 1 (ddp or fsdp)");
+  }
+  // A full fine-tune's reference is a frozen copy of the whole model, which fsdp does not shard
+  // (simpo and orpo compare with none).
+  const bool reference = c.dpo.loss_type != "simpo" && c.dpo.loss_type != "orpo";
+  if (dpo && c.dist.strategy == "fsdp" && c.model.lora.rank <= 0 && reference) {
+    checks.add("dist.strategy",
+               "fsdp does not shard the frozen copy of the whole model that a full fine-tune's "
+               "dpo compares with; set model.lora (the reference is then the base), "
+               "dist.strategy: ddp, or dpo.loss_type simpo or orpo");
   }
 }
 

@@ -87,6 +87,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     frozen_.push_back(frozen.empty() ? nullptr : build_unit(i, std::move(frozen), decay, true));
   }
   for (size_t i = 0; i < units_.size(); ++i) register_grad_hooks(i);
+  options_.fill = nullptr;  // the shards are filled: what it holds (open files, a tensor) goes
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() = default;

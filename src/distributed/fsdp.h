@@ -51,7 +51,8 @@ struct FsdpOptions {
   // tensors: fill(name, first, dst) writes elements [first, first + dst.numel()) of parameter
   // `name` flattened into `dst` (1-D, contiguous, the shard's dtype and device). Each rank then
   // fills only its own shard, nothing is broadcast and the parameters' memory is never read (it
-  // may never have been written: models/deferred_init.h). Throws what `fill` throws.
+  // may never have been written: nn/deferred_init.h, nn/init_replay.h). Used while the shards are
+  // built, then dropped. Throws what `fill` throws.
   std::function<void(const std::string& name, int64_t first, const torch::Tensor& dst)> fill;
 };
 

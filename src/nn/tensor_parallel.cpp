@@ -1,5 +1,7 @@
 #include "nn/tensor_parallel.h"
 
+#include "nn/deferred_init.h"
+
 #include <torch/torch.h>
 
 #include <set>
@@ -21,8 +23,11 @@ void keep_parts(torch::nn::Module& module, const SplitPlan& plan, int rank, int 
     chosen.emplace_back(p, it->second);
   }
   torch::NoGradGuard no_grad;
-  for (auto& [p, split] : chosen)
-    p.set_data(split_part(p, split, rank, parts).contiguous().clone());
+  const bool unwritten = deferral() == Deferral::unwritten;
+  for (auto& [p, split] : chosen) {
+    const auto part = split_part(p, split, rank, parts);
+    p.set_data(unwritten ? torch::empty(part.sizes(), p.options()) : part.contiguous().clone());
+  }
 }
 
 torch::Tensor column_parallel(TensorParallel& tp, const torch::Tensor& x,

@@ -50,8 +50,10 @@ class TensorParallel {
 using SplitPlan = std::map<std::string, TensorSplit>;
 
 // Replaces each parameter of `module` that `plan` names by rank `rank` of `parts`' part of it (a
-// tied parameter once). Throws std::invalid_argument naming the parameter and the sizes when a
-// dimension does not divide, before changing anything.
+// tied parameter once). Under nn::Deferral::unwritten (nn/deferred_init.h) the parts are
+// allocated and not written: the files about to fill them give their values. Throws
+// std::invalid_argument naming the parameter and the sizes when a dimension does not divide,
+// before changing anything.
 void keep_parts(torch::nn::Module& module, const SplitPlan& plan, int rank, int parts);
 
 // A column-parallel linear: x [..., in] whole on every rank, `weight` this rank's rows [out / tp,

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "checkpoint/pretrained_identity.h"
 #include "nn/lora.h"
+#include "nn/rng.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -101,6 +103,25 @@ void add_lora(Components& parts, const config::LoadedConfig& loaded) {
     config_error(loaded, "model.pretrained", e.what());
   }
   log_adapters(parts, cfg, layers);
+}
+
+void add_seeded_lora(Components& parts, const config::LoadedConfig& loaded) {
+  constexpr uint64_t kAdapterStream = 0x9E3779B97F4A7C15ULL;  // a seed apart from the model's
+  nn::SeededDraws draws(static_cast<uint64_t>(loaded.cfg.seed) ^ kAdapterStream);
+  add_lora(parts, loaded);
+}
+
+ParameterFill with_adapters(ParameterFill fill, const models::NetImpl& model) {
+  auto drawn = std::make_shared<std::map<std::string, torch::Tensor>>();
+  for (const auto& [name, p] : models::unique_named_parameters(model)) {
+    if (nn::is_adapter_tensor(name)) (*drawn)[name] = p.detach().reshape({-1}).clone();  // [n]
+  }
+  return [fill = std::move(fill), drawn](const std::string& name, int64_t first,
+                                         const torch::Tensor& dst) {
+    const auto it = drawn->find(name);
+    if (it == drawn->end()) return fill(name, first, dst);
+    dst.copy_(it->second.narrow(0, first, dst.numel()).view(dst.sizes()));
+  };
 }
 
 void split_adapters(Components& parts) {

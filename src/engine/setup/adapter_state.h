@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/loader.h"
 #include "engine/setup/components.h"
+#include "engine/setup/hf_pretrained.h"
 
 namespace trainer::engine {
 
@@ -20,6 +21,15 @@ namespace trainer::engine {
 // the model is split, moved or wrapped. Throws config::ConfigError naming model.lora.targets when
 // a target names no linear layer.
 void add_lora(Components& parts, const config::LoadedConfig& loaded);
+
+// add_lora with the adapters drawn from the run's seed alone (a stream apart from the model's),
+// not from how the model was built (drawn, unwritten, streamed into parts): every layout starts
+// from the same adapters.
+void add_seeded_lora(Components& parts, const config::LoadedConfig& loaded);
+
+// `fill` that gives the adapters their values as drawn (whole, before any split), and every other
+// parameter its value from `fill` (the files).
+ParameterFill with_adapters(ParameterFill fill, const models::NetImpl& model);
 
 // With LoRA under dist.tp_size: keeps this rank's part of each adapter as its layer splits
 // (nn::adapter_splits; column-parallel layers' lora_B, row-parallel layers' lora_A) and adds

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -15,11 +16,11 @@
 #include "engine/setup/adapter_state.h"
 #include "engine/setup/hf_pretrained.h"
 #include "engine/setup/quantized_base.h"
+#include "engine/setup/seeded_shards.h"
 #include "nn/batch_norm.h"
 #include "nn/deferred_init.h"
 #include "nn/lora.h"
 #include "nn/parameters.h"
-#include "nn/rng.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -235,10 +236,10 @@ bool files_give_every_parameter(const config::Config& cfg) {
 }
 
 // Whether the parameters stream from folder model.pretrained straight into what this rank keeps,
-// its FSDP shards or (dist.tp_size) its parts, so that no rank ever holds the whole model; not
-// fsdp and tp together.
+// its FSDP shards, (dist.tp_size) its parts, or both: its FSDP shards of its parts, so that no rank
+// ever holds the whole model.
 bool streams_into_parts(const Components& c, const config::Config& cfg) {
-  return (cfg.dist.strategy == "fsdp") != (c.tp != nullptr) && files_give_every_parameter(cfg);
+  return (cfg.dist.strategy == "fsdp" || c.tp != nullptr) && files_give_every_parameter(cfg);
 }
 
 // model.lora's frozen base, not written yet, reallocated in its final dtype (still unwritten): read
@@ -250,29 +251,6 @@ void unwritten_in(models::NetImpl& model, c10::ScalarType dtype) {
       p.set_data(torch::empty(p.sizes(), p.options().dtype(dtype)));
     }
   }
-}
-
-// The adapters' initial values depend on the run's seed alone, not on how the model was built
-// (drawn, unwritten, streamed into parts): every layout starts from the same adapters.
-void add_seeded_lora(Components& c, const config::LoadedConfig& loaded) {
-  constexpr uint64_t kAdapterStream = 0x9E3779B97F4A7C15ULL;  // a seed apart from the model's
-  nn::SeededDraws draws(static_cast<uint64_t>(loaded.cfg.seed) ^ kAdapterStream);
-  add_lora(c, loaded);
-}
-
-// `fill` that gives the adapters their values as drawn (whole, before any split), and every other
-// parameter its value from the files.
-ParameterFill with_adapters(ParameterFill fill, const models::NetImpl& model) {
-  auto drawn = std::make_shared<std::map<std::string, torch::Tensor>>();
-  for (const auto& [name, p] : models::unique_named_parameters(model)) {
-    if (nn::is_adapter_tensor(name)) (*drawn)[name] = p.detach().reshape({-1}).clone();  // [n]
-  }
-  return [fill = std::move(fill), drawn](const std::string& name, int64_t first,
-                                         const torch::Tensor& dst) {
-    const auto it = drawn->find(name);
-    if (it == drawn->end()) return fill(name, first, dst);
-    dst.copy_(it->second.narrow(0, first, dst.numel()).view(dst.sizes()));
-  };
 }
 
 // c.model built under `deferral` (nn/deferred_init.h); a planned one wholly on the meta device.
@@ -317,6 +295,28 @@ ParameterFill read_weights(Components& c, const config::LoadedConfig& loaded, bo
   return nullptr;
 }
 
+// Under tp, the model split over the tensor-parallel group: this rank keeps its parts. With `fill`
+// (streamed from the files) the parts are left unwritten and read from the files: here, or under
+// fsdp, `fill` becomes the reader of the parts that make_fsdp fills its shards from.
+void split_model(Components& c, const config::LoadedConfig& loaded, ParameterFill& fill) {
+  {
+    nn::DeferredInit unwritten(fill ? nn::Deferral::unwritten : nn::deferral());
+    try {
+      c.tp_plan = c.model->split_over(c.tp);
+      split_adapters(c);  // model.lora: each adapter as its layer splits
+    } catch (const models::ModelError& e) {
+      config_error(loaded, e.key(), e.what());
+    }
+  }
+  if (!fill) return;
+  if (loaded.cfg.dist.strategy == "fsdp") {
+    fill = part_fill(std::move(fill), *c.model, c.tp_plan, c.tp->rank(), c.tp->size());
+  } else {
+    fill_split_parameters(*c.model, fill, c.tp_plan, c.tp->rank(), c.tp->size());
+    fill = nullptr;
+  }
+}
+
 // The model, its weights loaded (under tp, this rank's parts); where they stream into the FSDP
 // shards (streams_into_parts), the reader make_fsdp fills them from instead.
 ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
@@ -327,10 +327,17 @@ ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
   const bool stream = !plan && streams_into_parts(c, cfg);
   const bool lora = cfg.model.lora.enabled();
   const bool unwritten = stream || (!plan && lora && files_give_every_parameter(cfg));
+  // A model drawn from the seed under fsdp: each rank draws its shards again (seeded_shards.h).
+  std::optional<nn::InitReplay> replay;
+  if (!plan && cfg.dist.strategy == "fsdp" && cfg.model.pretrained.empty() && !lora) {
+    replay.emplace();
+  }
   build_net(c, loaded,
             plan        ? nn::Deferral::shapes_only
             : unwritten ? nn::Deferral::unwritten
                         : nn::Deferral::none);
+  nn::RecordedDraws draws = replay ? replay->take() : nn::RecordedDraws{};
+  replay.reset();
   if (unwritten && lora) unwritten_in(*c.model, nn::lora_base_dtype(cfg.model.lora.base_dtype));
   if (spec.packed && !c.model->takes_positions()) {
     config_error(loaded, "data.pack",
@@ -341,23 +348,13 @@ ParameterFill make_model(Components& c, const config::LoadedConfig& loaded) {
   // one built otherwise once it is cast to its dtype.
   const bool quantized = lora && !plan && cfg.model.lora.base_quant != "none";
   ParameterFill fill = read_weights(c, loaded, stream, quantized && unwritten);
+  if (!draws.empty()) fill = replayed_fill(*c.model, std::move(draws));
   if (lora) {
     add_seeded_lora(c, loaded);  // the base frozen, adapters attached
     if (fill) fill = with_adapters(std::move(fill), *c.model);
   }
   if (quantized && !unwritten) quantize_base(*c.model, loaded);
-  if (c.tp) {
-    try {
-      c.tp_plan = c.model->split_over(c.tp);
-      split_adapters(c);  // model.lora: each adapter as its layer splits
-    } catch (const models::ModelError& e) {
-      config_error(loaded, e.key(), e.what());
-    }
-    if (fill) {  // this rank's parts read from the files
-      fill_split_parameters(*c.model, fill, c.tp_plan, c.tp->rank(), c.tp->size());
-      fill = nullptr;
-    }
-  }
+  if (c.tp) split_model(c, loaded, fill);
   if (plan) {
     // The planned model stays on the meta device.
   } else if (cfg.dist.strategy != "fsdp") {

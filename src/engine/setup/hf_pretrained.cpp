@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -366,31 +367,60 @@ ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedC
   };
 }
 
+namespace {
+
+// Where a tensor-parallel part's elements lie in the whole tensor, both flattened: the part is
+// runs of `run` elements, its run i at element i x stride + offset of the whole.
+struct PartRuns {
+  int64_t run = 0, stride = 0, offset = 0;
+};
+
+// The runs of `part`, split by `split` over `parts` ranks, of rank `rank`: the part is
+// [outer, groups x each, inner] of the whole [outer, groups x each x parts, inner], a run for
+// each outer index and group.
+PartRuns part_runs(const torch::Tensor& part, const TensorSplit& split, int rank, int parts) {
+  const int64_t each = part.size(split.dim) / split.groups;
+  int64_t inner = 1;
+  for (int64_t d = split.dim + 1; d < part.dim(); ++d) inner *= part.size(d);
+  return {each * inner, each * parts * inner, rank * each * inner};
+}
+
+}  // namespace
+
+ParameterFill part_fill(ParameterFill fill, const models::NetImpl& model, const nn::SplitPlan& plan,
+                        int rank, int parts) {
+  std::map<const void*, PartRuns> split_tensors;  // a tied tensor under any of its names
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const auto it = plan.find(item.key());
+    if (it == plan.end()) continue;
+    split_tensors[item.value().unsafeGetTensorImpl()] =
+        part_runs(item.value(), it->second, rank, parts);
+  }
+  auto runs = std::make_shared<std::map<std::string, PartRuns>>();
+  for (const auto& [name, t] : models::state_dict(model)) {
+    const auto it = split_tensors.find(t.unsafeGetTensorImpl());
+    if (it != split_tensors.end()) (*runs)[name] = it->second;
+  }
+  return [fill = std::move(fill), runs](const std::string& name, int64_t first,
+                                        const torch::Tensor& dst) {
+    const auto it = runs->find(name);
+    if (it == runs->end()) return fill(name, first, dst);  // whole on every rank
+    const PartRuns& r = it->second;
+    for (int64_t done = 0, n = dst.numel(); done < n;) {
+      const int64_t at = first + done, in_run = at % r.run;
+      const int64_t take = std::min(r.run - in_run, n - done);
+      fill(name, at / r.run * r.stride + r.offset + in_run, dst.narrow(0, done, take));
+      done += take;
+    }
+  };
+}
+
 void fill_split_parameters(models::NetImpl& model, const ParameterFill& fill,
                            const nn::SplitPlan& plan, int rank, int parts) {
   torch::NoGradGuard no_grad;
+  const auto fill_part = part_fill(fill, model, plan, rank, parts);
   for (auto& [name, p] : models::unique_named_parameters(model)) {
-    const auto flat = p.view({-1});  // the part, contiguous (keep_parts)
-    const auto it = plan.find(name);
-    if (it == plan.end()) {
-      fill(name, 0, flat);
-      continue;
-    }
-    // The part is [outer, groups x each, inner] of the whole [outer, groups x block, inner]:
-    // per outer index and group, `each` x inner elements in a row of the file.
-    const auto split = it->second;
-    const int64_t each = p.size(split.dim) / split.groups, block = each * parts;
-    int64_t outer = 1, inner = 1;
-    for (int64_t d = 0; d < p.dim(); ++d) {
-      if (d < split.dim) outer *= p.size(d);
-      if (d > split.dim) inner *= p.size(d);
-    }
-    for (int64_t o = 0; o < outer; ++o) {
-      for (int64_t g = 0; g < split.groups; ++g) {
-        const int64_t from = ((o * split.groups + g) * block + rank * each) * inner;
-        fill(name, from, flat.narrow(0, (o * split.groups + g) * each * inner, each * inner));
-      }
-    }
+    fill_part(name, 0, p.view({-1}));  // the part, contiguous (keep_parts)
   }
 }
 

@@ -59,10 +59,17 @@ using SavedQuantizedRead = std::function<nn::quant::Nf4SavedTensors(const std::s
 ParameterFill hf_folder_fill(const models::NetImpl& model, const config::LoadedConfig& loaded,
                              SavedQuantizedRead* saved_quantized = nullptr);
 
-// Fills every parameter of `model`, split by `plan` over `parts` tensor-parallel ranks
-// (NetImpl::split_over), with rank `rank`'s part of the whole tensor `fill` reads: each part
-// read from the files row range by row range, the whole never in memory. Throws what `fill`
-// throws.
+// `fill` of whole tensors as the fill of `model`'s parameters split by `plan` over `parts`
+// tensor-parallel ranks (NetImpl::split_over): elements [first, first + n) of rank `rank`'s part
+// of a parameter, flattened, each run of the part's elements that lies together in the whole
+// tensor read on its own. FSDP over the data-parallel ranks of a tensor-parallel job fills its
+// shards of the parts through it.
+ParameterFill part_fill(ParameterFill fill, const models::NetImpl& model, const nn::SplitPlan& plan,
+                        int rank, int parts);
+
+// Fills every parameter of `model`, split by `plan` over `parts` tensor-parallel ranks, with rank
+// `rank`'s part of the whole tensor `fill` reads (through part_fill): the whole never in memory.
+// Throws what `fill` throws.
 void fill_split_parameters(models::NetImpl& model, const ParameterFill& fill,
                            const nn::SplitPlan& plan, int rank, int parts);
 
