@@ -8,10 +8,11 @@ standard format with an implicit prompt).
 
 - ddp and fsdp: `trainer launch --standalone --nproc-per-node 2` with data.batch_size 4 a rank
   (each pair's chosen and rejected rows on one rank; under fsdp the base and the adapters sharded,
-  the reference the sharded base with the adapters off) logs, over 10 steps, the loss and every metric TRL logs
-  (rewards/*, logps/*, logits/*, entropy, mean_token_accuracy) within 1e-5 relative of one
-  process with data.batch_size 8: the metrics reduced over the ranks as TRL's gather_for_metrics
-  does (the means over the global batch, the token-weighted ones as sums over sums).
+  the reference the sharded base with the adapters off) logs, over 10 steps, the loss and every
+  metric TRL logs (rewards/*, logps/*, logits/*, entropy, mean_token_accuracy) within 1e-5
+  relative of one process with data.batch_size 8: the metrics reduced over the ranks as TRL's
+  gather_for_metrics does (the means over the global batch, the token-weighted ones as sums over
+  sums).
 - resume: a run stopped after step 5 (train.stop_at_step) and resumed with --resume auto logs
   exactly (bit for bit) the records of the uninterrupted run (which saves the same checkpoints),
   with run.log_every 3 (the window of steps 4-6 spans the stop), in one process and under ddp,

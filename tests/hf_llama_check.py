@@ -31,10 +31,10 @@ Interop.HfLlamaFoldersInAndOut).
    (made here, deleted after) is at most 1.3x the model's bytes as the trainer holds them
    (float32).
 5. (--parts) Under `launch --nproc-per-node 2`, with dist.strategy fsdp and with dist.tp_size 2,
-   and on 4 processes with both (fsdp over 2 data-parallel ranks of tp 2), each rank reads only
-   what it keeps from the folder: 3 AdamW steps' losses equal, bit for bit, those of the same run
-   that loads the whole model first (model.pretrained_skip_head: true), for a bf16 untied folder
-   and a float32 tied one.
+   each rank reads only what it keeps from the folder: 3 AdamW steps' losses equal, bit for bit,
+   those of the same run that loads the whole model first (model.pretrained_skip_head: true), for
+   a bf16 untied folder and a float32 tied one; the tied one also on 4 processes with both (fsdp
+   over 2 data-parallel ranks of tp 2).
 6. (--parts) Loading the >= 1.5 GB bf16 folder that way (--dry-run=load), the largest rank's peak RSS
    is at most 0.6x the float32 model + 10% (0.66x), under fsdp and under tp 2; --parts-memory
    measures this alone, and under both on 4 processes too (a quarter of the model each).
@@ -643,18 +643,19 @@ def train_losses(run_dir):
 
 
 def streams_exactly(trainer, models, work):
-    """5. Under launch --nproc-per-node 2, with fsdp and with tp 2, and on 4 processes with both,
-    each rank reads only what it keeps from the folder: 3 AdamW steps give, bit for bit, the losses of the same run that loads
-    the whole model first and then shards or splits it (model.pretrained_skip_head: true takes
-    that path; the folder holds every tensor, so nothing is re-initialised). A bf16 untied folder
-    and a float32 tied one."""
+    """5. Under launch --nproc-per-node 2, with fsdp and with tp 2 (the tied folder also on 4
+    processes with both), each rank reads only what it keeps from the folder: 3 AdamW steps give,
+    bit for bit, the losses of the same run that loads the whole model first and then shards or
+    splits it (model.pretrained_skip_head: true takes that path; the folder holds every tensor, so
+    nothing is re-initialised). A bf16 untied folder and a float32 tied one."""
     common = ["train.max_steps=3", "optim.name=adamw", "optim.lr=0.001", "run.log_every=1"]
-    for name, model, dtype in (("llama31", models[0][1], torch.bfloat16),
-                               ("qwen3", models[3][1], None)):
+    # fsdp x tp on the tied float32 folder (a bf16 base under fsdp x tp: lora_load_check.py).
+    for name, model, dtype, layouts in (("llama31", models[0][1], torch.bfloat16, PART_LAYOUTS[:2]),
+                                        ("qwen3", models[3][1], None, PART_LAYOUTS)):
         folder = os.path.join(work, name + "_parts")
         save_folder(copy.deepcopy(model), folder, dtype=dtype)
         cfg = run_config(work, name + "_parts", folder)
-        for mode, launch, sets in PART_LAYOUTS:
+        for mode, launch, sets in layouts:
             losses = {}
             for path, extra in (("streamed", []), ("whole", ["model.pretrained_skip_head=true"])):
                 run_dir = os.path.join(work, f"{name}_{mode}_{path}".replace(" ", "_"))

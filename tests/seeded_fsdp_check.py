@@ -14,10 +14,11 @@ one process draws (CTest Fsdp.SeededModelIsDrawnPerShard).
 2. Memory: a llama of the Hugging Face checks' big folder's shape (hidden 4096, intermediate
    11008, 32 heads, 8 key/value heads, vocabulary 256; 5 layers, or N: 7 is 4.97 GB in float32)
    built and sharded (--dry-run=load) under fsdp on 2 processes (with --all also under fsdp x tp
-   2 on 4): the largest rank's growth, its peak RSS less that of the same job's --dry-run=plan (processes that
-   hold no parameter storage), is at most 0.6x the float32 model, as lora_load_check.py measures a
-   base read into shards: each rank keeps a half (a quarter) and one matrix drawn at a time.
-   --all also measures the same model built whole in one process (what every rank built before).
+   2 on 4): the largest rank's growth, its peak RSS less that of the same job's --dry-run=plan
+   (processes that hold no parameter storage), is at most 0.6x the float32 model, as
+   lora_load_check.py measures a base read into shards: each rank keeps a half (a quarter) and
+   one matrix drawn at a time. --all also measures the same model built whole in one process
+   (what every rank built before).
 """
 import json
 import math
