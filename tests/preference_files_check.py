@@ -32,39 +32,17 @@ import tempfile
 from run_check import one_intra_op_thread, report
 
 one_intra_op_thread()
-try:
-    import datasets
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-except ImportError as e:
-    print(f"skipped: {e}")
-    sys.exit(77)
+# The tokenizer and the writers of every layout are the chat data's check's (it exits 77 without
+# datasets, pyarrow or tokenizers).
+from chat_parquet_check import layouts as chat_layouts  # noqa: E402
+from chat_parquet_check import tokenizer_folder, write_jsonl  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TEMPLATE = os.path.join(HERE, "data", "chat_templates", "llama3-instruct.json")
-SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-            "<|eot_id|>"]
+import datasets  # noqa: E402
+
 WORDS = ("apple bread cloud dance eagle flame grape honey island jelly kite lemon mango night "
          "ocean piano").split()
 STEPS, PAIRS = 20, 4
 failures = []
-
-
-def tokenizer_folder(work):
-    d = os.path.join(work, "tok")
-    os.makedirs(d)
-    with open(TEMPLATE, encoding="utf-8") as f:
-        config = json.load(f)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    texts = ([" " + w for w in WORDS] + WORDS + ["user", "assistant", "Answer:", "Say"]) * 4
-    tok.train_from_iterator(texts + [config["chat_template"]] * 2, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(os.path.join(d, "tokenizer.json"))
-    with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({**config, "tokenizer_class": "PreTrainedTokenizerFast"}, f)
-    return d
 
 
 def records(count, seed, conversational):
@@ -88,44 +66,11 @@ def records(count, seed, conversational):
     return out
 
 
-def write_jsonl(path, rows):
-    with open(path, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-
-
-def write_array(path, rows):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(rows, f, indent=2)
-
-
 def layouts(work, name, train, val):
-    """The records as JSONL, JSON arrays and as datasets writes them; each layout's settings."""
-    d = os.path.join(work, name)
-    os.makedirs(os.path.join(d, "hub", "data"))
-    write_jsonl(os.path.join(d, "train.jsonl"), train)
-    write_jsonl(os.path.join(d, "val.jsonl"), val)
-    write_jsonl(os.path.join(d, "all.jsonl"), train + val)
-    write_array(os.path.join(d, "train.json"), train)
-    write_array(os.path.join(d, "val.json"), val)
-    write_array(os.path.join(d, "all.json"), train + val)
-    ds, vs = datasets.Dataset.from_list(train), datasets.Dataset.from_list(val)
-    for i in range(3):
-        ds.shard(3, i, contiguous=True).to_parquet(
-            os.path.join(d, "hub", "data", f"train-{i:05d}-of-00003.parquet"))
-    vs.to_parquet(os.path.join(d, "hub", "data", "validation-00000-of-00001.parquet"))
-    ds.save_to_disk(os.path.join(d, "disk"), num_shards=2)
-    vs.save_to_disk(os.path.join(d, "disk_val"))
-    datasets.Dataset.from_list(train + val).to_parquet(os.path.join(d, "all.parquet"))
-    return {
-        "jsonl": {"root": f"{d}/train.jsonl", "val_files": f"{d}/val.jsonl"},
-        "hub parquet shards": {"root": f"{d}/hub", "val_files": "data/validation-*.parquet"},
-        "save_to_disk": {"root": f"{d}/disk", "val_files": f"{d}/disk_val/data-*.arrow"},
-        "json arrays": {"files": f"{d}/train.json", "val_files": f"{d}/val.json"},
-        "jsonl, val_fraction": {"files": f"{d}/all.jsonl", "val_fraction": 0.2},
-        "parquet, val_fraction": {"files": f"{d}/all.parquet", "val_fraction": 0.2},
-        "json array, val_fraction": {"files": f"{d}/all.json", "val_fraction": 0.2},
-    }
+    """The records as JSONL, JSON arrays and as datasets writes them (chat_parquet_check's
+    layouts but a DatasetDict's); each layout's settings."""
+    return {k: v for k, v in chat_layouts(work, name, train, val).items()
+            if k != "DatasetDict save_to_disk"}
 
 
 def config(work, name, tok, data):
@@ -220,7 +165,9 @@ def check_bad_input(trainer, work, tok, val):
                    f"{no_comma}:{starts[1]}:3: expected ',' or ']' after the element that starts "
                    f"on line {starts[0]}")
     element = os.path.join(bad, "element.json")
-    write_array(element, rows[:2] + [{"prompt": rows[2]["prompt"], "rejected": rows[2]["rejected"]}])
+    with open(element, "w", encoding="utf-8") as f:
+        json.dump(rows[:2] + [{"prompt": rows[2]["prompt"], "rejected": rows[2]["rejected"]}], f,
+                  indent=2)
     expect_refusal(trainer, work, tok, "an element without chosen",
                    {"files": element, "val_files": val}, f"{element}:{starts[2]}:", '"chosen"')
 
