@@ -519,6 +519,20 @@ def work_dir(keep, prefix):
             shutil.rmtree(work, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def base_and_work(prefix, program="trainer"):
+    """For a check built on this one: its command line (PROGRAM [--keep DIR]), its work folder
+    (work_dir) and this check's base saved in it, as (args, work, base)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument(program)
+    parser.add_argument("--keep")
+    args = parser.parse_args()
+    with work_dir(args.keep, prefix) as work:
+        base = os.path.join(work, "base")
+        save_base(base)
+        yield args, work, base
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("trainer")

@@ -25,7 +25,6 @@ standard format with an implicit prompt).
 Exits 77 (skipped) when trl, peft, transformers or tokenizers is not installed (dpo_check.py's
 imports).
 """
-import argparse
 import json
 import os
 import sys
@@ -134,14 +133,8 @@ def check_refused(binary, work, data, failures):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("trainer")
-    parser.add_argument("--keep")
-    args = parser.parse_args()
     failures = []
-    with dc.work_dir(args.keep, "dpo_dist_check_") as work:
-        base = os.path.join(work, "base")
-        dc.save_base(base)
+    with dc.base_and_work("dpo_dist_check_") as (args, work, base):
         train_file, val_file = os.path.join(work, "train.jsonl"), os.path.join(work, "val.jsonl")
         dc.write_jsonl(train_file, dc.records(4 * dc.PAIRS, 1, False))
         dc.write_jsonl(val_file, dc.records(4, 2, False))

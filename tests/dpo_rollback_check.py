@@ -18,7 +18,6 @@ both finite. A metrics window restored from the checkpoint while the loss window
 Exits 77 (skipped) when trl, peft, transformers or tokenizers is not installed (dpo_check.py's
 imports).
 """
-import argparse
 import json
 import math
 import os
@@ -34,14 +33,8 @@ STEPS, LOG_EVERY, CHECKPOINT_EVERY, NAN_BACKWARD = 10, 5, 2, 3
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("tool")
-    parser.add_argument("--keep")
-    args = parser.parse_args()
     failures = []
-    with dc.work_dir(args.keep, "dpo_rollback_check_") as work:
-        base = os.path.join(work, "base")
-        dc.save_base(base)
+    with dc.base_and_work("dpo_rollback_check_", "tool") as (args, work, base):
         train, val = os.path.join(work, "train.jsonl"), os.path.join(work, "val.jsonl")
         dc.write_jsonl(train, dc.records(4 * dc.PAIRS, 1, False))
         dc.write_jsonl(val, dc.records(4, 2, False))

@@ -29,7 +29,6 @@ record has them.
 Exits 77 (skipped) when trl, peft, transformers or tokenizers is not installed (dpo_check.py's
 imports).
 """
-import argparse
 import json
 import os
 import sys
@@ -158,14 +157,8 @@ def check_case(binary, work, base, name, rows, dpo, trl, metrics, failures, lora
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("trainer")
-    parser.add_argument("--keep")
-    args = parser.parse_args()
     failures = []
-    with dc.work_dir(args.keep, "dpo_types_check_") as work:
-        base = os.path.join(work, "base")
-        dc.save_base(base)
+    with dc.base_and_work("dpo_types_check_") as (args, work, base):
         text = (dc.records(dc.PAIRS, 1, False), dc.records(EVAL_PAIRS, 2, False))
         messages = (dc.records(dc.PAIRS, 11, True), dc.records(EVAL_PAIRS, 12, True))
         check_case(args.trainer, work, base, "text-hinge", text,
